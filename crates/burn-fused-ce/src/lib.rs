@@ -1,0 +1,22 @@
+//! Fused cross-entropy loss for Burn.
+//!
+//! Forward and backward are CubeCL kernels (crate `fused-ce-kernels`) that read each row
+//! of logits in place: no N x V temporary in forward, and backward writes the gradient
+//! over the logits when nothing else holds them. Swap Burn's `CrossEntropyLoss` for
+//! [`FusedCrossEntropyLoss`]:
+//!
+//! ```ignore
+//! let loss = FusedCrossEntropyLossConfig::new().init(&device).forward(logits, targets);
+//! ```
+
+mod autodiff;
+mod backend;
+mod cube;
+#[doc(hidden)]
+pub mod diagnostics;
+mod loss;
+mod options;
+
+pub use backend::{FusedCrossEntropyBackend, RowStats, SavedRows, fused_cross_entropy};
+pub use loss::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
+pub use options::{CrossEntropyOptions, Reduction};

@@ -1,0 +1,321 @@
+//! The `#[cube]` kernels. One cube reduces one row: every unit streams a strided share of
+//! the row's vectors, keeps an online (max, sum of exp) pair in f32, and the cube then
+//! merges the pairs in shared memory. Shared memory rather than plane (warp) operations,
+//! so the very same kernel runs on lavapipe, which has no plane ops.
+
+use cubecl::prelude::*;
+
+/// Start value of a running maximum. Finite on purpose: `exp(m_old - m_new)` with both at
+/// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
+const RUNNING_MAX_START: f32 = -3.0e38;
+
+/// Row index of this cube. The grid is 2-D because wgpu caps each grid dimension at 65535.
+#[cube]
+fn row_of_cube() -> usize {
+    (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
+}
+
+/// The class index of a row as i32, plus whether it is a real class (`0 <= y < vocab`) and
+/// whether the row counts at all (`y != ignore_index`).
+#[cube]
+fn read_target<I: Int>(targets: &Tensor<I>, row: usize) -> i32 {
+    i32::cast_from(targets[row * targets.stride(0)])
+}
+
+#[cube]
+fn is_class(target: i32, vocab: usize) -> bool {
+    target >= 0 && usize::cast_from(target) < vocab
+}
+
+/// Merges the units' online (max, sum of exp over non-target classes) pairs in shared
+/// memory. Returns the row's max and that sum, to every unit.
+#[cube]
+fn cube_max_and_sum(
+    running_max: f32,
+    running_sum: f32,
+    #[comptime] cube_size: usize,
+) -> (f32, f32) {
+    let mut shared_max = SharedMemory::<f32>::new(cube_size);
+    let mut shared_sum = SharedMemory::<f32>::new(cube_size);
+    let unit = UNIT_POS as usize;
+    shared_max[unit] = running_max;
+    shared_sum[unit] = running_sum;
+    sync_cube();
+
+    let levels = comptime!(cube_size.trailing_zeros() as usize);
+    #[unroll]
+    for level in 0..levels {
+        let half = comptime!(cube_size >> (level + 1));
+        if unit < half {
+            let max_a = shared_max[unit];
+            let max_b = shared_max[unit + half];
+            let merged_max = f32::max(max_a, max_b);
+            shared_sum[unit] = shared_sum[unit] * f32::exp(max_a - merged_max)
+                + shared_sum[unit + half] * f32::exp(max_b - merged_max);
+            shared_max[unit] = merged_max;
+        }
+        sync_cube();
+    }
+    (shared_max[0], shared_sum[0])
+}
+
+/// Forward. Per row it writes the loss `lse - x_y`, the log-sum-exp (backward's only
+/// need besides the logits), a validity weight (1 counted, 0 ignored; the mean divides by
+/// its sum) and `p_y - 1`.
+///
+/// The target's own exp is kept out of the running sum: with `others = sum_{c != y}
+/// exp(x_c - max)`, `p_y - 1 = -others / (others + exp(x_y - max))` keeps its relative
+/// precision when the model is confident (`p_y` near 1), where `exp(x_y - lse) - 1` would
+/// cancel. Likewise the loss is `(max - x_y) + ln(sum)`, exact in its first term.
+///
+/// Ignored rows are not read at all. A target outside `[0, vocab)` gives a NaN loss and is
+/// never used as an address.
+#[cube(launch, address_type = "dynamic")]
+pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    targets: &Tensor<I>,
+    loss_rows: &mut Tensor<f32>,
+    lse_rows: &mut Tensor<f32>,
+    valid_rows: &mut Tensor<f32>,
+    target_grad_rows: &mut Tensor<f32>,
+    ignore_index: i32,
+    #[comptime] cube_size: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let row = row_of_cube();
+    if row >= loss_rows.shape(0) {
+        terminate!();
+    }
+    let vector_size = logits.vector_size();
+    let vocab = logits.shape(1);
+    let target = read_target::<I>(targets, row);
+
+    if target == ignore_index {
+        if UNIT_POS == 0 {
+            loss_rows[row] = f32::new(0.0);
+            lse_rows[row] = f32::new(0.0);
+            valid_rows[row] = f32::new(0.0);
+            target_grad_rows[row] = f32::new(0.0);
+        }
+        terminate!();
+    }
+
+    let target_is_class = is_class(target, vocab);
+    // A vector index no unit reaches when the target is not a class.
+    let vectors_per_row = vocab / vector_size;
+    let mut target_vector = vectors_per_row;
+    let mut target_lane = 0usize;
+    if target_is_class {
+        let target_col = usize::cast_from(target);
+        target_vector = target_col / vector_size;
+        target_lane = target_col % vector_size;
+    }
+    let row_start = row * logits.stride(0) / vector_size;
+
+    let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
+    let mut running_max = f32::new(RUNNING_MAX_START);
+    let mut running_sum = f32::new(0.0);
+    let mut target_logit = f32::new(0.0);
+    let mut holds_any_target = false;
+    let mut index = UNIT_POS as usize;
+    while index < vectors_per_row {
+        let values = Vector::<f32, N>::cast_from(logits[row_start + index]);
+        let mut vector_max = values[0];
+        #[unroll]
+        for lane in 1..vector_size {
+            vector_max = f32::max(vector_max, values[lane]);
+        }
+        let new_max = f32::max(running_max, vector_max);
+        let exps = Vector::exp(values - Vector::new(new_max));
+        let mut exp_sum = f32::new(0.0);
+        let holds_target = index == target_vector;
+        #[unroll]
+        for lane in 0..vector_size {
+            let is_target = holds_target && lane == target_lane;
+            exp_sum += select(is_target, f32::new(0.0), exps[lane]);
+            target_logit = select(is_target, values[lane], target_logit);
+        }
+        holds_any_target = holds_any_target || holds_target;
+        running_sum = running_sum * f32::exp(running_max - new_max) + exp_sum;
+        running_max = new_max;
+        index += cube_size;
+    }
+
+    if holds_any_target {
+        shared_target_logit[0] = target_logit;
+    }
+    // The reduction's barriers also publish `shared_target_logit`.
+    let (row_max, others) = cube_max_and_sum(running_max, running_sum, cube_size);
+
+    if UNIT_POS == 0 {
+        let mut loss = f32::new(f32::NAN);
+        let mut target_grad = f32::new(0.0);
+        let mut sum = others;
+        if target_is_class {
+            let target_logit = shared_target_logit[0];
+            let target_exp = f32::exp(target_logit - row_max);
+            sum = others + target_exp;
+            loss = (row_max - target_logit) + f32::ln(sum);
+            target_grad = -others / sum;
+        }
+        loss_rows[row] = loss;
+        lse_rows[row] = row_max + f32::ln(sum);
+        valid_rows[row] = f32::new(1.0);
+        target_grad_rows[row] = target_grad;
+    }
+}
+
+/// `scale * (softmax(x) - onehot(target))` for one vector of a row, in f32, rounded to `F`
+/// once. The target lane takes forward's `p_y - 1` (see the forward kernel for why).
+#[cube]
+fn gradient_vector<F: Float, N: Size>(
+    values: Vector<F, N>,
+    first_col: usize,
+    row: RowGradient,
+) -> Vector<F, N> {
+    let probs = Vector::exp(Vector::<f32, N>::cast_from(values) - Vector::new(row.lse));
+    let mut grad = probs * Vector::new(row.scale);
+    let vector_size = values.size();
+    #[unroll]
+    for lane in 0..vector_size {
+        if first_col + lane == row.target_col {
+            grad[lane] = row.target_grad * row.scale;
+        }
+    }
+    Vector::cast_from(grad)
+}
+
+/// What backward knows of a row before streaming it.
+#[derive(CubeType, Clone, Copy)]
+struct RowGradient {
+    /// Incoming gradient over the reduction's denominator.
+    scale: f32,
+    /// `vocab` when the row's gradient is zero (ignored, or not a class).
+    target_col: usize,
+    lse: f32,
+    /// `p_y - 1` from forward.
+    target_grad: f32,
+}
+
+/// Reads what backward needs of a row. The target column is `vocab` when the row gets a
+/// zero gradient: an ignored row, or a target that is not a class.
+#[cube]
+fn row_gradient<I: Int>(
+    targets: &Tensor<I>,
+    lse_rows: &Tensor<f32>,
+    target_grad_rows: &Tensor<f32>,
+    grad_scale: &Tensor<f32>,
+    row: usize,
+    vocab: usize,
+    ignore_index: i32,
+    #[comptime] per_row_scale: bool,
+) -> RowGradient {
+    let target = read_target::<I>(targets, row);
+    let mut scale = f32::new(0.0);
+    let mut target_col = vocab;
+    if target != ignore_index && is_class(target, vocab) {
+        target_col = usize::cast_from(target);
+        if comptime!(per_row_scale) {
+            scale = grad_scale[row * grad_scale.stride(0)];
+        } else {
+            scale = grad_scale[0];
+        }
+    }
+    RowGradient {
+        scale,
+        target_col,
+        lse: lse_rows[row],
+        target_grad: target_grad_rows[row],
+    }
+}
+
+/// Backward into a separate gradient buffer (used when the logits buffer is shared).
+#[cube(launch, address_type = "dynamic")]
+pub fn cross_entropy_backward_kernel<F: Float, I: Int, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    targets: &Tensor<I>,
+    lse_rows: &Tensor<f32>,
+    target_grad_rows: &Tensor<f32>,
+    grad_scale: &Tensor<f32>,
+    grad: &mut Tensor<Vector<F, N>>,
+    ignore_index: i32,
+    #[comptime] per_row_scale: bool,
+    #[comptime] cube_size: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let row = row_of_cube();
+    if row >= lse_rows.shape(0) {
+        terminate!();
+    }
+    let vector_size = logits.vector_size();
+    let vocab = logits.shape(1);
+    let row_grad = row_gradient::<I>(
+        targets,
+        lse_rows,
+        target_grad_rows,
+        grad_scale,
+        row,
+        vocab,
+        ignore_index,
+        per_row_scale,
+    );
+    let in_start = row * logits.stride(0) / vector_size;
+    let out_start = row * grad.stride(0) / vector_size;
+    let vectors_per_row = vocab / vector_size;
+    let mut index = UNIT_POS as usize;
+    let zero_row = row_grad.target_col == vocab;
+    while index < vectors_per_row {
+        let mut value = Vector::new(F::new(0.0));
+        if !zero_row {
+            value =
+                gradient_vector::<F, N>(logits[in_start + index], index * vector_size, row_grad);
+        }
+        grad[out_start + index] = value;
+        index += cube_size;
+    }
+}
+
+/// Backward written over the logits themselves (used when nothing else holds them): no
+/// N x V allocation at all.
+#[cube(launch, address_type = "dynamic")]
+pub fn cross_entropy_backward_in_place_kernel<F: Float, I: Int, N: Size>(
+    logits_to_grad: &mut Tensor<Vector<F, N>>,
+    targets: &Tensor<I>,
+    lse_rows: &Tensor<f32>,
+    target_grad_rows: &Tensor<f32>,
+    grad_scale: &Tensor<f32>,
+    ignore_index: i32,
+    #[comptime] per_row_scale: bool,
+    #[comptime] cube_size: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let row = row_of_cube();
+    if row >= lse_rows.shape(0) {
+        terminate!();
+    }
+    let vector_size = logits_to_grad.vector_size();
+    let vocab = logits_to_grad.shape(1);
+    let row_grad = row_gradient::<I>(
+        targets,
+        lse_rows,
+        target_grad_rows,
+        grad_scale,
+        row,
+        vocab,
+        ignore_index,
+        per_row_scale,
+    );
+    let start = row * logits_to_grad.stride(0) / vector_size;
+    let vectors_per_row = vocab / vector_size;
+    let mut index = UNIT_POS as usize;
+    let zero_row = row_grad.target_col == vocab;
+    while index < vectors_per_row {
+        let at = start + index;
+        let mut value = Vector::new(F::new(0.0));
+        if !zero_row {
+            value = gradient_vector::<F, N>(logits_to_grad[at], index * vector_size, row_grad);
+        }
+        logits_to_grad[at] = value;
+        index += cube_size;
+    }
+}

@@ -1,0 +1,28 @@
+//! Shared by the tests, the bench and the example: which cube runtime this build runs on.
+//! The `cuda` feature picks CUDA; otherwise Vulkan through wgpu (lavapipe on a machine
+//! with no GPU).
+
+#[cfg(feature = "cuda")]
+mod runtime {
+    pub use cubecl::cuda::CudaDevice as Device;
+    pub type Runtime = cubecl::cuda::CudaRuntime;
+    pub const NAME: &str = "cuda";
+}
+
+#[cfg(not(feature = "cuda"))]
+mod runtime {
+    pub use burn::backend::wgpu::WgpuDevice as Device;
+    pub type Runtime = burn::backend::wgpu::WgpuRuntime;
+    pub const NAME: &str = "vulkan (wgpu)";
+}
+
+pub use runtime::{Device, NAME as RUNTIME_NAME, Runtime};
+
+/// The plain cube backend on this build's runtime (no fusion). Its float parameter only
+/// seeds the device's default dtype: tensors are cast explicitly where dtype matters.
+pub type CubeBackend = burn_cubecl::CubeBackend<Runtime, f32, i32, u32>;
+/// The same with autodiff.
+pub type AutodiffCube = burn::backend::Autodiff<CubeBackend>;
+
+/// Whether this build's runtime can compute in bf16 (CUDA yes; lavapipe has no bf16).
+pub const SUPPORTS_BF16: bool = cfg!(feature = "cuda");
