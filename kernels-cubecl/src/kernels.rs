@@ -59,6 +59,10 @@ fn cube_max_and_sum(
     (shared_max[0], shared_sum[0])
 }
 
+// cubecl-opt 0.10's value numbering sometimes panics ("no entry found for key", varying
+// with hash order) on a `let mut` reassigned inside an `if`; these kernels use `select`
+// for such values instead.
+
 /// Forward. Per row it writes the loss `lse - x_y`, the log-sum-exp (backward's only
 /// need besides the logits), a validity weight (1 counted, 0 ignored; the mean divides by
 /// its sum) and `p_y - 1`.
@@ -101,15 +105,11 @@ pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
     }
 
     let target_is_class = is_class(target, vocab);
-    // A vector index no unit reaches when the target is not a class.
+    // When the target is not a class, `target_vector` is one no unit reaches.
     let vectors_per_row = vocab / vector_size;
-    let mut target_vector = vectors_per_row;
-    let mut target_lane = 0usize;
-    if target_is_class {
-        let target_col = usize::cast_from(target);
-        target_vector = target_col / vector_size;
-        target_lane = target_col % vector_size;
-    }
+    let target_col = select(target_is_class, usize::cast_from(target), vocab);
+    let target_vector = target_col / vector_size;
+    let target_lane = target_col % vector_size;
     let row_start = row * logits.stride(0) / vector_size;
 
     let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
@@ -148,20 +148,20 @@ pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
     let (row_max, others) = cube_max_and_sum(running_max, running_sum, cube_size);
 
     if UNIT_POS == 0 {
-        let mut loss = f32::new(f32::NAN);
-        let mut target_grad = f32::new(0.0);
-        let mut sum = others;
-        if target_is_class {
-            let target_logit = shared_target_logit[0];
-            let target_exp = f32::exp(target_logit - row_max);
-            sum = others + target_exp;
-            loss = (row_max - target_logit) + f32::ln(sum);
-            target_grad = -others / sum;
-        }
-        loss_rows[row] = loss;
-        lse_rows[row] = row_max + f32::ln(sum);
+        // A target that is not a class reads a zero logit and gets a NaN loss below.
+        let target_logit = select(target_is_class, shared_target_logit[0], f32::new(0.0));
+        let target_exp = select(
+            target_is_class,
+            f32::exp(target_logit - row_max),
+            f32::new(0.0),
+        );
+        let sum = others + target_exp;
+        let log_sum = f32::ln(sum);
+        let loss = (row_max - target_logit) + log_sum;
+        loss_rows[row] = select(target_is_class, loss, f32::new(f32::NAN));
+        lse_rows[row] = row_max + log_sum;
         valid_rows[row] = f32::new(1.0);
-        target_grad_rows[row] = target_grad;
+        target_grad_rows[row] = -others / sum;
     }
 }
 
@@ -211,16 +211,14 @@ fn row_gradient<I: Int>(
     #[comptime] per_row_scale: bool,
 ) -> RowGradient {
     let target = read_target::<I>(targets, row);
-    let mut scale = f32::new(0.0);
-    let mut target_col = vocab;
-    if target != ignore_index && is_class(target, vocab) {
-        target_col = usize::cast_from(target);
-        if comptime!(per_row_scale) {
-            scale = grad_scale[row * grad_scale.stride(0)];
-        } else {
-            scale = grad_scale[0];
-        }
-    }
+    let counted = target != ignore_index && is_class(target, vocab);
+    let target_col = select(counted, usize::cast_from(target), vocab);
+    let incoming = if comptime!(per_row_scale) {
+        grad_scale[row * grad_scale.stride(0)]
+    } else {
+        grad_scale[0]
+    };
+    let scale = select(counted, incoming, f32::new(0.0));
     RowGradient {
         scale,
         target_col,
