@@ -1,1 +1,324 @@
-fn main() {}
+//! Throughput of the fused cross-entropy against two references taken in the same run: the
+//! device's own copy bandwidth (the floor no memory-bound loss can beat) and Burn's stock
+//! `CrossEntropyLoss`.
+//!
+//! `cargo bench --bench throughput` (Vulkan; small sizes) or, on a GPU,
+//! `CUDARC_CUDA_VERSION=13000 cargo bench --bench throughput --no-default-features --features cuda`
+//! (LLM sizes). `FUSED_CE_BENCH_CASES=small|llm` overrides the choice of sizes.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::{
+    DType, Distribution, Int, Tensor, TensorData, TensorPrimitive, activation::log_softmax,
+    backend::Backend, ops::FloatTensor,
+};
+use burn_fused_ce::{
+    CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, diagnostics, fused_cross_entropy,
+};
+use cubecl::Runtime as _;
+use fused_ce_suite::{AutodiffCube, CubeBackend, Device, RUNTIME_NAME, Runtime};
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+
+type B = CubeBackend;
+type AD = AutodiffCube;
+
+/// A warm-up iteration slower than this means the op is hopeless at this size (stock CE at
+/// LLM sizes on a small device): report `-` rather than wait.
+const TOO_SLOW_MS: f64 = 20_000.0;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Fwd,
+    /// `Reduction::Mean`: one shared gradient scale.
+    FwdBwd,
+    /// `Reduction::None` with a non-uniform per-row gradient (the project's origin case).
+    FwdBwdRows,
+}
+
+struct Bench {
+    device: Device,
+    warmup: usize,
+    reps: usize,
+    /// f32 elements of the buffer the copy bandwidth is measured on.
+    copy_elems: usize,
+    cases: Vec<(usize, usize, DType, Mode)>,
+}
+
+/// One case's device tensors: logits [N, V], targets [N], a per-row gradient scale [N] (f32).
+struct Inputs {
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    scale: Tensor<B, 1>,
+}
+
+struct Measured {
+    median_ms: f64,
+    /// Device memory reserved by one iteration beyond what its inputs already held.
+    extra_mib: Option<f64>,
+    /// How many times `step` ran (to check that every backward took the in-place path).
+    calls: usize,
+}
+
+impl Bench {
+    fn new() -> Self {
+        let llm = match std::env::var("FUSED_CE_BENCH_CASES").as_deref() {
+            Ok("llm") => true,
+            Ok("small") => false,
+            _ => cfg!(feature = "cuda"),
+        };
+        let (bf16, f32, f16) = (DType::BF16, DType::F32, DType::F16);
+        let (cases, reps, copy_elems) = if llm {
+            let cases = vec![
+                (8192, 128256, bf16, Mode::Fwd),
+                (8192, 128256, bf16, Mode::FwdBwd),
+                (8192, 128256, bf16, Mode::FwdBwdRows),
+                (16384, 151936, bf16, Mode::FwdBwd),
+                (4096, 256000, bf16, Mode::FwdBwd),
+                (8192, 128256, f32, Mode::FwdBwd),
+                (8192, 32000, bf16, Mode::FwdBwd),
+            ];
+            // Copy 1 GiB of f32: large enough that launch overhead and caches do not flatter it.
+            (cases, 20, 1 << 28)
+        } else {
+            // Lavapipe on a couple of CPU cores: small sizes and few repetitions keep the run
+            // within a couple of minutes; f16 stands in for bf16, which lavapipe lacks.
+            let modes = [Mode::Fwd, Mode::FwdBwd, Mode::FwdBwdRows];
+            let cases = [f32, f16]
+                .into_iter()
+                .flat_map(|dtype| modes.map(|mode| (256, 32000, dtype, mode)))
+                .collect();
+            (cases, 5, 1 << 24)
+        };
+        let device = Device::default();
+        Self {
+            device,
+            warmup: 3,
+            reps,
+            copy_elems,
+            cases,
+        }
+    }
+
+    /// Median wall time of `step`, with the device synced before and after each iteration so
+    /// the clock covers exactly its kernels. `prepare` makes each iteration's input outside
+    /// the timed region. A panic or a failed sync (stock CE out of memory, say) gives `None`.
+    fn measure<S>(
+        &self,
+        mut prepare: impl FnMut() -> S,
+        mut step: impl FnMut(S),
+    ) -> Option<Measured> {
+        let sync = || B::sync(&self.device).ok();
+        let run = AssertUnwindSafe(|| -> Option<Measured> {
+            let mut calls = 0;
+            let mut timed = |input: S| -> Option<f64> {
+                sync()?;
+                let start = Instant::now();
+                step(input);
+                sync()?;
+                calls += 1;
+                Some(start.elapsed().as_secs_f64() * 1e3)
+            };
+            let mut last_ms = 0.0;
+            for _ in 0..self.warmup {
+                last_ms = timed(prepare())?;
+                if last_ms > TOO_SLOW_MS {
+                    return None;
+                }
+            }
+            let reps = if last_ms > 200.0 {
+                self.reps.min(5)
+            } else {
+                self.reps
+            };
+            let mut times = (0..reps)
+                .map(|_| timed(prepare()))
+                .collect::<Option<Vec<_>>>()?;
+            times.sort_by(f64::total_cmp);
+
+            // Peak extra memory. cubecl 0.10 reports current usage only (no peak counter):
+            // release every free page, run one iteration, and read how far `bytes_reserved`
+            // grew. Pages are not given back within an iteration, so this bounds its peak from
+            // above, rounded to pool pages (a small temporary that fits in a partly used page
+            // shows as 0).
+            let client = Runtime::client(&self.device);
+            let input = prepare();
+            sync()?;
+            client.memory_cleanup();
+            let before = client.memory_usage().ok().map(|usage| usage.bytes_reserved);
+            timed(input)?;
+            let after = client.memory_usage().ok().map(|usage| usage.bytes_reserved);
+            let extra_mib = before
+                .zip(after)
+                .map(|(b, a)| a.saturating_sub(b) as f64 / 1048576.0);
+            Some(Measured {
+                median_ms: times[reps / 2],
+                extra_mib,
+                calls,
+            })
+        });
+        catch_unwind(run).ok().flatten()
+    }
+
+    /// Burn's stock loss on the same inputs. `Reduction::None` has no stock counterpart, so
+    /// that row uses the ops the stock loss is built from (log_softmax, gather).
+    fn stock(&self, case: &Inputs, mode: Mode) -> Option<Measured> {
+        let (logits, targets, scale) = (&case.logits, &case.targets, &case.scale);
+        let [rows, _] = logits.dims();
+        let plain = || (logits.clone(), targets.clone());
+        let autodiff = || {
+            let x = Tensor::<AD, 2>::from_inner(logits.clone()).require_grad();
+            (x, Tensor::<AD, 1, Int>::from_inner(targets.clone()))
+        };
+        match mode {
+            Mode::Fwd => {
+                let loss = CrossEntropyLossConfig::new().init::<B>(&self.device);
+                self.measure(plain, |(x, y)| drop(loss.forward(x, y)))
+            }
+            Mode::FwdBwd => {
+                let loss = CrossEntropyLossConfig::new().init::<AD>(&self.device);
+                self.measure(autodiff, |(x, y)| drop(loss.forward(x, y).backward()))
+            }
+            Mode::FwdBwdRows => self.measure(autodiff, |(x, y)| {
+                let row_loss = log_softmax(x, 1)
+                    .gather(1, y.reshape([rows, 1]))
+                    .reshape([rows])
+                    .neg();
+                let weight = Tensor::<AD, 1>::from_inner(scale.clone().cast(logits.dtype()));
+                drop((row_loss * weight).sum().backward());
+            }),
+        }
+    }
+
+    /// Ours. For fwd+bwd each iteration gets a fresh, exclusively owned copy of the logits
+    /// (made untimed), so backward writes the gradient over it as in training, and every
+    /// iteration reads real random logits rather than the previous gradient.
+    fn ours(&self, case: &Inputs, mode: Mode) -> Option<Measured> {
+        let (logits, targets, scale) = (&case.logits, &case.targets, &case.scale);
+        let mean = CrossEntropyOptions::default();
+        let none = CrossEntropyOptions {
+            reduction: Reduction::None,
+            ..Default::default()
+        };
+        let t = || targets.clone().into_primitive();
+        let backward = B::cross_entropy_rows_backward;
+        let owned =
+            || -> FloatTensor<B> { logits.clone().mul_scalar(1.0).into_primitive().tensor() };
+        match mode {
+            Mode::Fwd => self.measure(
+                || logits.clone(),
+                |x| drop(fused_cross_entropy(x, targets.clone(), &mean)),
+            ),
+            Mode::FwdBwd => self.measure(owned, |x| {
+                // The clone lives only until the forward launch, so backward sees one owner.
+                let stats = B::cross_entropy_rows(x.clone(), t(), &mean);
+                // The mean and its gradient scale 1/count, both kept on the device.
+                let count = float1(stats.valid).sum();
+                let _loss = float1(stats.loss).sum() / count.clone();
+                let grad_scale = count.recip().into_primitive().tensor();
+                drop(backward(x, t(), stats.saved, grad_scale, &mean));
+            }),
+            Mode::FwdBwdRows => self.measure(owned, |x| {
+                let stats = B::cross_entropy_rows(x.clone(), t(), &none);
+                let grad_scale = scale.clone().into_primitive().tensor();
+                drop(backward(x, t(), stats.saved, grad_scale, &none));
+            }),
+        }
+    }
+}
+
+fn float1(primitive: FloatTensor<B>) -> Tensor<B, 1> {
+    Tensor::from_primitive(TensorPrimitive::Float(primitive))
+}
+
+fn cell(value: Option<f64>, width: usize, precision: usize) -> String {
+    match value {
+        Some(v) => format!("{v:>width$.precision$}"),
+        None => format!("{:>width$}", "-"),
+    }
+}
+
+fn main() {
+    let bench = Bench::new();
+    let device = &bench.device;
+    let uniform = Distribution::Uniform(-6.0, 6.0);
+    let mut rng = SmallRng::seed_from_u64(0x5eed);
+
+    // Copy bandwidth: an elementwise op on a shared buffer reads it and writes a new one, so
+    // it moves 2 x its size.
+    let buffer = Tensor::<B, 1>::random([bench.copy_elems], uniform, device);
+    let copy = bench
+        .measure(|| buffer.clone(), |x| drop(x.mul_scalar(1.0)))
+        .expect("copy bandwidth measurement");
+    drop(buffer);
+    let copy_bytes = (bench.copy_elems * 4) as f64;
+    let bandwidth = 2.0 * copy_bytes / (copy.median_ms / 1e3);
+    println!(
+        "fused cross-entropy on {RUNTIME_NAME}: copy bandwidth {:.1} GB/s (read+write, {} MiB buffer)",
+        bandwidth / 1e9,
+        bench.copy_elems * 4 >> 20
+    );
+    println!(
+        "case          dtype mode               ours ms  floor ms  %floor  stock ms stock/ours  ours MiB stock MiB"
+    );
+
+    let mut not_in_place = false;
+    for &(rows, vocab, dtype, mode) in &bench.cases {
+        // Random data made on the device: no multi-GB host buffers, and never zeros.
+        let logits = Tensor::<B, 2>::random([rows, vocab], uniform, device).cast(dtype);
+        let labels: Vec<i32> = (0..rows)
+            .map(|_| rng.random_range(0..vocab as i32))
+            .collect();
+        let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [rows]), device);
+        // Non-uniform per-row gradient for `Reduction::None` (f32, as the op expects).
+        let scale = Tensor::<B, 1>::random([rows], Distribution::Uniform(0.5, 1.5), device);
+
+        let inputs = Inputs {
+            logits,
+            targets,
+            scale,
+        };
+        let stock = bench.stock(&inputs, mode);
+        let in_place_before = diagnostics::in_place_backward_count();
+        let ours = bench.ours(&inputs, mode);
+        if let (Some(m), true) = (&ours, mode != Mode::Fwd) {
+            not_in_place |= diagnostics::in_place_backward_count() - in_place_before != m.calls;
+        }
+
+        // Floor: forward must read the logits once; forward+backward must at least read them
+        // and write the gradient. (Two kernels read them twice, so ~67% is their ceiling.)
+        let passes = if mode == Mode::Fwd { 1.0 } else { 2.0 };
+        let floor_ms = passes * (rows * vocab * dtype.size()) as f64 / bandwidth * 1e3;
+        let (ours_ms, stock_ms) = (
+            ours.as_ref().map(|m| m.median_ms),
+            stock.as_ref().map(|m| m.median_ms),
+        );
+        let label = match mode {
+            Mode::Fwd => "fwd",
+            Mode::FwdBwd => "fwd+bwd",
+            Mode::FwdBwdRows => "fwd+bwd none/row",
+        };
+        println!(
+            "{:<13} {:<5} {label:<16} {} {} {} {} {} {} {}",
+            format!("{rows}x{vocab}"),
+            format!("{dtype:?}").to_lowercase(),
+            cell(ours_ms, 9, 3),
+            cell(Some(floor_ms), 9, 3),
+            cell(ours_ms.map(|ms| floor_ms / ms * 100.0), 7, 1),
+            cell(stock_ms, 9, 3),
+            cell(ours_ms.zip(stock_ms).map(|(o, s)| s / o), 10, 2),
+            cell(ours.as_ref().and_then(|m| m.extra_mib), 9, 1),
+            cell(stock.as_ref().and_then(|m| m.extra_mib), 9, 1),
+        );
+        // Give this case's pages back before the next one is allocated.
+        drop(inputs);
+        Runtime::client(device).memory_cleanup();
+    }
+    if not_in_place {
+        println!("warning: some backward launches did not write the gradient in place");
+    }
+    println!(
+        "MiB: device memory one iteration reserved beyond its inputs (pool pages, approximate)"
+    );
+}

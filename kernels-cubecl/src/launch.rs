@@ -89,7 +89,10 @@ pub enum GradientTarget<R: Runtime> {
     /// Over the logits themselves (they are not read again by anyone).
     InPlace(TensorArg<R>),
     /// Read `logits`, write `grad`.
-    Separate { logits: TensorArg<R>, grad: TensorArg<R> },
+    Separate {
+        logits: TensorArg<R>,
+        grad: TensorArg<R>,
+    },
 }
 
 /// Per-row backward: `grad = scale_row * (softmax(x) - onehot(y))`, zero rows for ignored

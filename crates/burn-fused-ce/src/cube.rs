@@ -12,8 +12,8 @@ use cubecl::prelude::InputScalar;
 use fused_ce_kernels::{GradientTarget, RowBuffers, RowLaunch, launch_backward, launch_forward};
 
 use crate::{
-    diagnostics,
     backend::{FusedCrossEntropyBackend, RowStats, SavedRows},
+    diagnostics,
     options::{CrossEntropyOptions, Reduction},
 };
 

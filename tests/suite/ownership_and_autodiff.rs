@@ -1,10 +1,9 @@
 //! Memory ownership (the gradient goes over the logits only when nothing else holds them)
 //! and autodiff through an upstream op, checked against Burn's stock `CrossEntropyLoss`.
 
-mod common;
-
 use std::sync::Mutex;
 
+use crate::common::*;
 use burn::{
     config::Config,
     nn::loss::CrossEntropyLossConfig,
@@ -13,7 +12,6 @@ use burn::{
 use burn_fused_ce::{
     CrossEntropyOptions, FusedCrossEntropyLossConfig, Reduction, diagnostics, fused_cross_entropy,
 };
-use common::*;
 
 /// The in-place counter is process-wide: tests that read it run one at a time.
 static COUNTER_LOCK: Mutex<()> = Mutex::new(());
@@ -31,13 +29,17 @@ fn held_logits_are_never_overwritten() {
     let values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
     for reduction in [Reduction::None, Reduction::Mean, Reduction::Sum] {
-        let (inner, seen) = logits_tensor::<CubeBackend>(values.clone(), rows, vocab, DType::F32, &device);
+        let (inner, seen) =
+            logits_tensor::<CubeBackend>(values.clone(), rows, vocab, DType::F32, &device);
         let leaf = Tensor::<AutodiffCube, 2>::from_inner(inner).require_grad();
         // An intermediate the caller keeps a clone of.
         let logits = leaf.clone() * 1.0;
         let held = logits.clone();
         let before = diagnostics::in_place_backward_count();
-        let options = CrossEntropyOptions { reduction, ignore_index: -100 };
+        let options = CrossEntropyOptions {
+            reduction,
+            ignore_index: -100,
+        };
         let loss = fused_cross_entropy(logits, targets_tensor(&targets, &device), &options);
         let grads = loss.sum().backward();
         assert_eq!(
@@ -45,12 +47,26 @@ fn held_logits_are_never_overwritten() {
             before,
             "seed={seed} {reduction:?}: a held buffer was chosen for in-place backward"
         );
-        assert_eq!(to_f64(held.inner()), seen, "seed={seed} {reduction:?}: held logits changed");
+        assert_eq!(
+            to_f64(held.inner()),
+            seen,
+            "seed={seed} {reduction:?}: held logits changed"
+        );
         let grad = to_f64(leaf.grad(&grads).expect("gradient"));
-        let g = vec![1.0; if reduction == Reduction::None { rows } else { 1 }];
+        let g = vec![
+            1.0;
+            if reduction == Reduction::None {
+                rows
+            } else {
+                1
+            }
+        ];
         let ref_grad = reference_grad(&seen, vocab, &targets, -100, reduction, &g);
         let err = relative_l2(&grad, &ref_grad);
-        assert!(err <= 1e-5, "seed={seed} {reduction:?}: gradient error {err:e}");
+        assert!(
+            err <= 1e-5,
+            "seed={seed} {reduction:?}: gradient error {err:e}"
+        );
     }
 }
 
@@ -96,17 +112,29 @@ fn gradient_through_matmul_matches_burn_stock_loss() {
     let (rows, hidden, vocab) = (48, 32, 301);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
     <CubeBackend as burn::tensor::backend::Backend>::seed(&device, seed);
-    let x = Tensor::<AutodiffCube, 2>::random([rows, hidden], Distribution::Uniform(-1.0, 1.0), &device);
-    let w_init = Tensor::<AutodiffCube, 2>::random([hidden, vocab], Distribution::Uniform(-1.0, 1.0), &device);
+    let x = Tensor::<AutodiffCube, 2>::random(
+        [rows, hidden],
+        Distribution::Uniform(-1.0, 1.0),
+        &device,
+    );
+    let w_init = Tensor::<AutodiffCube, 2>::random(
+        [hidden, vocab],
+        Distribution::Uniform(-1.0, 1.0),
+        &device,
+    );
 
     let grad_of_w = |ours: bool| {
         let w = w_init.clone().detach().require_grad();
         let logits = x.clone().matmul(w.clone());
         let targets = targets_tensor(&targets, &device);
         let loss = if ours {
-            FusedCrossEntropyLossConfig::new().init(&device).forward(logits, targets)
+            FusedCrossEntropyLossConfig::new()
+                .init(&device)
+                .forward(logits, targets)
         } else {
-            CrossEntropyLossConfig::new().init(&device).forward(logits, targets)
+            CrossEntropyLossConfig::new()
+                .init(&device)
+                .forward(logits, targets)
         };
         let value = to_f64(loss.clone().inner())[0];
         let grads = loss.backward();
@@ -115,9 +143,15 @@ fn gradient_through_matmul_matches_burn_stock_loss() {
     let (our_loss, our_grad) = grad_of_w(true);
     let (stock_loss, stock_grad) = grad_of_w(false);
     let loss_err = ((our_loss - stock_loss) / stock_loss).abs();
-    assert!(loss_err <= 1e-5, "seed={seed}: loss {our_loss} vs stock {stock_loss}");
+    assert!(
+        loss_err <= 1e-5,
+        "seed={seed}: loss {our_loss} vs stock {stock_loss}"
+    );
     let err = relative_l2(&our_grad, &stock_grad);
-    assert!(err <= 1e-4, "seed={seed}: grad(w) differs from stock by {err:e}");
+    assert!(
+        err <= 1e-4,
+        "seed={seed}: grad(w) differs from stock by {err:e}"
+    );
 }
 
 /// The config serialises with serde and decides the output rank.
@@ -129,13 +163,17 @@ fn config_round_trips_and_decides_rank() {
         .with_ignore_index(7);
     let json = config.to_string();
     assert!(json.contains("\"reduction\""), "serialises as JSON: {json}");
-    let back = FusedCrossEntropyLossConfig::load_binary(json.as_bytes()).expect("config parses back");
+    let back =
+        FusedCrossEntropyLossConfig::load_binary(json.as_bytes()).expect("config parses back");
     assert_eq!(back, config);
-    let logits = Tensor::<CubeBackend, 2>::random([5, 9], Distribution::Uniform(-2.0, 2.0), &device);
+    let logits =
+        Tensor::<CubeBackend, 2>::random([5, 9], Distribution::Uniform(-2.0, 2.0), &device);
     let targets = targets_tensor::<CubeBackend>(&[1, 7, 3, 0, 8], &device);
     let losses = back.init(&device).forward(logits.clone(), targets.clone());
     assert_eq!(losses.dims(), [5]);
     assert_eq!(to_f64(losses)[1], 0.0, "ignore_index 7 zeroes row 1");
-    let mean = FusedCrossEntropyLossConfig::new().init(&device).forward(logits, targets);
+    let mean = FusedCrossEntropyLossConfig::new()
+        .init(&device)
+        .forward(logits, targets);
     assert_eq!(mean.dims(), [1]);
 }

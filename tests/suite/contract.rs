@@ -3,11 +3,9 @@
 //! shapes plus (512, 32000), every dtype the runtime has. Outputs are poisoned with NaN
 //! before each kernel, so an unwritten element fails.
 
-mod common;
-
+use crate::common::*;
 use burn::tensor::{DType, Tensor};
 use burn_fused_ce::{CrossEntropyOptions, Reduction, diagnostics, fused_cross_entropy};
-use common::*;
 
 const REDUCTIONS: [Reduction; 3] = [Reduction::None, Reduction::Mean, Reduction::Sum];
 
@@ -30,12 +28,23 @@ fn check_case(case: Case) {
     let seed = fresh_seed();
     let device = Device::default();
     let mut rng = rng(seed);
-    let Case { rows, vocab, dtype, reduction, ignore, ignore_index, .. } = case;
+    let Case {
+        rows,
+        vocab,
+        dtype,
+        reduction,
+        ignore,
+        ignore_index,
+        ..
+    } = case;
     let context = format!("{case:?} seed={seed}");
 
     let values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, ignore, ignore_index);
-    let options = CrossEntropyOptions { reduction, ignore_index };
+    let options = CrossEntropyOptions {
+        reduction,
+        ignore_index,
+    };
     let (loss_tol, grad_tol) = tolerance(dtype);
 
     let (logits, seen) = logits_tensor::<CubeBackend>(values, rows, vocab, dtype, &device);
@@ -48,22 +57,36 @@ fn check_case(case: Case) {
         targets_tensor::<CubeBackend>(&targets, &device),
         &options,
     );
-    let expected_len = if reduction == Reduction::None { rows } else { 1 };
+    let expected_len = if reduction == Reduction::None {
+        rows
+    } else {
+        1
+    };
     assert_eq!(loss.dims(), [expected_len], "{context}: output shape");
     assert_eq!(loss.dtype(), dtype, "{context}: output dtype");
     let err = relative_l2(&to_f64(loss), &ref_loss);
-    assert!(err <= loss_tol, "{context}: forward loss error {err:e} > {loss_tol:e}");
+    assert!(
+        err <= loss_tol,
+        "{context}: forward loss error {err:e} > {loss_tol:e}"
+    );
 
     // Forward and backward under autodiff, with a non-uniform incoming gradient.
     let leaf = Tensor::<AutodiffCube, 2>::from_inner(logits).require_grad();
-    let logits_ad = if case.exclusive_logits { leaf.clone() * 1.0 } else { leaf.clone() };
+    let logits_ad = if case.exclusive_logits {
+        leaf.clone() * 1.0
+    } else {
+        leaf.clone()
+    };
     let loss = fused_cross_entropy(
         logits_ad,
         targets_tensor::<AutodiffCube>(&targets, &device),
         &options,
     );
     let err = relative_l2(&to_f64(loss.clone().inner()), &ref_loss);
-    assert!(err <= loss_tol, "{context}: tracked loss error {err:e} > {loss_tol:e}");
+    assert!(
+        err <= loss_tol,
+        "{context}: tracked loss error {err:e} > {loss_tol:e}"
+    );
 
     let (objective, g) = match reduction {
         Reduction::None => {
@@ -82,10 +105,16 @@ fn check_case(case: Case) {
     let grad = to_f64(grad);
     let ref_grad = reference_grad(&seen, vocab, &targets, ignore_index, reduction, &g);
     if ref_grad.iter().all(|v| *v == 0.0) {
-        assert!(grad.iter().all(|v| *v == 0.0), "{context}: gradient must be exactly 0");
+        assert!(
+            grad.iter().all(|v| *v == 0.0),
+            "{context}: gradient must be exactly 0"
+        );
     } else {
         let err = relative_l2(&grad, &ref_grad);
-        assert!(err <= grad_tol, "{context}: gradient error {err:e} > {grad_tol:e}");
+        assert!(
+            err <= grad_tol,
+            "{context}: gradient error {err:e} > {grad_tol:e}"
+        );
     }
 }
 
@@ -169,7 +198,10 @@ fn empty_batch() {
     for reduction in REDUCTIONS {
         let leaf = Tensor::<AutodiffCube, 2>::empty([0, 41], &device).require_grad();
         let targets = targets_tensor::<AutodiffCube>(&[], &device);
-        let options = CrossEntropyOptions { reduction, ignore_index: -100 };
+        let options = CrossEntropyOptions {
+            reduction,
+            ignore_index: -100,
+        };
         let loss = fused_cross_entropy(leaf.clone(), targets, &options);
         let values = to_f64(loss.clone().inner());
         match reduction {
@@ -207,19 +239,32 @@ fn confident_prediction_keeps_target_gradient() {
         let logits = logits.require_grad();
         // Sum, so the target column (about -4e-3) stays a normal f16 number: under Mean
         // over 64 rows it would be an f16 subnormal, imprecise in any implementation.
-        let options = CrossEntropyOptions { reduction: Reduction::Sum, ignore_index: -100 };
+        let options = CrossEntropyOptions {
+            reduction: Reduction::Sum,
+            ignore_index: -100,
+        };
         let loss = fused_cross_entropy(logits.clone(), targets_tensor(&targets, &device), &options);
         let grads = loss.sum().backward();
         let grad = to_f64(logits.grad(&grads).expect("gradient"));
         let ref_grad = reference_grad(&seen, vocab, &targets, -100, Reduction::Sum, &[1.0]);
         let target_cols = |g: &[f64]| -> Vec<f64> {
-            targets.iter().enumerate().map(|(r, &y)| g[r * vocab + y as usize]).collect()
+            targets
+                .iter()
+                .enumerate()
+                .map(|(r, &y)| g[r * vocab + y as usize])
+                .collect()
         };
         let (_, grad_tol) = tolerance(dtype);
         let err = relative_l2(&target_cols(&grad), &target_cols(&ref_grad));
-        assert!(err <= grad_tol, "{dtype:?} seed={seed}: target column error {err:e}");
+        assert!(
+            err <= grad_tol,
+            "{dtype:?} seed={seed}: target column error {err:e}"
+        );
         eprintln!("{dtype:?}: confident target-column gradient error {err:e}");
         let err = relative_l2(&grad, &ref_grad);
-        assert!(err <= grad_tol, "{dtype:?} seed={seed}: gradient error {err:e}");
+        assert!(
+            err <= grad_tol,
+            "{dtype:?} seed={seed}: gradient error {err:e}"
+        );
     }
 }

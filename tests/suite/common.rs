@@ -59,7 +59,11 @@ pub fn random_logits(rng: &mut SmallRng, rows: usize, vocab: usize) -> Vec<f32> 
     (0..rows * vocab)
         .map(|_| {
             let x: f32 = rng.random_range(-6.0..6.0);
-            if rng.random_range(0..50) == 0 { x * 3.0 } else { x }
+            if rng.random_range(0..50) == 0 {
+                x * 3.0
+            } else {
+                x
+            }
         })
         .collect()
 }

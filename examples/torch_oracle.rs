@@ -1,0 +1,85 @@
+//! Second oracle on a GPU host with PyTorch: writes random inputs and our CUDA results to a
+//! folder so `scripts/torch_check.py` can compare them with
+//! `torch.nn.functional.cross_entropy`. Each case is `reduction = None` with a non-uniform
+//! per-row incoming gradient, plus the Mean loss.
+//!
+//!   torch_oracle <dir>     (then: python3 scripts/torch_check.py <dir>)
+
+use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
+use burn_fused_ce::{CrossEntropyOptions, Reduction, fused_cross_entropy};
+use fused_ce_suite::{AutodiffCube, CubeBackend, Device};
+
+fn write(dir: &std::path::Path, name: &str, data: TensorData) {
+    std::fs::write(dir.join(name), data.as_bytes()).expect("write oracle file");
+}
+
+fn main() {
+    let dir = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "oracle".into()));
+    std::fs::create_dir_all(&dir).expect("create oracle dir");
+    let device = Device::default();
+    let mut manifest = String::new();
+    for (i, (rows, vocab, dtype)) in [
+        (4096usize, 32000usize, DType::BF16),
+        (2048, 128256, DType::BF16),
+        (1024, 151936, DType::F16),
+        (2048, 50257, DType::F32),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let logits = Tensor::<CubeBackend, 2>::random(
+            [rows, vocab],
+            Distribution::Uniform(-8.0, 8.0),
+            &device,
+        )
+        .cast(dtype);
+        let targets: Vec<i64> = (0..rows)
+            .map(|r| {
+                if r % 7 == 3 {
+                    -100
+                } else {
+                    ((r as i64) * 7919 + 13) % vocab as i64
+                }
+            })
+            .collect();
+        let weights =
+            Tensor::<CubeBackend, 1>::random([rows], Distribution::Uniform(0.25, 4.0), &device)
+                .cast(dtype);
+        let targets_t = |d: &Device| {
+            Tensor::<AutodiffCube, 1, Int>::from_data(TensorData::new(targets.clone(), [rows]), d)
+        };
+
+        write(&dir, &format!("{i}.logits"), logits.clone().into_data());
+        write(&dir, &format!("{i}.weights"), weights.clone().into_data());
+        write(
+            &dir,
+            &format!("{i}.targets"),
+            TensorData::new(targets.clone(), [rows]),
+        );
+
+        let leaf = Tensor::<AutodiffCube, 2>::from_inner(logits).require_grad();
+        let none = CrossEntropyOptions {
+            reduction: Reduction::None,
+            ignore_index: -100,
+        };
+        let loss = fused_cross_entropy(leaf.clone() * 1.0, targets_t(&device), &none);
+        let grads = (loss.clone() * Tensor::from_inner(weights))
+            .sum()
+            .backward();
+        write(&dir, &format!("{i}.loss_none"), loss.inner().into_data());
+        write(
+            &dir,
+            &format!("{i}.grad_none"),
+            leaf.grad(&grads).expect("gradient").into_data(),
+        );
+        let mean = fused_cross_entropy(
+            leaf.detach(),
+            targets_t(&device),
+            &CrossEntropyOptions::default(),
+        );
+        write(&dir, &format!("{i}.loss_mean"), mean.inner().into_data());
+        manifest.push_str(&format!("{i} {rows} {vocab} {dtype:?}\n"));
+    }
+    std::fs::write(dir.join("manifest.txt"), manifest).expect("write manifest");
+    println!("wrote oracle cases to {}", dir.display());
+}

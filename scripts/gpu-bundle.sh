@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the CUDA test and bench executables (release, CUDARC_CUDA_VERSION=13000: the
+# driver and NVRTC are loaded at run time, no toolkit needed here) into gpu-bundle/,
+# stripped, with gpu-bundle/run.sh that runs them all on a GPU host and logs to $OUT.
+#
+#   scripts/gpu-bundle.sh            # then carry gpu-bundle/ and run: gpu-bundle/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bundle=gpu-bundle
+grep -qx "/$bundle/" .git/info/exclude 2>/dev/null || echo "/$bundle/" >> .git/info/exclude
+rm -rf "$bundle" && mkdir -p "$bundle"
+export CUDARC_CUDA_VERSION=13000
+build=(cargo build --release --no-default-features --features cuda --tests --benches --example torch_oracle)
+"${build[@]}"
+"${build[@]}" --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("reason") == "compiler-artifact" and msg.get("executable") \
+            and msg["target"]["kind"][0] in ("test", "bench", "example") \
+            and msg["package_id"].split("#")[0].endswith("main"):
+        print(msg["target"]["name"], msg["executable"])
+' | while read -r name exe; do
+    cp "$exe" "$bundle/$name" && strip "$bundle/$name"
+  done
+cp scripts/gpu-run.sh "$bundle/run.sh"
+cp scripts/torch_check.py "$bundle/torch_check.py"
+du -sh "$bundle"; ls -la "$bundle"

@@ -1,0 +1,7 @@
+//! The whole test suite as one executable (one link instead of several: a faster CI build
+//! and a smaller GPU bundle). Runtime: Vulkan by default, CUDA with `--features cuda`.
+
+mod common;
+mod contract;
+mod llm_shapes;
+mod ownership_and_autodiff;
