@@ -158,7 +158,9 @@ pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
         let sum = others + target_exp;
         let log_sum = f32::ln(sum);
         let loss = (row_max - target_logit) + log_sum;
-        loss_rows[row] = select(target_is_class, loss, f32::new(f32::NAN));
+        // NaN made at run time: CUDA C has no NaN literal for the compiler to print.
+        let not_a_number = f32::sqrt(f32::new(-1.0) - f32::abs(f32::cast_from(target)));
+        loss_rows[row] = select(target_is_class, loss, not_a_number);
         lse_rows[row] = row_max + log_sum;
         valid_rows[row] = f32::new(1.0);
         target_grad_rows[row] = -others / sum;

@@ -268,3 +268,54 @@ fn confident_prediction_keeps_target_gradient() {
         );
     }
 }
+
+/// A target outside `[0, V)` that is not the ignore index: that row's loss is NaN and its
+/// gradient row zero; other rows are unaffected and nothing is read out of bounds.
+#[test]
+fn out_of_range_target_poisons_only_its_row() {
+    poisoned();
+    let seed = fresh_seed();
+    let device = Device::default();
+    let mut rng = rng(seed);
+    let (rows, vocab) = (6, 50);
+    let values = random_logits(&mut rng, rows, vocab);
+    let mut targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
+    targets[1] = vocab as i64 + 5;
+    targets[4] = -3;
+    let (logits, seen) = logits_tensor::<AutodiffCube>(values, rows, vocab, DType::F32, &device);
+    let logits = logits.require_grad();
+    let options = CrossEntropyOptions {
+        reduction: Reduction::None,
+        ignore_index: -100,
+    };
+    let loss = fused_cross_entropy(logits.clone(), targets_tensor(&targets, &device), &options);
+    let losses = to_f64(loss.clone().inner());
+    let grads = loss.sum().backward();
+    let grad = to_f64(logits.grad(&grads).expect("gradient"));
+    for row in 0..rows {
+        let bad = row == 1 || row == 4;
+        let grad_row = &grad[row * vocab..(row + 1) * vocab];
+        if bad {
+            assert!(
+                losses[row].is_nan(),
+                "seed={seed}: row {row} loss {}",
+                losses[row]
+            );
+            assert!(
+                grad_row.iter().all(|v| *v == 0.0),
+                "seed={seed}: row {row} gradient"
+            );
+        } else {
+            let x = &seen[row * vocab..(row + 1) * vocab];
+            let expected = lse(x) - x[targets[row] as usize];
+            assert!(
+                (losses[row] - expected).abs() <= 1e-5 * expected.abs().max(1.0),
+                "seed={seed}: row {row}"
+            );
+            assert!(
+                grad_row.iter().all(|v| v.is_finite()),
+                "seed={seed}: row {row} gradient"
+            );
+        }
+    }
+}
