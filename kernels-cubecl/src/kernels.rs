@@ -27,6 +27,55 @@ fn is_class(target: i32, vocab: usize) -> bool {
     target >= 0 && usize::cast_from(target) < vocab
 }
 
+/// Largest lane of a vector.
+#[cube]
+fn lane_max<N: Size>(values: Vector<f32, N>) -> f32 {
+    let mut max = values[0];
+    #[unroll]
+    for lane in 1..values.size() {
+        max = f32::max(max, values[lane]);
+    }
+    max
+}
+
+/// `sum exp(values - max)` over the lanes, leaving out the target's lane when this vector
+/// holds the target.
+#[cube]
+fn exp_sum_without_target<N: Size>(
+    values: Vector<f32, N>,
+    max: f32,
+    holds_target: bool,
+    target_lane: usize,
+) -> f32 {
+    let exps = Vector::exp(values - Vector::new(max));
+    let mut sum = f32::new(0.0);
+    #[unroll]
+    for lane in 0..values.size() {
+        sum += select(
+            holds_target && lane == target_lane,
+            f32::new(0.0),
+            exps[lane],
+        );
+    }
+    sum
+}
+
+/// The target's logit when this vector holds it, `current` otherwise.
+#[cube]
+fn pick_target<N: Size>(
+    values: Vector<f32, N>,
+    holds_target: bool,
+    target_lane: usize,
+    current: f32,
+) -> f32 {
+    let mut picked = current;
+    #[unroll]
+    for lane in 0..values.size() {
+        picked = select(holds_target && lane == target_lane, values[lane], picked);
+    }
+    picked
+}
+
 /// Merges the units' online (max, sum of exp over non-target classes) pairs in shared
 /// memory. Returns the row's max and that sum, to every unit.
 #[cube]
@@ -116,30 +165,38 @@ pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
     let mut running_max = f32::new(RUNNING_MAX_START);
     let mut running_sum = f32::new(0.0);
     let mut target_logit = f32::new(0.0);
-    let mut holds_any_target = false;
+    // Two vectors per step: both loads are issued before either is waited on, which
+    // doubles the bytes each unit has in flight (the loop is latency-bound otherwise).
     let mut index = UNIT_POS as usize;
-    while index < vectors_per_row {
-        let values = Vector::<f32, N>::cast_from(logits[row_start + index]);
-        let mut vector_max = values[0];
-        #[unroll]
-        for lane in 1..vector_size {
-            vector_max = f32::max(vector_max, values[lane]);
-        }
-        let new_max = f32::max(running_max, vector_max);
-        let exps = Vector::exp(values - Vector::new(new_max));
-        let mut exp_sum = f32::new(0.0);
-        let holds_target = index == target_vector;
-        #[unroll]
-        for lane in 0..vector_size {
-            let is_target = holds_target && lane == target_lane;
-            exp_sum += select(is_target, f32::new(0.0), exps[lane]);
-            target_logit = select(is_target, values[lane], target_logit);
-        }
-        holds_any_target = holds_any_target || holds_target;
+    while index + cube_size < vectors_per_row {
+        let second_index = index + cube_size;
+        let first = Vector::<f32, N>::cast_from(logits[row_start + index]);
+        let second = Vector::<f32, N>::cast_from(logits[row_start + second_index]);
+        let new_max = f32::max(
+            running_max,
+            f32::max(lane_max::<N>(first), lane_max::<N>(second)),
+        );
+        let first_is_target = index == target_vector;
+        let second_is_target = second_index == target_vector;
+        let exp_sum = exp_sum_without_target::<N>(first, new_max, first_is_target, target_lane)
+            + exp_sum_without_target::<N>(second, new_max, second_is_target, target_lane);
+        target_logit = pick_target::<N>(first, first_is_target, target_lane, target_logit);
+        target_logit = pick_target::<N>(second, second_is_target, target_lane, target_logit);
         running_sum = running_sum * f32::exp(running_max - new_max) + exp_sum;
         running_max = new_max;
-        index += cube_size;
+        index += 2 * cube_size;
     }
+    if index < vectors_per_row {
+        let values = Vector::<f32, N>::cast_from(logits[row_start + index]);
+        let new_max = f32::max(running_max, lane_max::<N>(values));
+        let is_target = index == target_vector;
+        let exp_sum = exp_sum_without_target::<N>(values, new_max, is_target, target_lane);
+        target_logit = pick_target::<N>(values, is_target, target_lane, target_logit);
+        running_sum = running_sum * f32::exp(running_max - new_max) + exp_sum;
+        running_max = new_max;
+    }
+    let holds_any_target =
+        target_vector % cube_size == UNIT_POS as usize && target_vector < vectors_per_row;
 
     if holds_any_target {
         shared_target_logit[0] = target_logit;
@@ -180,9 +237,8 @@ fn gradient_vector<F: Float, N: Size>(
     let vector_size = values.size();
     #[unroll]
     for lane in 0..vector_size {
-        if first_col + lane == row.target_col {
-            grad[lane] = row.target_grad * row.scale;
-        }
+        let is_target = first_col + lane == row.target_col;
+        grad[lane] = select(is_target, row.target_grad * row.scale, grad[lane]);
     }
     Vector::cast_from(grad)
 }
@@ -263,15 +319,28 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, N: Size>(
     let out_start = row * grad.stride(0) / vector_size;
     let vectors_per_row = vocab / vector_size;
     let mut index = UNIT_POS as usize;
-    let zero_row = row_grad.target_col == vocab;
-    while index < vectors_per_row {
-        let mut value = Vector::new(F::new(0.0));
-        if !zero_row {
-            value =
+    if row_grad.target_col == vocab {
+        // Zero row: the logits are not read (they may be anything, NaN included).
+        while index < vectors_per_row {
+            grad[out_start + index] = Vector::new(F::new(0.0));
+            index += cube_size;
+        }
+    } else {
+        // Two vectors per step, both loads issued first (more bytes in flight).
+        while index + cube_size < vectors_per_row {
+            let second = index + cube_size;
+            let first_values = logits[in_start + index];
+            let second_values = logits[in_start + second];
+            grad[out_start + index] =
+                gradient_vector::<F, N>(first_values, index * vector_size, row_grad);
+            grad[out_start + second] =
+                gradient_vector::<F, N>(second_values, second * vector_size, row_grad);
+            index += 2 * cube_size;
+        }
+        if index < vectors_per_row {
+            grad[out_start + index] =
                 gradient_vector::<F, N>(logits[in_start + index], index * vector_size, row_grad);
         }
-        grad[out_start + index] = value;
-        index += cube_size;
     }
 }
 
@@ -308,14 +377,26 @@ pub fn cross_entropy_backward_in_place_kernel<F: Float, I: Int, N: Size>(
     let start = row * logits_to_grad.stride(0) / vector_size;
     let vectors_per_row = vocab / vector_size;
     let mut index = UNIT_POS as usize;
-    let zero_row = row_grad.target_col == vocab;
-    while index < vectors_per_row {
-        let at = start + index;
-        let mut value = Vector::new(F::new(0.0));
-        if !zero_row {
-            value = gradient_vector::<F, N>(logits_to_grad[at], index * vector_size, row_grad);
+    if row_grad.target_col == vocab {
+        while index < vectors_per_row {
+            logits_to_grad[start + index] = Vector::new(F::new(0.0));
+            index += cube_size;
         }
-        logits_to_grad[at] = value;
-        index += cube_size;
+    } else {
+        while index + cube_size < vectors_per_row {
+            let second = index + cube_size;
+            let first_values = logits_to_grad[start + index];
+            let second_values = logits_to_grad[start + second];
+            logits_to_grad[start + index] =
+                gradient_vector::<F, N>(first_values, index * vector_size, row_grad);
+            logits_to_grad[start + second] =
+                gradient_vector::<F, N>(second_values, second * vector_size, row_grad);
+            index += 2 * cube_size;
+        }
+        if index < vectors_per_row {
+            let at = start + index;
+            logits_to_grad[at] =
+                gradient_vector::<F, N>(logits_to_grad[at], index * vector_size, row_grad);
+        }
     }
 }

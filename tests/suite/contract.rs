@@ -128,7 +128,17 @@ fn poisoned() {
 #[test]
 fn small_and_odd_shapes_every_reduction_ignore_and_dtype() {
     poisoned();
-    let shapes = [(2 * 8, 41), (9 * 7, 41), (3 * 423, 123), (1, 1), (5, 2)];
+    // (7, 2000) and (3, 1531) make units take two vectors per step and a tail, with and
+    // without vectorised loads.
+    let shapes = [
+        (2 * 8, 41),
+        (9 * 7, 41),
+        (3 * 423, 123),
+        (1, 1),
+        (5, 2),
+        (7, 2000),
+        (3, 1531),
+    ];
     let mut n = 0;
     for &(rows, vocab) in &shapes {
         for dtype in float_dtypes() {

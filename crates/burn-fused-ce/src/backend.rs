@@ -87,6 +87,9 @@ pub(crate) fn reduce_rows<B: Backend>(
     dtype: DType,
 ) -> Reduced<B> {
     let loss_rows = float::<B>(loss_rows);
+    if loss_rows.dims()[0] == 0 {
+        return reduce_no_rows::<B>(&loss_rows.device(), reduction, dtype);
+    }
     let (loss, mean_denominator) = match reduction {
         Reduction::None => (loss_rows, None),
         Reduction::Sum => (loss_rows.sum(), None),
@@ -97,6 +100,27 @@ pub(crate) fn reduce_rows<B: Backend>(
     };
     Reduced {
         loss: primitive(loss.cast(dtype)),
+        mean_denominator: mean_denominator.map(primitive),
+    }
+}
+
+/// N = 0 without any launch (a kernel over zero elements is an invalid launch on CUDA):
+/// an empty vector for `None`, 0 for `Sum` and `Mean`.
+fn reduce_no_rows<B: Backend>(
+    device: &B::Device,
+    reduction: Reduction,
+    dtype: DType,
+) -> Reduced<B> {
+    let (loss, mean_denominator) = match reduction {
+        Reduction::None => (Tensor::<B, 1>::empty([0], (device, dtype)), None),
+        Reduction::Sum => (Tensor::zeros([1], (device, dtype)), None),
+        Reduction::Mean => (
+            Tensor::zeros([1], (device, dtype)),
+            Some(Tensor::<B, 1>::ones([1], (device, DType::F32))),
+        ),
+    };
+    Reduced {
+        loss: primitive(loss),
         mean_denominator: mean_denominator.map(primitive),
     }
 }
