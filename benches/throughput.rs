@@ -91,6 +91,13 @@ impl Bench {
                 .collect();
             (cases, 5, 1 << 24)
         };
+        // Tuning runs: `FUSED_CE_BENCH_CASE=8192x128256` keeps the cases whose label contains
+        // it; `FUSED_CE_BENCH_SKIP_STOCK=1` leaves Burn's stock loss out (it is 15-60x slower).
+        let filter = std::env::var("FUSED_CE_BENCH_CASE").unwrap_or_default();
+        let cases = cases
+            .into_iter()
+            .filter(|(rows, vocab, _, _)| format!("{rows}x{vocab}").contains(&filter))
+            .collect();
         let device = Device::default();
         Self {
             device,
@@ -279,7 +286,10 @@ fn main() {
             targets,
             scale,
         };
-        let stock = bench.stock(&inputs, mode);
+        let stock = match std::env::var("FUSED_CE_BENCH_SKIP_STOCK") {
+            Ok(_) => None,
+            Err(_) => bench.stock(&inputs, mode),
+        };
         let in_place_before = diagnostics::in_place_backward_count();
         let ours = bench.ours(&inputs, mode);
         if let (Some(m), true) = (&ours, mode != Mode::Fwd) {

@@ -11,6 +11,19 @@ use crate::kernels::{
 /// Largest grid dimension every runtime accepts (wgpu's limit).
 const MAX_GRID_DIM: usize = 65_535;
 
+/// The most units one row's cube gets: 256, or `FUSED_CE_UNITS_PER_ROW` (a power of two,
+/// 32 to 1024), read once, for tuning runs.
+fn max_units_per_row() -> usize {
+    static UNITS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *UNITS.get_or_init(|| {
+        std::env::var("FUSED_CE_UNITS_PER_ROW")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|v| v.is_power_of_two() && (32..=1024).contains(v))
+            .unwrap_or(256)
+    })
+}
+
 /// What every row-per-cube launch needs besides its buffers.
 #[derive(Debug, Clone, Copy)]
 pub struct RowLaunch {
@@ -35,7 +48,7 @@ impl RowLaunch {
     /// a short row with one pass, at most 256 so several rows are in flight per SM.
     fn cube_size(&self) -> usize {
         let vectors = (self.vocab / self.vector_size).max(1);
-        vectors.next_power_of_two().clamp(32, 256)
+        vectors.next_power_of_two().clamp(32, max_units_per_row())
     }
 
     fn cube_count(&self) -> CubeCount {

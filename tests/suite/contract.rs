@@ -213,10 +213,10 @@ fn empty_batch() {
             ignore_index: -100,
         };
         let loss = fused_cross_entropy(leaf.clone(), targets, &options);
-        let values = to_f64(loss.clone().inner());
         match reduction {
-            Reduction::None => assert!(values.is_empty(), "{reduction:?}: {values:?}"),
-            _ => assert_eq!(values, vec![0.0], "{reduction:?}"),
+            // Not read back: Burn 0.21 on CUDA cannot read an empty tensor (alignment).
+            Reduction::None => assert_eq!(loss.dims(), [0], "{reduction:?}"),
+            _ => assert_eq!(to_f64(loss.clone().inner()), vec![0.0], "{reduction:?}"),
         }
         // Burn's own `sum` backward cannot broadcast onto a [0] tensor, so None's backward
         // at N = 0 is Burn's to handle; Mean and Sum go through ours.
