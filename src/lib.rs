@@ -24,5 +24,12 @@ pub type CubeBackend = burn_cubecl::CubeBackend<Runtime, f32, i32, u32>;
 /// The same with autodiff.
 pub type AutodiffCube = burn::backend::Autodiff<CubeBackend>;
 
+/// What a user of this runtime has with Burn's default features: `burn::backend::Wgpu` or
+/// `burn::backend::Cuda`, both `Fusion<CubeBackend<..>>`.
+#[cfg(feature = "cuda")]
+pub type DefaultBackend = burn::backend::Cuda;
+#[cfg(not(feature = "cuda"))]
+pub type DefaultBackend = burn::backend::Wgpu;
+
 /// Whether this build's runtime can compute in bf16 (CUDA yes; lavapipe has no bf16).
 pub const SUPPORTS_BF16: bool = cfg!(feature = "cuda");

@@ -4,29 +4,37 @@
 //! before each kernel, so an unwritten element fails.
 
 use crate::common::*;
-use burn::tensor::{DType, Tensor};
-use burn_fused_ce::{CrossEntropyOptions, Reduction, diagnostics, fused_cross_entropy};
+use burn::{
+    backend::Autodiff,
+    tensor::{DType, Tensor},
+};
+use burn_fused_ce::{
+    CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, diagnostics, fused_cross_entropy,
+};
 
-const REDUCTIONS: [Reduction; 3] = [Reduction::None, Reduction::Mean, Reduction::Sum];
+pub(crate) const REDUCTIONS: [Reduction; 3] = [Reduction::None, Reduction::Mean, Reduction::Sum];
 
 #[derive(Debug, Clone, Copy)]
-struct Case {
-    rows: usize,
-    vocab: usize,
-    dtype: DType,
-    reduction: Reduction,
-    ignore: Ignore,
-    ignore_index: i64,
+pub(crate) struct Case {
+    pub(crate) rows: usize,
+    pub(crate) vocab: usize,
+    pub(crate) dtype: DType,
+    pub(crate) reduction: Reduction,
+    pub(crate) ignore: Ignore,
+    pub(crate) ignore_index: i64,
     /// Logits are an intermediate nobody else holds (backward may write over them), or a
     /// leaf the test keeps (backward must write a new buffer).
-    exclusive_logits: bool,
+    pub(crate) exclusive_logits: bool,
 }
 
 /// Runs forward (untracked and tracked) and backward for one case against the f64
 /// reference; panics with the seed on any miss.
-fn check_case(case: Case) {
+pub(crate) fn check_case<B: FusedCrossEntropyBackend>(case: Case)
+where
+    B::Device: Default,
+{
     let seed = fresh_seed();
-    let device = Device::default();
+    let device = B::Device::default();
     let mut rng = rng(seed);
     let Case {
         rows,
@@ -47,14 +55,14 @@ fn check_case(case: Case) {
     };
     let (loss_tol, grad_tol) = tolerance(dtype);
 
-    let (logits, seen) = logits_tensor::<CubeBackend>(values, rows, vocab, dtype, &device);
+    let (logits, seen) = logits_tensor::<B>(values, rows, vocab, dtype, &device);
     let ref_rows = reference_rows(&seen, vocab, &targets, ignore_index);
     let ref_loss = reference_loss(&ref_rows, reduction);
 
     // Forward only, on the plain backend.
     let loss = fused_cross_entropy(
         logits.clone(),
-        targets_tensor::<CubeBackend>(&targets, &device),
+        targets_tensor::<B>(&targets, &device),
         &options,
     );
     let expected_len = if reduction == Reduction::None {
@@ -71,7 +79,7 @@ fn check_case(case: Case) {
     );
 
     // Forward and backward under autodiff, with a non-uniform incoming gradient.
-    let leaf = Tensor::<AutodiffCube, 2>::from_inner(logits).require_grad();
+    let leaf = Tensor::<Autodiff<B>, 2>::from_inner(logits).require_grad();
     let logits_ad = if case.exclusive_logits {
         leaf.clone() * 1.0
     } else {
@@ -79,7 +87,7 @@ fn check_case(case: Case) {
     };
     let loss = fused_cross_entropy(
         logits_ad,
-        targets_tensor::<AutodiffCube>(&targets, &device),
+        targets_tensor::<Autodiff<B>>(&targets, &device),
         &options,
     );
     let err = relative_l2(&to_f64(loss.clone().inner()), &ref_loss);
@@ -91,11 +99,11 @@ fn check_case(case: Case) {
     let (objective, g) = match reduction {
         Reduction::None => {
             let weights: Vec<f32> = (0..rows).map(|_| rng.random_range(0.25..4.0)).collect();
-            let (weights, g) = logits_tensor::<AutodiffCube>(weights, 1, rows, dtype, &device);
+            let (weights, g) = logits_tensor::<Autodiff<B>>(weights, 1, rows, dtype, &device);
             (((loss * weights.reshape([rows])).sum()), g)
         }
         _ => {
-            let g = to_f64(Tensor::<CubeBackend, 1>::from_floats([3.7], &device).cast(dtype));
+            let g = to_f64(Tensor::<B, 1>::from_floats([3.7], &device).cast(dtype));
             ((loss * 3.7).sum(), g)
         }
     };
@@ -120,7 +128,7 @@ fn check_case(case: Case) {
 
 use rand::Rng;
 
-fn poisoned() {
+pub(crate) fn poisoned() {
     diagnostics::set_poison_outputs(true);
 }
 
@@ -145,7 +153,7 @@ fn small_and_odd_shapes_every_reduction_ignore_and_dtype() {
             for reduction in REDUCTIONS {
                 for ignore in [Ignore::NoRows, Ignore::SomeRows, Ignore::AllRows] {
                     n += 1;
-                    check_case(Case {
+                    check_case::<CubeBackend>(Case {
                         rows,
                         vocab,
                         dtype,
@@ -166,7 +174,7 @@ fn ignore_index_inside_the_vocabulary() {
     poisoned();
     for reduction in REDUCTIONS {
         for exclusive_logits in [false, true] {
-            check_case(Case {
+            check_case::<CubeBackend>(Case {
                 rows: 37,
                 vocab: 64,
                 dtype: DType::F32,
@@ -188,7 +196,7 @@ fn rows_512_vocab_32000() {
         (Reduction::Mean, DType::F16),
         (Reduction::Sum, DType::F32),
     ] {
-        check_case(Case {
+        check_case::<CubeBackend>(Case {
             rows: 512,
             vocab: 32000,
             dtype,

@@ -1,6 +1,7 @@
 //! The whole test suite as one executable (one link instead of several: a faster CI build
 //! and a smaller GPU bundle). Runtime: Vulkan by default, CUDA with `--features cuda`.
 
+mod backends;
 mod common;
 mod contract;
 mod llm_shapes;

@@ -5,13 +5,16 @@ use std::sync::Mutex;
 
 use crate::common::*;
 use burn::{
+    backend::Autodiff,
     config::Config,
     nn::loss::CrossEntropyLossConfig,
     tensor::{DType, Distribution, Tensor},
 };
 use burn_fused_ce::{
-    CrossEntropyOptions, FusedCrossEntropyLossConfig, Reduction, diagnostics, fused_cross_entropy,
+    CrossEntropyOptions, FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, Reduction,
+    diagnostics, fused_cross_entropy,
 };
+use fused_ce_suite::DefaultBackend;
 
 /// The in-place counter is process-wide: tests that read it run one at a time.
 static COUNTER_LOCK: Mutex<()> = Mutex::new(());
@@ -20,18 +23,26 @@ static COUNTER_LOCK: Mutex<()> = Mutex::new(());
 /// backward then writes a separate gradient buffer.
 #[test]
 fn held_logits_are_never_overwritten() {
+    held_logits_are_never_overwritten_on::<CubeBackend>();
+    held_logits_are_never_overwritten_on::<DefaultBackend>();
+}
+
+fn held_logits_are_never_overwritten_on<B: FusedCrossEntropyBackend>()
+where
+    B::Device: Default,
+{
+    let backend = std::any::type_name::<B>();
     let _guard = COUNTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     diagnostics::set_poison_outputs(true);
     let seed = fresh_seed();
-    let device = Device::default();
+    let device = B::Device::default();
     let mut rng = rng(seed);
     let (rows, vocab) = (33, 515);
     let values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
     for reduction in [Reduction::None, Reduction::Mean, Reduction::Sum] {
-        let (inner, seen) =
-            logits_tensor::<CubeBackend>(values.clone(), rows, vocab, DType::F32, &device);
-        let leaf = Tensor::<AutodiffCube, 2>::from_inner(inner).require_grad();
+        let (inner, seen) = logits_tensor::<B>(values.clone(), rows, vocab, DType::F32, &device);
+        let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
         // An intermediate the caller keeps a clone of.
         let logits = leaf.clone() * 1.0;
         let held = logits.clone();
@@ -42,17 +53,18 @@ fn held_logits_are_never_overwritten() {
         };
         let loss = fused_cross_entropy(logits, targets_tensor(&targets, &device), &options);
         let grads = loss.sum().backward();
-        assert_eq!(
-            diagnostics::in_place_backward_count(),
-            before,
-            "seed={seed} {reduction:?}: a held buffer was chosen for in-place backward"
-        );
+        // Read first: a fusion backend runs the queued ops only now.
+        let grad = to_f64(leaf.grad(&grads).expect("gradient"));
         assert_eq!(
             to_f64(held.inner()),
             seen,
-            "seed={seed} {reduction:?}: held logits changed"
+            "{backend} seed={seed} {reduction:?}: held logits changed"
         );
-        let grad = to_f64(leaf.grad(&grads).expect("gradient"));
+        assert_eq!(
+            diagnostics::in_place_backward_count(),
+            before,
+            "{backend} seed={seed} {reduction:?}: a held buffer was chosen for in-place backward"
+        );
         let g = vec![
             1.0;
             if reduction == Reduction::None {
@@ -65,7 +77,7 @@ fn held_logits_are_never_overwritten() {
         let err = relative_l2(&grad, &ref_grad);
         assert!(
             err <= 1e-5,
-            "seed={seed} {reduction:?}: gradient error {err:e}"
+            "{backend} seed={seed} {reduction:?}: gradient error {err:e}"
         );
     }
 }
@@ -74,16 +86,25 @@ fn held_logits_are_never_overwritten() {
 /// backward allocates no N x V buffer.
 #[test]
 fn exclusive_logits_become_the_gradient() {
+    exclusive_logits_become_the_gradient_on::<CubeBackend>();
+    exclusive_logits_become_the_gradient_on::<DefaultBackend>();
+}
+
+fn exclusive_logits_become_the_gradient_on<B: FusedCrossEntropyBackend>()
+where
+    B::Device: Default,
+{
+    let backend = std::any::type_name::<B>();
     let _guard = COUNTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     diagnostics::set_poison_outputs(true);
     let seed = fresh_seed();
-    let device = Device::default();
+    let device = B::Device::default();
     let mut rng = rng(seed);
     let (rows, vocab) = (17, 256);
     let values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
-    let (inner, seen) = logits_tensor::<CubeBackend>(values, rows, vocab, DType::F32, &device);
-    let leaf = Tensor::<AutodiffCube, 2>::from_inner(inner).require_grad();
+    let (inner, seen) = logits_tensor::<B>(values, rows, vocab, DType::F32, &device);
+    let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
     let before = diagnostics::in_place_backward_count();
     let loss = fused_cross_entropy(
         leaf.clone() * 1.0,
@@ -91,15 +112,16 @@ fn exclusive_logits_become_the_gradient() {
         &CrossEntropyOptions::default(),
     );
     let grads = (loss * 2.5).sum().backward();
+    // Read first: a fusion backend runs the queued ops only now.
+    let grad = to_f64(leaf.grad(&grads).expect("gradient"));
     assert_eq!(
         diagnostics::in_place_backward_count(),
         before + 1,
-        "seed={seed}: exclusive logits were not reused for the gradient"
+        "{backend} seed={seed}: exclusive logits were not reused for the gradient"
     );
-    let grad = to_f64(leaf.grad(&grads).expect("gradient"));
     let ref_grad = reference_grad(&seen, vocab, &targets, -100, Reduction::Mean, &[2.5]);
     let err = relative_l2(&grad, &ref_grad);
-    assert!(err <= 1e-5, "seed={seed}: gradient error {err:e}");
+    assert!(err <= 1e-5, "{backend} seed={seed}: gradient error {err:e}");
 }
 
 /// `logits = x.matmul(w)`: the gradient of `w` through our loss matches the one Burn's

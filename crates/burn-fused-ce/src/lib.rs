@@ -14,6 +14,8 @@ mod backend;
 mod cube;
 #[doc(hidden)]
 pub mod diagnostics;
+#[cfg(feature = "fusion")]
+mod fusion;
 mod loss;
 mod options;
 

@@ -1,0 +1,155 @@
+//! The contract on the backend types users actually have: `Autodiff<Fusion<CubeBackend>>`
+//! (Burn's default `Wgpu` / `Cuda`), and a training loop that mixes the loss with fused
+//! elementwise ops, compared step by step with the same loop on the plain backend.
+
+use burn::{
+    backend::Autodiff,
+    module::{Module, Param},
+    nn::{Linear, LinearConfig},
+    optim::{AdamConfig, GradientsParams, Optimizer},
+    tensor::{Tensor, TensorData, activation, backend::Backend},
+};
+use burn_fused_ce::{FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, Reduction};
+use fused_ce_suite::DefaultBackend;
+use rand::Rng;
+
+use crate::common::*;
+use crate::contract::{Case, REDUCTIONS, check_case, poisoned};
+
+/// The spec's small and odd shapes, every reduction, ignore pattern and dtype, on the
+/// fusion backend.
+#[test]
+fn contract_on_the_default_fusion_backend() {
+    poisoned();
+    let mut n = 0;
+    for (rows, vocab) in [(16, 41), (63, 41), (1269, 123), (1, 1), (7, 2000)] {
+        for dtype in float_dtypes() {
+            for reduction in REDUCTIONS {
+                for ignore in [Ignore::NoRows, Ignore::SomeRows, Ignore::AllRows] {
+                    n += 1;
+                    check_case::<DefaultBackend>(Case {
+                        rows,
+                        vocab,
+                        dtype,
+                        reduction,
+                        ignore,
+                        ignore_index: -100,
+                        exclusive_logits: n % 2 == 0,
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+struct TinyLm<B: Backend> {
+    up: Linear<B>,
+    down: Linear<B>,
+}
+
+impl<B: Backend> TinyLm<B> {
+    /// Both backends start from the same host-drawn weights.
+    fn new(device: &B::Device, seed: u64) -> Self {
+        let mut rng = rng(seed);
+        let mut linear = |d_in: usize, d_out: usize| {
+            let mut layer: Linear<B> = LinearConfig::new(d_in, d_out).init(device);
+            let scale = 1.0 / (d_in as f32).sqrt();
+            let w: Vec<f32> = (0..d_in * d_out)
+                .map(|_| rng.random_range(-scale..scale))
+                .collect();
+            let b: Vec<f32> = (0..d_out)
+                .map(|_| rng.random_range(-scale..scale))
+                .collect();
+            layer.weight =
+                Param::from_tensor(Tensor::from_data(TensorData::new(w, [d_in, d_out]), device));
+            layer.bias = Some(Param::from_tensor(Tensor::from_data(
+                TensorData::new(b, [d_out]),
+                device,
+            )));
+            layer
+        };
+        Self {
+            up: linear(24, 48),
+            down: linear(48, 301),
+        }
+    }
+
+    /// `gelu(x W1 + b1) * 0.5 + 0.1`: elementwise ops that the fusion backend fuses.
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let hidden = activation::gelu(self.up.forward(x)) * 0.5 + 0.1;
+        self.down.forward(hidden).tanh() * 8.0
+    }
+}
+
+/// Runs five Adam steps from the given weights and returns the loss curve and the final
+/// weights of the output layer.
+fn train<B: FusedCrossEntropyBackend>(
+    seed: u64,
+    x: Vec<f32>,
+    targets: &[i64],
+    reduction: Reduction,
+) -> (Vec<f64>, Vec<f64>)
+where
+    B::Device: Default,
+{
+    let device = B::Device::default();
+    let rows = targets.len();
+    let mut model = TinyLm::<Autodiff<B>>::new(&device, seed);
+    let mut optimizer = AdamConfig::new().init();
+    let loss_fn = FusedCrossEntropyLossConfig::new()
+        .with_reduction(reduction)
+        .init(&device);
+    let x = Tensor::<Autodiff<B>, 2>::from_data(TensorData::new(x, [rows, 24]), &device);
+    let weights = Tensor::<Autodiff<B>, 1>::from_floats(
+        (0..rows)
+            .map(|r| 0.5 + (r % 5) as f32 * 0.3)
+            .collect::<Vec<_>>()
+            .as_slice(),
+        &device,
+    );
+    let mut curve = Vec::new();
+    for _ in 0..5 {
+        let logits = model.forward(x.clone());
+        let loss = loss_fn.forward(logits, targets_tensor(targets, &device));
+        let objective = match reduction {
+            Reduction::None => (loss * weights.clone()).sum(),
+            _ => loss,
+        };
+        curve.push(to_f64(objective.clone().inner())[0]);
+        let grads = GradientsParams::from_grads(objective.backward(), &model);
+        model = optimizer.step(1e-2, model, grads);
+    }
+    (curve, to_f64(model.down.weight.val().inner()))
+}
+
+#[test]
+fn training_loop_on_fusion_matches_the_plain_backend() {
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let rows = 40;
+    let x = random_logits(&mut rng, rows, 24);
+    let targets = random_targets(&mut rng, rows, 301, Ignore::SomeRows, -100);
+    for reduction in [Reduction::Mean, Reduction::None] {
+        let (plain_curve, plain_weights) =
+            train::<CubeBackend>(seed, x.clone(), &targets, reduction);
+        let (fusion_curve, fusion_weights) =
+            train::<DefaultBackend>(seed, x.clone(), &targets, reduction);
+
+        for (step, (a, b)) in plain_curve.iter().zip(&fusion_curve).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+                "seed={seed} {reduction:?} step {step}: {a} vs {b}"
+            );
+        }
+        assert!(
+            plain_curve[4] < plain_curve[0],
+            "seed={seed}: the loss must go down: {plain_curve:?}"
+        );
+        let err = relative_l2(&fusion_weights, &plain_weights);
+        assert!(
+            err <= 1e-5,
+            "seed={seed} {reduction:?}: weights differ by {err:e}"
+        );
+    }
+}
