@@ -1,7 +1,7 @@
 //! Shared test harness: seeded random inputs, the f64 CPU reference from the spec, and
 //! error measures. Every test draws fresh inputs; the seed is printed on failure and can
 //! be pinned with `FUSED_CE_SEED=<u64>`.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 use burn_fused_ce::Reduction;
