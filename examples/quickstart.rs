@@ -4,20 +4,24 @@
 //!
 //!   scripts/with-vulkan.sh cargo run --release --example quickstart
 
+use burn::backend::Autodiff;
 use burn::{
     nn::loss::CrossEntropyLossConfig,
     tensor::{Distribution, Int, Tensor, TensorData},
 };
 use burn_fused_ce::{FusedCrossEntropyLossConfig, Reduction};
-use fused_ce_suite::{AutodiffCube, Device, RUNTIME_NAME};
+use fused_ce_suite::{DefaultBackend, RUNTIME_NAME};
+
+/// What a Burn user has: `burn::backend::Wgpu` (or `Cuda`) with its default fusion, under
+/// autodiff.
+type B = Autodiff<DefaultBackend>;
 
 fn main() {
-    let device = Device::default();
+    let device = Default::default();
     let (rows, hidden, vocab) = (256, 64, 4096);
     println!("fused cross-entropy on {RUNTIME_NAME}: {rows} rows, vocabulary {vocab}");
 
-    let x =
-        Tensor::<AutodiffCube, 2>::random([rows, hidden], Distribution::Normal(0.0, 1.0), &device);
+    let x = Tensor::<B, 2>::random([rows, hidden], Distribution::Normal(0.0, 1.0), &device);
     let targets: Vec<i64> = (0..rows as i64)
         .map(|r| {
             if r % 10 == 9 {
@@ -27,14 +31,9 @@ fn main() {
             }
         })
         .collect();
-    let targets =
-        Tensor::<AutodiffCube, 1, Int>::from_data(TensorData::new(targets, [rows]), &device);
-    let mut w = Tensor::<AutodiffCube, 2>::random(
-        [hidden, vocab],
-        Distribution::Normal(0.0, 0.05),
-        &device,
-    )
-    .require_grad();
+    let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), &device);
+    let mut w = Tensor::<B, 2>::random([hidden, vocab], Distribution::Normal(0.0, 0.05), &device)
+        .require_grad();
 
     // The one-line swap: `CrossEntropyLossConfig::new().init(&device)` becomes this.
     let loss_fn = FusedCrossEntropyLossConfig::new().init(&device);

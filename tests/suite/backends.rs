@@ -1,13 +1,13 @@
 //! The contract on the backend types users actually have: `Autodiff<Fusion<CubeBackend>>`
-//! (Burn's default `Wgpu` / `Cuda`), and a training loop that mixes the loss with fused
+//! (Burn's default `Wgpu` / `Cuda`) and NdArray (the portable path), and a training loop that mixes the loss with fused
 //! elementwise ops, compared step by step with the same loop on the plain backend.
 
 use burn::{
-    backend::Autodiff,
+    backend::{Autodiff, NdArray},
     module::{Module, Param},
     nn::{Linear, LinearConfig},
     optim::{AdamConfig, GradientsParams, Optimizer},
-    tensor::{Tensor, TensorData, activation, backend::Backend},
+    tensor::{DType, Tensor, TensorData, activation, backend::Backend},
 };
 use burn_fused_ce::{FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, Reduction};
 use fused_ce_suite::DefaultBackend;
@@ -37,6 +37,28 @@ fn contract_on_the_default_fusion_backend() {
                         exclusive_logits: n % 2 == 0,
                     });
                 }
+            }
+        }
+    }
+}
+
+/// The portable path (ordinary Burn tensor ops) on NdArray, f32.
+#[test]
+fn contract_on_ndarray_through_the_portable_path() {
+    let mut n = 0;
+    for (rows, vocab) in [(16, 41), (63, 41), (1, 1), (5, 2), (7, 2000)] {
+        for reduction in REDUCTIONS {
+            for ignore in [Ignore::NoRows, Ignore::SomeRows, Ignore::AllRows] {
+                n += 1;
+                check_case::<NdArray>(Case {
+                    rows,
+                    vocab,
+                    dtype: DType::F32,
+                    reduction,
+                    ignore,
+                    ignore_index: -100,
+                    exclusive_logits: n % 2 == 0,
+                });
             }
         }
     }

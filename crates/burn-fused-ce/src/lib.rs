@@ -18,6 +18,7 @@ pub mod diagnostics;
 mod fusion;
 mod loss;
 mod options;
+pub mod portable;
 
 pub use backend::{FusedCrossEntropyBackend, RowStats, SavedRows, fused_cross_entropy};
 pub use loss::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
