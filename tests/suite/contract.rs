@@ -33,6 +33,7 @@ pub(crate) fn check_case<B: FusedCrossEntropyBackend>(case: Case)
 where
     B::Device: Default,
 {
+    let _backward = running_backward();
     let seed = fresh_seed();
     let device = B::Device::default();
     let mut rng = rng(seed);
@@ -212,6 +213,7 @@ fn rows_512_vocab_32000() {
 #[test]
 fn empty_batch() {
     poisoned();
+    let _backward = running_backward();
     let device = Device::default();
     for reduction in REDUCTIONS {
         let leaf = Tensor::<AutodiffCube, 2>::empty([0, 41], &device).require_grad();
@@ -243,6 +245,7 @@ fn confident_prediction_keeps_target_gradient() {
     poisoned();
     let device = Device::default();
     for dtype in float_dtypes() {
+        let _backward = running_backward();
         let seed = fresh_seed();
         let mut rng = rng(seed);
         let (rows, vocab) = (64, 1000);
@@ -292,6 +295,7 @@ fn confident_prediction_keeps_target_gradient() {
 #[test]
 fn out_of_range_target_poisons_only_its_row() {
     poisoned();
+    let _backward = running_backward();
     let seed = fresh_seed();
     let device = Device::default();
     let mut rng = rng(seed);

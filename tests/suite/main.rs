@@ -4,5 +4,6 @@
 mod backends;
 mod common;
 mod contract;
+mod in_place;
 mod llm_shapes;
 mod ownership_and_autodiff;

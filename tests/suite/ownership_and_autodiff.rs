@@ -1,5 +1,5 @@
 //! Autodiff through an upstream op, checked against Burn's stock `CrossEntropyLoss`, and
-//! the config. (Buffer ownership is `tests/in_place.rs`.)
+//! the config. (Buffer ownership is `in_place.rs`.)
 
 use burn::{
     config::Config,
@@ -14,6 +14,7 @@ use crate::common::*;
 /// stock `CrossEntropyLoss` gives (Mean, no ignored rows, where both agree).
 #[test]
 fn gradient_through_matmul_matches_burn_stock_loss() {
+    let _backward = running_backward();
     let seed = fresh_seed();
     let device = Device::default();
     let mut rng = rng(seed);

@@ -1,12 +1,7 @@
 //! Where backward writes the gradient: over the logits only when nothing else holds them.
-//! A test executable of its own: the in-place counter is process-wide, so no other test
-//! may run backward while these count.
+//! (The in-place counter is process-wide: these tests hold `counting_backward()`.)
 
-#[path = "suite/common.rs"]
-mod common;
-
-use std::sync::Mutex;
-
+use crate::common::*;
 use burn::{
     backend::Autodiff,
     tensor::{DType, Tensor},
@@ -14,11 +9,7 @@ use burn::{
 use burn_fused_ce::{
     CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, diagnostics, fused_cross_entropy,
 };
-use common::*;
 use fused_ce_suite::DefaultBackend;
-
-/// The counter tests run one at a time.
-static COUNTER_LOCK: Mutex<()> = Mutex::new(());
 
 /// A logits tensor the caller still holds is unchanged by forward and backward, and
 /// backward then writes a separate gradient buffer.
@@ -33,7 +24,7 @@ where
     B::Device: Default,
 {
     let backend = std::any::type_name::<B>();
-    let _guard = COUNTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _only_us = counting_backward();
     diagnostics::set_poison_outputs(true);
     let seed = fresh_seed();
     let device = B::Device::default();
@@ -96,7 +87,7 @@ where
     B::Device: Default,
 {
     let backend = std::any::type_name::<B>();
-    let _guard = COUNTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _only_us = counting_backward();
     diagnostics::set_poison_outputs(true);
     let seed = fresh_seed();
     let device = B::Device::default();
