@@ -11,12 +11,9 @@ use std::time::Instant;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{
-    DType, Distribution, Int, Tensor, TensorData, TensorPrimitive, activation::log_softmax,
-    backend::Backend, ops::FloatTensor,
+    DType, Distribution, Int, Tensor, TensorData, activation::log_softmax, backend::Backend,
 };
-use burn_fused_ce::{
-    CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, diagnostics, fused_cross_entropy,
-};
+use burn_fused_ce::{CrossEntropyOptions, Reduction, diagnostics, fused_cross_entropy};
 use cubecl::Runtime as _;
 use fused_ce_suite::{AutodiffCube, CubeBackend, Device, RUNTIME_NAME, Runtime};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -31,8 +28,10 @@ const TOO_SLOW_MS: f64 = 20_000.0;
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Fwd,
-    /// `Reduction::Mean`: one shared gradient scale.
+    /// `Reduction::Mean`, `loss.backward()`: an incoming gradient of 1.
     FwdBwd,
+    /// `Reduction::Mean`, `(loss * 0.5).backward()`: the formed gradient is rescaled.
+    FwdBwdScaled,
     /// `Reduction::None` with a non-uniform per-row gradient (the project's origin case).
     FwdBwdRows,
 }
@@ -73,6 +72,7 @@ impl Bench {
             let cases = vec![
                 (8192, 128256, bf16, Mode::Fwd),
                 (8192, 128256, bf16, Mode::FwdBwd),
+                (8192, 128256, bf16, Mode::FwdBwdScaled),
                 (8192, 128256, bf16, Mode::FwdBwdRows),
                 (16384, 151936, bf16, Mode::FwdBwd),
                 (4096, 256000, bf16, Mode::FwdBwd),
@@ -187,6 +187,12 @@ impl Bench {
                 let loss = CrossEntropyLossConfig::new().init::<AD>(&self.device);
                 self.measure(autodiff, |(x, y)| drop(loss.forward(x, y).backward()))
             }
+            Mode::FwdBwdScaled => {
+                let loss = CrossEntropyLossConfig::new().init::<AD>(&self.device);
+                self.measure(autodiff, |(x, y)| {
+                    drop((loss.forward(x, y) * 0.5).backward())
+                })
+            }
             Mode::FwdBwdRows => self.measure(autodiff, |(x, y)| {
                 let row_loss = log_softmax(x, 1)
                     .gather(1, y.reshape([rows, 1]))
@@ -198,9 +204,10 @@ impl Bench {
         }
     }
 
-    /// Ours. For fwd+bwd each iteration gets a fresh, exclusively owned copy of the logits
-    /// (made untimed), so backward writes the gradient over it as in training, and every
-    /// iteration reads real random logits rather than the previous gradient.
+    /// Ours as a user runs it: forward through the loss and `backward()` under
+    /// `Autodiff<CubeBackend>`. For fwd+bwd each iteration gets a fresh, exclusively owned
+    /// copy of the logits (made untimed), as a model's output is, so the gradient is
+    /// written over it, and every iteration reads real random logits.
     fn ours(&self, case: &Inputs, mode: Mode) -> Option<Measured> {
         let (logits, targets, scale) = (&case.logits, &case.targets, &case.scale);
         let mean = CrossEntropyOptions::default();
@@ -208,35 +215,28 @@ impl Bench {
             reduction: Reduction::None,
             ..Default::default()
         };
-        let t = || targets.clone().into_primitive();
-        let backward = B::cross_entropy_rows_backward;
+        let targets_ad = || Tensor::<AutodiffCube, 1, Int>::from_inner(targets.clone());
+        // A fresh copy per iteration, made outside the timed region and moved into the loss.
         let owned =
-            || -> FloatTensor<B> { logits.clone().mul_scalar(1.0).into_primitive().tensor() };
+            || Tensor::<AutodiffCube, 2>::from_inner(logits.clone().mul_scalar(1.0)).require_grad();
         match mode {
             Mode::Fwd => self.measure(
                 || logits.clone(),
                 |x| drop(fused_cross_entropy(x, targets.clone(), &mean)),
             ),
             Mode::FwdBwd => self.measure(owned, |x| {
-                // The clone lives only until the forward launch, so backward sees one owner.
-                let stats = B::cross_entropy_rows(x.clone(), t(), &mean);
-                // The mean and its gradient scale 1/count, both kept on the device.
-                let count = float1(stats.valid).sum();
-                let _loss = float1(stats.loss).sum() / count.clone();
-                let grad_scale = count.recip().into_primitive().tensor();
-                drop(backward(x, t(), stats.saved, grad_scale, &mean));
+                drop(fused_cross_entropy(x, targets_ad(), &mean).backward());
+            }),
+            Mode::FwdBwdScaled => self.measure(owned, |x| {
+                drop((fused_cross_entropy(x, targets_ad(), &mean) * 0.5).backward());
             }),
             Mode::FwdBwdRows => self.measure(owned, |x| {
-                let stats = B::cross_entropy_rows(x.clone(), t(), &none);
-                let grad_scale = scale.clone().into_primitive().tensor();
-                drop(backward(x, t(), stats.saved, grad_scale, &none));
+                let loss = fused_cross_entropy(x, targets_ad(), &none);
+                let weights = Tensor::<AutodiffCube, 1>::from_inner(scale.clone());
+                drop((loss * weights).sum().backward());
             }),
         }
     }
-}
-
-fn float1(primitive: FloatTensor<B>) -> Tensor<B, 1> {
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
 }
 
 fn cell(value: Option<f64>, width: usize, precision: usize) -> String {
@@ -307,6 +307,7 @@ fn main() {
         let label = match mode {
             Mode::Fwd => "fwd",
             Mode::FwdBwd => "fwd+bwd",
+            Mode::FwdBwdScaled => "fwd+bwd g=0.5",
             Mode::FwdBwdRows => "fwd+bwd none/row",
         };
         println!(

@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 
 use crate::kernels::{
     cross_entropy_backward_in_place_kernel, cross_entropy_backward_kernel,
-    cross_entropy_forward_kernel,
+    cross_entropy_forward_kernel, cross_entropy_forward_with_grad_kernel, scale_gradient_kernel,
 };
 
 /// Largest grid dimension every runtime accepts (wgpu's limit).
@@ -95,6 +95,63 @@ pub fn launch_forward<R: Runtime>(
         shape.ignore_index,
         cube_size,
         [shape.float_dtype, shape.int_dtype],
+    );
+}
+
+/// Forward and the gradient in one launch, written over `logits_to_grad`:
+/// `grad = grad_scale * (softmax(x) - onehot(y))` with `grad_scale` f32 `[1]`.
+pub fn launch_forward_with_grad<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: RowLaunch,
+    logits_to_grad: TensorArg<R>,
+    targets: TensorArg<R>,
+    grad_scale: TensorArg<R>,
+    rows: RowBuffers<R>,
+) {
+    if shape.rows == 0 {
+        return;
+    }
+    let cube_size = shape.cube_size();
+    cross_entropy_forward_with_grad_kernel::launch::<R>(
+        client,
+        shape.cube_count(),
+        CubeDim::new_1d(cube_size as u32),
+        shape.address_type,
+        shape.vector_size,
+        logits_to_grad,
+        targets,
+        grad_scale,
+        rows.loss,
+        rows.lse,
+        rows.valid,
+        rows.target_grad,
+        shape.ignore_index,
+        cube_size,
+        [shape.float_dtype, shape.int_dtype],
+    );
+}
+
+/// `grad *= scale[0]` in place; every cube returns at once when the scale is 1.
+pub fn launch_scale_gradient<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: RowLaunch,
+    grad: TensorArg<R>,
+    scale: TensorArg<R>,
+) {
+    if shape.rows == 0 {
+        return;
+    }
+    let cube_size = shape.cube_size();
+    scale_gradient_kernel::launch::<R>(
+        client,
+        shape.cube_count(),
+        CubeDim::new_1d(cube_size as u32),
+        shape.address_type,
+        shape.vector_size,
+        grad,
+        scale,
+        cube_size,
+        shape.float_dtype,
     );
 }
 

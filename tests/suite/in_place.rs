@@ -95,23 +95,47 @@ where
     let (rows, vocab) = (17, 256);
     let values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
-    let (inner, seen) = logits_tensor::<B>(values, rows, vocab, DType::F32, &device);
-    let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
-    let before = diagnostics::in_place_backward_count();
-    let loss = fused_cross_entropy(
-        leaf.clone() * 1.0,
-        targets_tensor(&targets, &device),
-        &CrossEntropyOptions::default(),
-    );
-    let grads = (loss * 2.5).sum().backward();
-    // Read first: a fusion backend runs the queued ops only now.
-    let grad = to_f64(leaf.grad(&grads).expect("gradient"));
-    assert_eq!(
-        diagnostics::in_place_backward_count(),
-        before + 1,
-        "{backend} seed={seed}: exclusive logits were not reused for the gradient"
-    );
-    let ref_grad = reference_grad(&seen, vocab, &targets, -100, Reduction::Mean, &[2.5]);
-    let err = relative_l2(&grad, &ref_grad);
-    assert!(err <= 1e-5, "{backend} seed={seed}: gradient error {err:e}");
+    // Mean and Sum form the gradient in forward (backward skips an incoming gradient of 1
+    // and rescales any other); None forms it in backward.
+    for (reduction, g) in [
+        (Reduction::Mean, 2.5),
+        (Reduction::Mean, 1.0),
+        (Reduction::Sum, 1.0),
+        (Reduction::None, 1.0),
+    ] {
+        let (inner, seen) = logits_tensor::<B>(values.clone(), rows, vocab, DType::F32, &device);
+        let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
+        let before = diagnostics::in_place_backward_count();
+        let options = CrossEntropyOptions {
+            reduction,
+            ignore_index: -100,
+        };
+        let loss = fused_cross_entropy(
+            leaf.clone() * 1.0,
+            targets_tensor(&targets, &device),
+            &options,
+        );
+        let grads = (loss * g).sum().backward();
+        // Read first: a fusion backend runs the queued ops only now.
+        let grad = to_f64(leaf.grad(&grads).expect("gradient"));
+        assert_eq!(
+            diagnostics::in_place_backward_count(),
+            before + 1,
+            "{backend} seed={seed} {reduction:?}: exclusive logits were not reused for the gradient"
+        );
+        let g = vec![
+            g;
+            if reduction == Reduction::None {
+                rows
+            } else {
+                1
+            }
+        ];
+        let ref_grad = reference_grad(&seen, vocab, &targets, -100, reduction, &g);
+        let err = relative_l2(&grad, &ref_grad);
+        assert!(
+            err <= 1e-5,
+            "{backend} seed={seed} {reduction:?}: gradient error {err:e}"
+        );
+    }
 }

@@ -69,7 +69,115 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
     }
 }
 
+#[derive(Debug, Clone)]
+struct RowsWithGradOp<B> {
+    desc: CustomOpIr,
+    options: CrossEntropyOptions,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
+    for RowsWithGradOp<B>
+{
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([logits, targets, grad_scale], [loss, valid, lse, target_grad, grad]) =
+            self.desc.as_fixed();
+        let (rows, output) = B::cross_entropy_rows_with_grad(
+            handles.get_float_tensor::<B>(logits),
+            handles.get_int_tensor::<B>(targets),
+            handles.get_float_tensor::<B>(grad_scale),
+            &self.options,
+        );
+        handles.register_float_tensor::<B>(&loss.id, rows.loss);
+        handles.register_float_tensor::<B>(&valid.id, rows.valid);
+        handles.register_float_tensor::<B>(&lse.id, rows.saved.lse);
+        handles.register_float_tensor::<B>(&target_grad.id, rows.saved.target_grad);
+        handles.register_float_tensor::<B>(&grad.id, output);
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ScaleGradientOp<B> {
+    desc: CustomOpIr,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
+    for ScaleGradientOp<B>
+{
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([grad, scale], [output]) = self.desc.as_fixed();
+        let scaled = B::cross_entropy_scale_gradient(
+            handles.get_float_tensor::<B>(grad),
+            handles.get_float_tensor::<B>(scale),
+        );
+        handles.register_float_tensor::<B>(&output.id, scaled);
+    }
+}
+
 impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for Fusion<B> {
+    fn cross_entropy_rows_with_grad(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        grad_scale: FloatTensor<Self>,
+        options: &CrossEntropyOptions,
+    ) -> (RowStats<Self>, FloatTensor<Self>) {
+        let client = logits.client.clone();
+        let rows = Shape::new([logits.shape[0]]);
+        let streams = OperationStreams::with_inputs([&logits, &targets, &grad_scale]);
+        let row_output =
+            || TensorIr::uninit(client.create_empty_handle(), rows.clone(), DType::F32);
+        let grad = TensorIr::uninit(
+            client.create_empty_handle(),
+            logits.shape.clone(),
+            logits.dtype,
+        );
+        let outputs = [row_output(), row_output(), row_output(), row_output(), grad];
+        let desc = CustomOpIr::new(
+            "fused_cross_entropy_rows_with_grad",
+            &[logits.into_ir(), targets.into_ir(), grad_scale.into_ir()],
+            &outputs,
+        );
+        let op = RowsWithGradOp::<B> {
+            desc: desc.clone(),
+            options: options.clone(),
+            _backend: PhantomData,
+        };
+        let [loss, valid, lse, target_grad, grad] = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("the op declares five outputs"));
+        let rows = RowStats {
+            loss,
+            valid,
+            saved: SavedRows { lse, target_grad },
+        };
+        (rows, grad)
+    }
+
+    fn cross_entropy_scale_gradient(
+        grad: FloatTensor<Self>,
+        scale: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let client = grad.client.clone();
+        let streams = OperationStreams::with_inputs([&grad, &scale]);
+        let output = TensorIr::uninit(client.create_empty_handle(), grad.shape.clone(), grad.dtype);
+        let desc = CustomOpIr::new(
+            "fused_cross_entropy_scale_gradient",
+            &[grad.into_ir(), scale.into_ir()],
+            &[output],
+        );
+        let op = ScaleGradientOp::<B> {
+            desc: desc.clone(),
+            _backend: PhantomData,
+        };
+        let [output] = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("the op declares one output"));
+        output
+    }
+
     fn cross_entropy_rows(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
