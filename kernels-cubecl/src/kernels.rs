@@ -121,32 +121,47 @@ fn cube_max_and_sum(
 // with hash order) on a `let mut` reassigned inside an `if`; these kernels use `select`
 // for such values instead.
 
-/// What one streaming pass over a row yields; every unit of the cube holds it.
-#[derive(CubeType, Clone, Copy)]
-struct RowResult {
-    /// `lse - x_y`, NaN when the target is not a class.
-    loss: f32,
-    lse: f32,
-    /// `p_y - 1`, formed without cancellation.
-    target_grad: f32,
-    /// The target's column, or `vocab` when the target is not a class.
-    target_col: usize,
-}
-
-/// Streams one row once. The target's own exp is kept out of the running sum: with
-/// `others = sum_{c != y} exp(x_c - max)`, `p_y - 1 = -others / (others + exp(x_y - max))`
-/// keeps its relative precision when the model is confident (`p_y` near 1), where
-/// `exp(x_y - lse) - 1` would cancel. Likewise the loss is `(max - x_y) + ln(sum)`, exact
-/// in its first term. A target outside `[0, vocab)` is never used as an address.
-#[cube]
-fn reduce_row<F: Float, N: Size>(
+/// Forward. Per row it writes the loss `lse - x_y`, the log-sum-exp (backward's only
+/// need besides the logits), a validity weight (1 counted, 0 ignored; the mean divides by
+/// its sum) and `p_y - 1`.
+///
+/// The target's own exp is kept out of the running sum: with `others = sum_{c != y}
+/// exp(x_c - max)`, `p_y - 1 = -others / (others + exp(x_y - max))` keeps its relative
+/// precision when the model is confident (`p_y` near 1), where `exp(x_y - lse) - 1` would
+/// cancel. Likewise the loss is `(max - x_y) + ln(sum)`, exact in its first term.
+///
+/// Ignored rows are not read at all. A target outside `[0, vocab)` gives a NaN loss and is
+/// never used as an address.
+#[cube(launch, address_type = "dynamic")]
+pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
     logits: &Tensor<Vector<F, N>>,
-    row: usize,
-    target: i32,
+    targets: &Tensor<I>,
+    loss_rows: &mut Tensor<f32>,
+    lse_rows: &mut Tensor<f32>,
+    valid_rows: &mut Tensor<f32>,
+    target_grad_rows: &mut Tensor<f32>,
+    ignore_index: i32,
     #[comptime] cube_size: usize,
-) -> RowResult {
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let row = row_of_cube();
+    if row >= loss_rows.shape(0) {
+        terminate!();
+    }
     let vector_size = logits.vector_size();
     let vocab = logits.shape(1);
+    let target = read_target::<I>(targets, row);
+
+    if target == ignore_index {
+        if UNIT_POS == 0 {
+            loss_rows[row] = f32::new(0.0);
+            lse_rows[row] = f32::new(0.0);
+            valid_rows[row] = f32::new(0.0);
+            target_grad_rows[row] = f32::new(0.0);
+        }
+        terminate!();
+    }
+
     let target_is_class = is_class(target, vocab);
     // When the target is not a class, `target_vector` is one no unit reaches.
     let vectors_per_row = vocab / vector_size;
@@ -160,7 +175,7 @@ fn reduce_row<F: Float, N: Size>(
     let mut running_sum = f32::new(0.0);
     let mut target_logit = f32::new(0.0);
     // Two vectors per step: both loads are issued before either is waited on, which
-    // doubles the bytes each unit has in flight.
+    // doubles the bytes each unit has in flight (the loop is latency-bound otherwise).
     let mut index = UNIT_POS as usize;
     while index + cube_size < vectors_per_row {
         let second_index = index + cube_size;
@@ -198,221 +213,23 @@ fn reduce_row<F: Float, N: Size>(
     // The reduction's barriers also publish `shared_target_logit`.
     let (row_max, others) = cube_max_and_sum(running_max, running_sum, cube_size);
 
-    // A target that is not a class reads a zero logit and gets a NaN loss below.
-    let target_logit = select(target_is_class, shared_target_logit[0], f32::new(0.0));
-    let target_exp = select(
-        target_is_class,
-        f32::exp(target_logit - row_max),
-        f32::new(0.0),
-    );
-    let sum = others + target_exp;
-    let log_sum = f32::ln(sum);
-    // NaN made at run time: CUDA C has no NaN literal for the compiler to print.
-    let not_a_number = f32::sqrt(f32::new(-1.0) - f32::abs(f32::cast_from(target)));
-    RowResult {
-        loss: select(
+    if UNIT_POS == 0 {
+        // A target that is not a class reads a zero logit and gets a NaN loss below.
+        let target_logit = select(target_is_class, shared_target_logit[0], f32::new(0.0));
+        let target_exp = select(
             target_is_class,
-            (row_max - target_logit) + log_sum,
-            not_a_number,
-        ),
-        lse: row_max + log_sum,
-        target_grad: -others / sum,
-        target_col,
-    }
-}
-
-/// Unit 0 writes a row's forward outputs; `counted` is false for an ignored row.
-#[cube]
-fn write_row_outputs(
-    loss_rows: &mut Tensor<f32>,
-    lse_rows: &mut Tensor<f32>,
-    valid_rows: &mut Tensor<f32>,
-    target_grad_rows: &mut Tensor<f32>,
-    row: usize,
-    result: RowResult,
-) {
-    if UNIT_POS == 0 {
-        loss_rows[row] = result.loss;
-        lse_rows[row] = result.lse;
+            f32::exp(target_logit - row_max),
+            f32::new(0.0),
+        );
+        let sum = others + target_exp;
+        let log_sum = f32::ln(sum);
+        let loss = (row_max - target_logit) + log_sum;
+        // NaN made at run time: CUDA C has no NaN literal for the compiler to print.
+        let not_a_number = f32::sqrt(f32::new(-1.0) - f32::abs(f32::cast_from(target)));
+        loss_rows[row] = select(target_is_class, loss, not_a_number);
+        lse_rows[row] = row_max + log_sum;
         valid_rows[row] = f32::new(1.0);
-        target_grad_rows[row] = result.target_grad;
-    }
-}
-
-/// Unit 0 writes an ignored row's forward outputs: all zero.
-#[cube]
-fn write_ignored_row_outputs(
-    loss_rows: &mut Tensor<f32>,
-    lse_rows: &mut Tensor<f32>,
-    valid_rows: &mut Tensor<f32>,
-    target_grad_rows: &mut Tensor<f32>,
-    row: usize,
-) {
-    if UNIT_POS == 0 {
-        loss_rows[row] = f32::new(0.0);
-        lse_rows[row] = f32::new(0.0);
-        valid_rows[row] = f32::new(0.0);
-        target_grad_rows[row] = f32::new(0.0);
-    }
-}
-
-/// Forward. Per row it writes the loss, the log-sum-exp (backward's only need besides the
-/// logits), a validity weight (1 counted, 0 ignored; the mean divides by its sum) and
-/// `p_y - 1`. Ignored rows are not read at all.
-#[cube(launch, address_type = "dynamic")]
-pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    targets: &Tensor<I>,
-    loss_rows: &mut Tensor<f32>,
-    lse_rows: &mut Tensor<f32>,
-    valid_rows: &mut Tensor<f32>,
-    target_grad_rows: &mut Tensor<f32>,
-    ignore_index: i32,
-    #[comptime] cube_size: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
-) {
-    let row = row_of_cube();
-    if row >= loss_rows.shape(0) {
-        terminate!();
-    }
-    let target = read_target::<I>(targets, row);
-    if target == ignore_index {
-        write_ignored_row_outputs(loss_rows, lse_rows, valid_rows, target_grad_rows, row);
-        terminate!();
-    }
-    let result = reduce_row::<F, N>(logits, row, target, cube_size);
-    write_row_outputs(
-        loss_rows,
-        lse_rows,
-        valid_rows,
-        target_grad_rows,
-        row,
-        result,
-    );
-}
-
-/// Forward and the gradient in one launch, over the logits (used in training when the
-/// incoming gradient is a scalar, `Mean`/`Sum`, and nothing else holds the logits): the
-/// row is read a second time right after its reduction, while it is likely still in L2,
-/// and overwritten with `grad_scale * (softmax - onehot)`; `grad_scale` (`[1]`) is
-/// `1 / count` for `Mean`, 1 for `Sum`. Backward then only rescales by the incoming
-/// gradient, or does nothing when it is 1.
-#[cube(launch, address_type = "dynamic")]
-pub fn cross_entropy_forward_with_grad_kernel<F: Float, I: Int, N: Size>(
-    logits_to_grad: &mut Tensor<Vector<F, N>>,
-    targets: &Tensor<I>,
-    grad_scale: &Tensor<f32>,
-    loss_rows: &mut Tensor<f32>,
-    lse_rows: &mut Tensor<f32>,
-    valid_rows: &mut Tensor<f32>,
-    target_grad_rows: &mut Tensor<f32>,
-    ignore_index: i32,
-    #[comptime] cube_size: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
-) {
-    let row = row_of_cube();
-    if row >= loss_rows.shape(0) {
-        terminate!();
-    }
-    let vector_size = logits_to_grad.vector_size();
-    let vocab = logits_to_grad.shape(1);
-    let start = row * logits_to_grad.stride(0) / vector_size;
-    let vectors_per_row = vocab / vector_size;
-    let target = read_target::<I>(targets, row);
-    if target == ignore_index {
-        write_ignored_row_outputs(loss_rows, lse_rows, valid_rows, target_grad_rows, row);
-        zero_row::<F, N>(logits_to_grad, start, vectors_per_row, cube_size);
-        terminate!();
-    }
-    let result = reduce_row::<F, N>(logits_to_grad, row, target, cube_size);
-    write_row_outputs(
-        loss_rows,
-        lse_rows,
-        valid_rows,
-        target_grad_rows,
-        row,
-        result,
-    );
-    if result.target_col == vocab {
-        zero_row::<F, N>(logits_to_grad, start, vectors_per_row, cube_size);
-    } else {
-        let row_grad = RowGradient {
-            scale: grad_scale[0],
-            target_col: result.target_col,
-            lse: result.lse,
-            target_grad: result.target_grad,
-        };
-        gradient_row_in_place::<F, N>(logits_to_grad, start, vectors_per_row, row_grad, cube_size);
-    }
-}
-
-/// Multiplies a gradient by the incoming scalar gradient, in place. When it is exactly 1
-/// (the usual `loss.backward()`), every cube returns at once: no memory traffic, and no
-/// host read to decide it.
-#[cube(launch, address_type = "dynamic")]
-pub fn scale_gradient_kernel<F: Float, N: Size>(
-    grad: &mut Tensor<Vector<F, N>>,
-    scale: &Tensor<f32>,
-    #[comptime] cube_size: usize,
-    #[define(F)] _dtype: StorageType,
-) {
-    let row = row_of_cube();
-    let factor = scale[0];
-    if row >= grad.shape(0) || factor == 1.0 {
-        terminate!();
-    }
-    let vector_size = grad.vector_size();
-    let start = row * grad.stride(0) / vector_size;
-    let vectors_per_row = grad.shape(1) / vector_size;
-    let mut index = UNIT_POS as usize;
-    while index < vectors_per_row {
-        let at = start + index;
-        grad[at] = Vector::cast_from(Vector::<f32, N>::cast_from(grad[at]) * Vector::new(factor));
-        index += cube_size;
-    }
-}
-
-/// Zeroes one row (ignored rows and non-class targets have a zero gradient).
-#[cube]
-fn zero_row<F: Float, N: Size>(
-    grad: &mut Tensor<Vector<F, N>>,
-    start: usize,
-    vectors_per_row: usize,
-    #[comptime] cube_size: usize,
-) {
-    let mut index = UNIT_POS as usize;
-    while index < vectors_per_row {
-        grad[start + index] = Vector::new(F::new(0.0));
-        index += cube_size;
-    }
-}
-
-/// Overwrites one row of logits with its gradient.
-#[cube]
-fn gradient_row_in_place<F: Float, N: Size>(
-    logits_to_grad: &mut Tensor<Vector<F, N>>,
-    start: usize,
-    vectors_per_row: usize,
-    row_grad: RowGradient,
-    #[comptime] cube_size: usize,
-) {
-    let vector_size = logits_to_grad.vector_size();
-    let mut index = UNIT_POS as usize;
-    // Two vectors per step, both loads issued first (more bytes in flight).
-    while index + cube_size < vectors_per_row {
-        let second = index + cube_size;
-        let first_values = logits_to_grad[start + index];
-        let second_values = logits_to_grad[start + second];
-        logits_to_grad[start + index] =
-            gradient_vector::<F, N>(first_values, index * vector_size, row_grad);
-        logits_to_grad[start + second] =
-            gradient_vector::<F, N>(second_values, second * vector_size, row_grad);
-        index += 2 * cube_size;
-    }
-    if index < vectors_per_row {
-        let at = start + index;
-        logits_to_grad[at] =
-            gradient_vector::<F, N>(logits_to_grad[at], index * vector_size, row_grad);
+        target_grad_rows[row] = -others / sum;
     }
 }
 
@@ -568,9 +385,27 @@ pub fn cross_entropy_backward_in_place_kernel<F: Float, I: Int, N: Size>(
     );
     let start = row * logits_to_grad.stride(0) / vector_size;
     let vectors_per_row = vocab / vector_size;
+    let mut index = UNIT_POS as usize;
     if row_grad.target_col == vocab {
-        zero_row::<F, N>(logits_to_grad, start, vectors_per_row, cube_size);
+        while index < vectors_per_row {
+            logits_to_grad[start + index] = Vector::new(F::new(0.0));
+            index += cube_size;
+        }
     } else {
-        gradient_row_in_place::<F, N>(logits_to_grad, start, vectors_per_row, row_grad, cube_size);
+        while index + cube_size < vectors_per_row {
+            let second = index + cube_size;
+            let first_values = logits_to_grad[start + index];
+            let second_values = logits_to_grad[start + second];
+            logits_to_grad[start + index] =
+                gradient_vector::<F, N>(first_values, index * vector_size, row_grad);
+            logits_to_grad[start + second] =
+                gradient_vector::<F, N>(second_values, second * vector_size, row_grad);
+            index += 2 * cube_size;
+        }
+        if index < vectors_per_row {
+            let at = start + index;
+            logits_to_grad[at] =
+                gradient_vector::<F, N>(logits_to_grad[at], index * vector_size, row_grad);
+        }
     }
 }

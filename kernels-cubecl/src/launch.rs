@@ -5,14 +5,14 @@ use cubecl::prelude::*;
 
 use crate::kernels::{
     cross_entropy_backward_in_place_kernel, cross_entropy_backward_kernel,
-    cross_entropy_forward_kernel, cross_entropy_forward_with_grad_kernel, scale_gradient_kernel,
+    cross_entropy_forward_kernel,
 };
 
 /// Largest grid dimension every runtime accepts (wgpu's limit).
 const MAX_GRID_DIM: usize = 65_535;
 
-/// The most units one row's cube gets: 128 (measured best on the H200 among 128-1024 for
-/// bf16 8192 x 128256: more rows in flight), or `FUSED_CE_UNITS_PER_ROW` (a power of two,
+/// The most units one row's cube gets: 256 (on the H200, 128 and 512 measured within the
+/// run-to-run spread of it, 1024 slower), or `FUSED_CE_UNITS_PER_ROW` (a power of two,
 /// 32 to 1024), read once, for tuning runs.
 fn max_units_per_row() -> usize {
     static UNITS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -21,7 +21,7 @@ fn max_units_per_row() -> usize {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|v| v.is_power_of_two() && (32..=1024).contains(v))
-            .unwrap_or(128)
+            .unwrap_or(256)
     })
 }
 
@@ -46,7 +46,7 @@ pub struct RowLaunch {
 
 impl RowLaunch {
     /// Units per cube: a power of two (the shared-memory tree halves it), enough to cover
-    /// a short row with one pass, at most 128 (see `max_units_per_row`).
+    /// a short row with one pass, at most 256 (see `max_units_per_row`).
     fn cube_size(&self) -> usize {
         let vectors = (self.vocab / self.vector_size).max(1);
         vectors.next_power_of_two().clamp(32, max_units_per_row())
@@ -95,63 +95,6 @@ pub fn launch_forward<R: Runtime>(
         shape.ignore_index,
         cube_size,
         [shape.float_dtype, shape.int_dtype],
-    );
-}
-
-/// Forward and the gradient in one launch, written over `logits_to_grad`:
-/// `grad = grad_scale * (softmax(x) - onehot(y))` with `grad_scale` f32 `[1]`.
-pub fn launch_forward_with_grad<R: Runtime>(
-    client: &ComputeClient<R>,
-    shape: RowLaunch,
-    logits_to_grad: TensorArg<R>,
-    targets: TensorArg<R>,
-    grad_scale: TensorArg<R>,
-    rows: RowBuffers<R>,
-) {
-    if shape.rows == 0 {
-        return;
-    }
-    let cube_size = shape.cube_size();
-    cross_entropy_forward_with_grad_kernel::launch::<R>(
-        client,
-        shape.cube_count(),
-        CubeDim::new_1d(cube_size as u32),
-        shape.address_type,
-        shape.vector_size,
-        logits_to_grad,
-        targets,
-        grad_scale,
-        rows.loss,
-        rows.lse,
-        rows.valid,
-        rows.target_grad,
-        shape.ignore_index,
-        cube_size,
-        [shape.float_dtype, shape.int_dtype],
-    );
-}
-
-/// `grad *= scale[0]` in place; every cube returns at once when the scale is 1.
-pub fn launch_scale_gradient<R: Runtime>(
-    client: &ComputeClient<R>,
-    shape: RowLaunch,
-    grad: TensorArg<R>,
-    scale: TensorArg<R>,
-) {
-    if shape.rows == 0 {
-        return;
-    }
-    let cube_size = shape.cube_size();
-    scale_gradient_kernel::launch::<R>(
-        client,
-        shape.cube_count(),
-        CubeDim::new_1d(cube_size as u32),
-        shape.address_type,
-        shape.vector_size,
-        grad,
-        scale,
-        cube_size,
-        shape.float_dtype,
     );
 }
 

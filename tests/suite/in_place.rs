@@ -95,8 +95,7 @@ where
     let (rows, vocab) = (17, 256);
     let values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
-    // Mean and Sum form the gradient in forward (backward skips an incoming gradient of 1
-    // and rescales any other); None forms it in backward.
+    // Every reduction, with an incoming gradient of 1 and another.
     for (reduction, g) in [
         (Reduction::Mean, 2.5),
         (Reduction::Mean, 1.0),

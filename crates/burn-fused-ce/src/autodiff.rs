@@ -1,12 +1,6 @@
-//! The op under `Autodiff<B>`, two plans:
-//!
-//! - `Mean`/`Sum` (a scalar incoming gradient): forward also forms the gradient for an
-//!   incoming gradient of 1, over the logits when nothing else holds them (one read, one
-//!   write); backward multiplies it by the incoming gradient, which the kernel skips on the
-//!   device when that is 1 (the usual `loss.backward()`).
-//! - `None` (a per-row incoming gradient, unknown at forward time): forward keeps each
-//!   row's log-sum-exp; backward forms the per-row scale on the device and writes the
-//!   gradient in one pass.
+//! The op under `Autodiff<B>`: forward runs the inner backend's row kernel and keeps the
+//! row log-sum-exp; backward turns the incoming gradient into a per-row (or shared) scale
+//! on the device and runs the inner backward kernel once.
 
 use burn::tensor::{
     TensorMetadata,
@@ -21,27 +15,19 @@ use burn_autodiff::{
 };
 
 use crate::{
-    backend::{
-        FusedCrossEntropyBackend, RowStats, SavedRows, forward_gradient_scale, gradient_scale,
-        reduce_rows,
-    },
-    options::{CrossEntropyOptions, Reduction},
+    backend::{FusedCrossEntropyBackend, RowStats, SavedRows, gradient_scale, reduce_rows},
+    options::CrossEntropyOptions,
 };
 
-/// What backward needs.
+/// What backward needs: the logits (owned, so they can become the gradient), the targets,
+/// the saved rows and, for `Mean`, the denominator.
 #[derive(Debug, Clone)]
-enum CrossEntropyState<B: FusedCrossEntropyBackend> {
-    /// The gradient for an incoming gradient of 1, formed in forward.
-    Formed { grad: FloatTensor<B> },
-    /// The logits (owned, so they can become the gradient), the targets, the saved rows
-    /// and, for `Mean`, the denominator.
-    Recompute {
-        logits: FloatTensor<B>,
-        targets: IntTensor<B>,
-        saved: SavedRows<B>,
-        mean_denominator: Option<FloatTensor<B>>,
-        options: CrossEntropyOptions,
-    },
+struct CrossEntropyState<B: FusedCrossEntropyBackend> {
+    logits: FloatTensor<B>,
+    targets: IntTensor<B>,
+    saved: SavedRows<B>,
+    mean_denominator: Option<FloatTensor<B>>,
+    options: CrossEntropyOptions,
 }
 
 #[derive(Debug)]
@@ -61,21 +47,15 @@ impl<B: FusedCrossEntropyBackend> Backward<B, 1> for FusedCrossEntropyBackward {
         let Some(logits_node) = logits_node else {
             return;
         };
-        let grad_logits = match ops.state {
-            CrossEntropyState::Formed { grad } => {
-                B::cross_entropy_scale_gradient(grad, gradient_scale::<B>(grad_output, None))
-            }
-            CrossEntropyState::Recompute {
-                logits,
-                targets,
-                saved,
-                mean_denominator,
-                options,
-            } => {
-                let grad_scale = gradient_scale::<B>(grad_output, mean_denominator);
-                B::cross_entropy_rows_backward(logits, targets, saved, grad_scale, &options)
-            }
-        };
+        let state = ops.state;
+        let grad_scale = gradient_scale::<B>(grad_output, state.mean_denominator);
+        let grad_logits = B::cross_entropy_rows_backward(
+            state.logits,
+            state.targets,
+            state.saved,
+            grad_scale,
+            &state.options,
+        );
         grads.register::<B>(logits_node.id, grad_logits);
     }
 }
@@ -130,22 +110,13 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) if options.reduction != Reduction::None => {
-                // Moved in: when the caller kept no clone, the kernel writes the gradient
-                // over the logits.
-                let grad_scale = forward_gradient_scale::<B>(targets.clone(), options);
-                let (rows, grad) =
-                    B::cross_entropy_rows_with_grad(logits.primitive, targets, grad_scale, options);
-                let reduced = reduce_rows::<B>(rows.loss, rows.valid, options.reduction, dtype);
-                prep.finish(CrossEntropyState::Formed { grad }, reduced.loss)
-            }
             OpsKind::Tracked(prep) => {
                 // The state takes the only other handle on the logits: once the caller's
                 // tensor is dropped, backward may overwrite them with their gradient.
                 let logits = logits.primitive;
                 let rows = B::cross_entropy_rows(logits.clone(), targets.clone(), options);
                 let reduced = reduce_rows::<B>(rows.loss, rows.valid, options.reduction, dtype);
-                let state = CrossEntropyState::Recompute {
+                let state = CrossEntropyState {
                     logits,
                     targets,
                     saved: rows.saved,

@@ -51,29 +51,6 @@ pub trait FusedCrossEntropyBackend: Backend {
         options: &CrossEntropyOptions,
     ) -> FloatTensor<Self>;
 
-    /// Forward and the gradient for a scalar incoming gradient (`Mean`, `Sum`): the rows
-    /// of [`cross_entropy_rows`](Self::cross_entropy_rows) and
-    /// `grad_scale[0] * (softmax(x) - onehot(y))` (`grad_scale` f32 `[1]`). The kernels do
-    /// both in one launch over the logits when nothing else holds them; otherwise (and by
-    /// default) it is the two ops in turn.
-    fn cross_entropy_rows_with_grad(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        grad_scale: FloatTensor<Self>,
-        options: &CrossEntropyOptions,
-    ) -> (RowStats<Self>, FloatTensor<Self>) {
-        rows_with_grad_in_turn::<Self>(logits, targets, grad_scale, options)
-    }
-
-    /// `grad * scale[0]` (`scale` f32 `[1]`). The kernels do it in place and do nothing
-    /// at all, decided on the device, when the scale is 1.
-    fn cross_entropy_scale_gradient(
-        grad: FloatTensor<Self>,
-        scale: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        scale_gradient_with_tensor_ops::<Self>(grad, scale)
-    }
-
     /// The reduced loss: `[N]` for `Reduction::None`, `[1]` otherwise, in the logits'
     /// dtype. Backends with autodiff override this to register the backward step.
     fn fused_cross_entropy(
@@ -85,51 +62,6 @@ pub trait FusedCrossEntropyBackend: Backend {
         let rows = Self::cross_entropy_rows(logits, targets, options);
         reduce_rows::<Self>(rows.loss, rows.valid, options.reduction, dtype).loss
     }
-}
-
-/// [`FusedCrossEntropyBackend::cross_entropy_rows_with_grad`] as two ops.
-pub(crate) fn rows_with_grad_in_turn<B: FusedCrossEntropyBackend>(
-    logits: FloatTensor<B>,
-    targets: IntTensor<B>,
-    grad_scale: FloatTensor<B>,
-    options: &CrossEntropyOptions,
-) -> (RowStats<B>, FloatTensor<B>) {
-    let rows = B::cross_entropy_rows(logits.clone(), targets.clone(), options);
-    let grad =
-        B::cross_entropy_rows_backward(logits, targets, rows.saved.clone(), grad_scale, options);
-    (rows, grad)
-}
-
-/// [`FusedCrossEntropyBackend::cross_entropy_scale_gradient`] with Burn tensor ops.
-pub(crate) fn scale_gradient_with_tensor_ops<B: Backend>(
-    grad: FloatTensor<B>,
-    scale: FloatTensor<B>,
-) -> FloatTensor<B> {
-    let grad: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(grad));
-    let scale = float::<B>(scale).cast(grad.dtype()).reshape([1, 1]);
-    (grad * scale).into_primitive().tensor()
-}
-
-/// The scale a forward-computed gradient carries: `1 / max(count, 1)` over non-ignored
-/// rows for `Mean`, 1 for `Sum`; f32 `[1]`, computed on the device from the targets.
-pub(crate) fn forward_gradient_scale<B: Backend>(
-    targets: IntTensor<B>,
-    options: &CrossEntropyOptions,
-) -> FloatTensor<B> {
-    let targets = Tensor::<B, 1, Int>::from_primitive(targets);
-    let device = targets.device();
-    let scale = match options.reduction {
-        Reduction::Mean => targets
-            .not_equal_elem(options.ignore_index)
-            .float()
-            // Before the sum: the device's default float may be bf16, which cannot count.
-            .cast(DType::F32)
-            .sum()
-            .clamp_min(1.0)
-            .recip(),
-        _ => Tensor::<B, 1>::ones([1], (&device, DType::F32)),
-    };
-    primitive(scale)
 }
 
 /// A reduced loss and, for `Mean`, the denominator backward divides by (f32 `[1]`).

@@ -9,16 +9,10 @@ use burn_cubecl::{
     tensor::CubeTensor,
 };
 use cubecl::prelude::InputScalar;
-use fused_ce_kernels::{
-    GradientTarget, RowBuffers, RowLaunch, launch_backward, launch_forward,
-    launch_forward_with_grad, launch_scale_gradient,
-};
+use fused_ce_kernels::{GradientTarget, RowBuffers, RowLaunch, launch_backward, launch_forward};
 
 use crate::{
-    backend::{
-        FusedCrossEntropyBackend, RowStats, SavedRows, rows_with_grad_in_turn,
-        scale_gradient_with_tensor_ops,
-    },
+    backend::{FusedCrossEntropyBackend, RowStats, SavedRows},
     diagnostics,
     options::{CrossEntropyOptions, Reduction},
 };
@@ -110,33 +104,6 @@ fn poison<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
     )
 }
 
-/// New `[rows]` f32 buffers for forward's per-row outputs.
-fn row_stats<R: CubeRuntime, B>(like: &CubeTensor<R>, rows: usize) -> RowStats<B>
-where
-    B: burn::tensor::backend::Backend<FloatTensorPrimitive = CubeTensor<R>>,
-{
-    RowStats {
-        loss: row_buffer(like, rows),
-        valid: row_buffer(like, rows),
-        saved: SavedRows {
-            lse: row_buffer(like, rows),
-            target_grad: row_buffer(like, rows),
-        },
-    }
-}
-
-fn row_buffers<R: CubeRuntime, B>(stats: &RowStats<B>) -> RowBuffers<R>
-where
-    B: burn::tensor::backend::Backend<FloatTensorPrimitive = CubeTensor<R>>,
-{
-    RowBuffers {
-        loss: stats.loss.clone().into_tensor_arg(),
-        lse: stats.saved.lse.clone().into_tensor_arg(),
-        valid: stats.valid.clone().into_tensor_arg(),
-        target_grad: stats.saved.target_grad.clone().into_tensor_arg(),
-    }
-}
-
 impl<R, F, I, BT> FusedCrossEntropyBackend for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,
@@ -152,14 +119,26 @@ where
         check_shapes(&logits, &targets);
         let logits = row_major_logits(logits);
         let rows = logits.meta.shape()[0];
-        let stats = row_stats(&logits, rows);
+        let stats: RowStats<Self> = RowStats {
+            loss: row_buffer(&logits, rows),
+            valid: row_buffer(&logits, rows),
+            saved: SavedRows {
+                lse: row_buffer(&logits, rows),
+                target_grad: row_buffer(&logits, rows),
+            },
+        };
         let shape = row_launch(&logits, &targets, vector_size(&[&logits]), options);
         launch_forward::<R>(
             &logits.client.clone(),
             shape,
             logits.into_tensor_arg(),
             targets.into_tensor_arg(),
-            row_buffers(&stats),
+            RowBuffers {
+                loss: stats.loss.clone().into_tensor_arg(),
+                lse: stats.saved.lse.clone().into_tensor_arg(),
+                valid: stats.valid.clone().into_tensor_arg(),
+                target_grad: stats.saved.target_grad.clone().into_tensor_arg(),
+            },
         );
         stats
     }
@@ -209,59 +188,6 @@ where
             saved.target_grad.into_tensor_arg(),
             grad_scale.into_tensor_arg(),
             per_row_scale,
-        );
-        grad
-    }
-
-    fn cross_entropy_rows_with_grad(
-        logits: FloatTensor<Self>,
-        targets: CubeTensor<R>,
-        grad_scale: FloatTensor<Self>,
-        options: &CrossEntropyOptions,
-    ) -> (RowStats<Self>, FloatTensor<Self>) {
-        check_shapes(&logits, &targets);
-        let logits = row_major_logits(logits);
-        if !logits.can_mut() {
-            return rows_with_grad_in_turn::<Self>(logits, targets, grad_scale, options);
-        }
-        let rows = logits.meta.shape()[0];
-        let stats = row_stats(&logits, rows);
-        let shape = row_launch(&logits, &targets, vector_size(&[&logits]), options);
-        launch_forward_with_grad::<R>(
-            &logits.client.clone(),
-            shape,
-            logits.clone().into_tensor_arg(),
-            targets.into_tensor_arg(),
-            grad_scale.into_tensor_arg(),
-            row_buffers(&stats),
-        );
-        diagnostics::count_in_place_backward();
-        (stats, logits)
-    }
-
-    fn cross_entropy_scale_gradient(
-        grad: FloatTensor<Self>,
-        scale: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        if !grad.can_mut() {
-            return scale_gradient_with_tensor_ops::<Self>(grad, scale);
-        }
-        let [rows, vocab] = grad.meta.shape().dims::<2>();
-        let shape = RowLaunch {
-            rows,
-            vocab,
-            vector_size: vector_size(&[&grad]),
-            address_type: grad.required_address_type(),
-            float_dtype: grad.dtype.into(),
-            // No targets in this launch: the two fields are unused.
-            int_dtype: grad.dtype.into(),
-            ignore_index: 0,
-        };
-        launch_scale_gradient::<R>(
-            &grad.client.clone(),
-            shape,
-            grad.clone().into_tensor_arg(),
-            scale.into_tensor_arg(),
         );
         grad
     }
