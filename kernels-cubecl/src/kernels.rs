@@ -294,7 +294,9 @@ fn row_gradient<I: Int>(
     }
 }
 
-/// Backward into a separate gradient buffer (used when the logits buffer is shared).
+/// Backward: reads `logits`, writes `grad`. When nothing else holds the logits, the launch
+/// binds `grad` as an alias of `logits`, so the gradient is written over them (no N x V
+/// allocation at all); each unit reads its vectors before writing them.
 #[cube(launch, address_type = "dynamic")]
 pub fn cross_entropy_backward_kernel<F: Float, I: Int, N: Size>(
     logits: &Tensor<Vector<F, N>>,
@@ -349,63 +351,6 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, N: Size>(
         if index < vectors_per_row {
             grad[out_start + index] =
                 gradient_vector::<F, N>(logits[in_start + index], index * vector_size, row_grad);
-        }
-    }
-}
-
-/// Backward written over the logits themselves (used when nothing else holds them): no
-/// N x V allocation at all.
-#[cube(launch, address_type = "dynamic")]
-pub fn cross_entropy_backward_in_place_kernel<F: Float, I: Int, N: Size>(
-    logits_to_grad: &mut Tensor<Vector<F, N>>,
-    targets: &Tensor<I>,
-    lse_rows: &Tensor<f32>,
-    target_grad_rows: &Tensor<f32>,
-    grad_scale: &Tensor<f32>,
-    ignore_index: i32,
-    #[comptime] per_row_scale: bool,
-    #[comptime] cube_size: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
-) {
-    let row = row_of_cube();
-    if row >= lse_rows.shape(0) {
-        terminate!();
-    }
-    let vector_size = logits_to_grad.vector_size();
-    let vocab = logits_to_grad.shape(1);
-    let row_grad = row_gradient::<I>(
-        targets,
-        lse_rows,
-        target_grad_rows,
-        grad_scale,
-        row,
-        vocab,
-        ignore_index,
-        per_row_scale,
-    );
-    let start = row * logits_to_grad.stride(0) / vector_size;
-    let vectors_per_row = vocab / vector_size;
-    let mut index = UNIT_POS as usize;
-    if row_grad.target_col == vocab {
-        while index < vectors_per_row {
-            logits_to_grad[start + index] = Vector::new(F::new(0.0));
-            index += cube_size;
-        }
-    } else {
-        while index + cube_size < vectors_per_row {
-            let second = index + cube_size;
-            let first_values = logits_to_grad[start + index];
-            let second_values = logits_to_grad[start + second];
-            logits_to_grad[start + index] =
-                gradient_vector::<F, N>(first_values, index * vector_size, row_grad);
-            logits_to_grad[start + second] =
-                gradient_vector::<F, N>(second_values, second * vector_size, row_grad);
-            index += 2 * cube_size;
-        }
-        if index < vectors_per_row {
-            let at = start + index;
-            logits_to_grad[at] =
-                gradient_vector::<F, N>(logits_to_grad[at], index * vector_size, row_grad);
         }
     }
 }

@@ -3,10 +3,7 @@
 
 use cubecl::prelude::*;
 
-use crate::kernels::{
-    cross_entropy_backward_in_place_kernel, cross_entropy_backward_kernel,
-    cross_entropy_forward_kernel,
-};
+use crate::kernels::{cross_entropy_backward_kernel, cross_entropy_forward_kernel};
 
 /// Largest grid dimension every runtime accepts (wgpu's limit).
 const MAX_GRID_DIM: usize = 65_535;
@@ -127,41 +124,33 @@ pub fn launch_backward<R: Runtime>(
     let cube_size = shape.cube_size();
     let cube_dim = CubeDim::new_1d(cube_size as u32);
     let dtypes = [shape.float_dtype, shape.int_dtype];
-    match target {
-        GradientTarget::InPlace(logits_to_grad) => {
-            cross_entropy_backward_in_place_kernel::launch::<R>(
-                client,
-                shape.cube_count(),
-                cube_dim,
-                shape.address_type,
-                shape.vector_size,
-                logits_to_grad,
-                targets,
-                lse_rows,
-                target_grad_rows,
-                grad_scale,
-                shape.ignore_index,
-                per_row_scale,
-                cube_size,
-                dtypes,
-            )
+    let (logits, grad) = match target {
+        // The kernel's first input is the logits: the gradient aliases it.
+        GradientTarget::InPlace(logits) => {
+            let grad = TensorArg::Alias {
+                input_pos: 0,
+                strides: logits.strides().into(),
+                shape: logits.shape().into(),
+            };
+            (logits, grad)
         }
-        GradientTarget::Separate { logits, grad } => cross_entropy_backward_kernel::launch::<R>(
-            client,
-            shape.cube_count(),
-            cube_dim,
-            shape.address_type,
-            shape.vector_size,
-            logits,
-            targets,
-            lse_rows,
-            target_grad_rows,
-            grad_scale,
-            grad,
-            shape.ignore_index,
-            per_row_scale,
-            cube_size,
-            dtypes,
-        ),
-    }
+        GradientTarget::Separate { logits, grad } => (logits, grad),
+    };
+    cross_entropy_backward_kernel::launch::<R>(
+        client,
+        shape.cube_count(),
+        cube_dim,
+        shape.address_type,
+        shape.vector_size,
+        logits,
+        targets,
+        lse_rows,
+        target_grad_rows,
+        grad_scale,
+        grad,
+        shape.ignore_index,
+        per_row_scale,
+        cube_size,
+        dtypes,
+    );
 }

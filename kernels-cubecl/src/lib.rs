@@ -7,8 +7,5 @@
 mod kernels;
 mod launch;
 
-pub use kernels::{
-    cross_entropy_backward_in_place_kernel, cross_entropy_backward_kernel,
-    cross_entropy_forward_kernel,
-};
+pub use kernels::{cross_entropy_backward_kernel, cross_entropy_forward_kernel};
 pub use launch::*;

@@ -14,54 +14,22 @@ use fused_ce_suite::DefaultBackend;
 use rand::Rng;
 
 use crate::common::*;
-use crate::contract::{Case, REDUCTIONS, check_case, poisoned};
+use crate::contract::{check_matrix, poisoned};
 
 /// The spec's small and odd shapes, every reduction, ignore pattern and dtype, on the
 /// fusion backend.
 #[test]
 fn contract_on_the_default_fusion_backend() {
     poisoned();
-    let mut n = 0;
-    for (rows, vocab) in [(16, 41), (63, 41), (1269, 123), (1, 1), (7, 2000)] {
-        for dtype in float_dtypes() {
-            for reduction in REDUCTIONS {
-                for ignore in [Ignore::NoRows, Ignore::SomeRows, Ignore::AllRows] {
-                    n += 1;
-                    check_case::<DefaultBackend>(Case {
-                        rows,
-                        vocab,
-                        dtype,
-                        reduction,
-                        ignore,
-                        ignore_index: -100,
-                        exclusive_logits: n % 2 == 0,
-                    });
-                }
-            }
-        }
-    }
+    let shapes = [(16, 41), (63, 41), (1269, 123), (1, 1), (7, 2000)];
+    check_matrix::<DefaultBackend>(&shapes, &float_dtypes());
 }
 
 /// The portable path (ordinary Burn tensor ops) on NdArray, f32.
 #[test]
 fn contract_on_ndarray_through_the_portable_path() {
-    let mut n = 0;
-    for (rows, vocab) in [(16, 41), (63, 41), (1, 1), (5, 2), (7, 2000)] {
-        for reduction in REDUCTIONS {
-            for ignore in [Ignore::NoRows, Ignore::SomeRows, Ignore::AllRows] {
-                n += 1;
-                check_case::<NdArray>(Case {
-                    rows,
-                    vocab,
-                    dtype: DType::F32,
-                    reduction,
-                    ignore,
-                    ignore_index: -100,
-                    exclusive_logits: n % 2 == 0,
-                });
-            }
-        }
-    }
+    let shapes = [(16, 41), (63, 41), (1, 1), (5, 2), (7, 2000)];
+    check_matrix::<NdArray>(&shapes, &[DType::F32]);
 }
 
 #[derive(Module, Debug)]

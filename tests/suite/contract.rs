@@ -129,6 +129,33 @@ where
 
 use rand::Rng;
 
+/// Every shape x dtype x reduction x ignore pattern (none, some, all), alternating
+/// between exclusive and held logits.
+pub(crate) fn check_matrix<B: FusedCrossEntropyBackend>(shapes: &[(usize, usize)], dtypes: &[DType])
+where
+    B::Device: Default,
+{
+    let mut n = 0;
+    for &(rows, vocab) in shapes {
+        for &dtype in dtypes {
+            for reduction in REDUCTIONS {
+                for ignore in [Ignore::NoRows, Ignore::SomeRows, Ignore::AllRows] {
+                    n += 1;
+                    check_case::<B>(Case {
+                        rows,
+                        vocab,
+                        dtype,
+                        reduction,
+                        ignore,
+                        ignore_index: -100,
+                        exclusive_logits: n % 2 == 0,
+                    });
+                }
+            }
+        }
+    }
+}
+
 pub(crate) fn poisoned() {
     diagnostics::set_poison_outputs(true);
 }
@@ -148,25 +175,7 @@ fn small_and_odd_shapes_every_reduction_ignore_and_dtype() {
         (7, 2000),
         (3, 1531),
     ];
-    let mut n = 0;
-    for &(rows, vocab) in &shapes {
-        for dtype in float_dtypes() {
-            for reduction in REDUCTIONS {
-                for ignore in [Ignore::NoRows, Ignore::SomeRows, Ignore::AllRows] {
-                    n += 1;
-                    check_case::<CubeBackend>(Case {
-                        rows,
-                        vocab,
-                        dtype,
-                        reduction,
-                        ignore,
-                        ignore_index: -100,
-                        exclusive_logits: n % 2 == 0,
-                    });
-                }
-            }
-        }
-    }
+    check_matrix::<CubeBackend>(&shapes, &float_dtypes());
 }
 
 /// An ignore index inside `[0, V)`: that class is ignored as a target, never as a column.
