@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# Builds the CUDA test and bench executables (release, CUDARC_CUDA_VERSION=13000: the
-# driver and NVRTC are loaded at run time, no toolkit needed here) into gpu-bundle/,
-# stripped, with gpu-bundle/run.sh that runs them all on a GPU host and logs to $OUT.
+# Builds the CUDA executables (release, CUDARC_CUDA_VERSION=13000: the driver and NVRTC
+# are loaded at run time, no toolkit needed here) into gpu-bundle/, stripped, with
+# gpu-bundle/run.sh that runs what is there on a GPU host and logs to $OUT.
 #
-#   scripts/gpu-bundle.sh            # then carry gpu-bundle/ and run: gpu-bundle/run.sh
+#   scripts/gpu-bundle.sh [suite] [bench] [oracle] [train_lm]    (default: suite bench oracle)
+#
+# A device call carries at most 64 MiB: all four do not fit in one bundle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(suite bench oracle)
 grep -qx "/$bundle/" .git/info/exclude 2>/dev/null || echo "/$bundle/" >> .git/info/exclude
 rm -rf "$bundle" && mkdir -p "$bundle"
 export CUDARC_CUDA_VERSION=13000
-build=(cargo build --release --no-default-features --features cuda --tests --benches --example torch_oracle)
+build=(cargo build --release --no-default-features --features cuda)
+for part in "${parts[@]}"; do
+  case "$part" in
+    suite) build+=(--test suite) ;;
+    bench) build+=(--bench throughput) ;;
+    oracle) build+=(--example torch_oracle) ;;
+    train_lm) build+=(--example train_lm) ;;
+    *) echo "unknown part: $part" >&2; exit 2 ;;
+  esac
+done
 "${build[@]}"
 "${build[@]}" --message-format=json 2>/dev/null \
   | python3 -c '

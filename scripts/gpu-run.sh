@@ -9,7 +9,7 @@ cat "$out/gpu.txt"
 status=0
 for test in "$here"/*; do
   name="$(basename "$test")"
-  case "$name" in run.sh|logs|throughput|torch_oracle|torch_check.py) continue ;; esac
+  case "$name" in run.sh|logs|throughput|torch_oracle|torch_check.py|train_lm) continue ;; esac
   echo "== test $name"
   # One test thread: the LLM-sized cases each hold several GB of device memory.
   "$test" --test-threads=1 ${1:-} > "$out/test-$name.log" 2>&1
@@ -26,6 +26,11 @@ if [ -x "$here/torch_oracle" ] && command -v python3 >/dev/null; then
   fi
   [ $rc -eq 0 ] || status=$rc
   rm -rf /tmp/fused-ce-oracle
+fi
+if [ -x "$here/train_lm" ]; then
+  echo "== language model (--big --compare-stock)"
+  "$here/train_lm" --big --compare-stock 2>&1 | tee "$out/train_lm.log" | grep -vE "^\[.*step +[1-9]" | tail -40
+  [ ${PIPESTATUS[0]} -eq 0 ] || status=1
 fi
 if [ -x "$here/throughput" ] && [ -z "${SKIP_BENCH:-}" ]; then
   echo "== bench"

@@ -2,6 +2,8 @@
 //! The `cuda` feature picks CUDA; otherwise Vulkan through wgpu (lavapipe on a machine
 //! with no GPU).
 
+pub mod lm;
+
 #[cfg(feature = "cuda")]
 mod runtime {
     pub use cubecl::cuda::CudaDevice as Device;

@@ -6,4 +6,5 @@ mod common;
 mod contract;
 mod in_place;
 mod llm_shapes;
+mod lm;
 mod ownership_and_autodiff;
