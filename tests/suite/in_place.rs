@@ -11,15 +11,25 @@ use burn_fused_ce::{
 };
 use fused_ce_suite::DefaultBackend;
 
+/// Logits nobody else holds (the usual `model.forward(x)` output) become the gradient:
+/// backward allocates no N x V buffer.
+#[test]
+fn exclusive_logits_become_the_gradient() {
+    check_ownership::<CubeBackend>(false);
+    check_ownership::<DefaultBackend>(false);
+}
+
 /// A logits tensor the caller still holds is unchanged by forward and backward, and
 /// backward then writes a separate gradient buffer.
 #[test]
 fn held_logits_are_never_overwritten() {
-    held_logits_are_never_overwritten_on::<CubeBackend>();
-    held_logits_are_never_overwritten_on::<DefaultBackend>();
+    check_ownership::<CubeBackend>(true);
+    check_ownership::<DefaultBackend>(true);
 }
 
-fn held_logits_are_never_overwritten_on<B: FusedCrossEntropyBackend>()
+/// Every reduction, with an incoming gradient of 1 and another; `held`: the caller keeps a
+/// clone of the logits (an intermediate, as a model output is).
+fn check_ownership<B: FusedCrossEntropyBackend>(held: bool)
 where
     B::Device: Default,
 {
@@ -32,95 +42,34 @@ where
     let (rows, vocab) = (33, 515);
     let values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
-    for reduction in [Reduction::None, Reduction::Mean, Reduction::Sum] {
-        let (inner, seen) = logits_tensor::<B>(values.clone(), rows, vocab, DType::F32, &device);
-        let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
-        // An intermediate the caller keeps a clone of.
-        let logits = leaf.clone() * 1.0;
-        let held = logits.clone();
-        let before = diagnostics::in_place_backward_count();
-        let options = CrossEntropyOptions {
-            reduction,
-            ignore_index: -100,
-        };
-        let loss = fused_cross_entropy(logits, targets_tensor(&targets, &device), &options);
-        let grads = loss.sum().backward();
-        // Read first: a fusion backend runs the queued ops only now.
-        let grad = to_f64(leaf.grad(&grads).expect("gradient"));
-        assert_eq!(
-            to_f64(held.inner()),
-            seen,
-            "{backend} seed={seed} {reduction:?}: held logits changed"
-        );
-        assert_eq!(
-            diagnostics::in_place_backward_count(),
-            before,
-            "{backend} seed={seed} {reduction:?}: a held buffer was chosen for in-place backward"
-        );
-        let g = vec![
-            1.0;
-            if reduction == Reduction::None {
-                rows
-            } else {
-                1
-            }
-        ];
-        let ref_grad = reference_grad(&seen, vocab, &targets, -100, reduction, &g);
-        let err = relative_l2(&grad, &ref_grad);
-        assert!(
-            err <= 1e-5,
-            "{backend} seed={seed} {reduction:?}: gradient error {err:e}"
-        );
-    }
-}
-
-/// Logits nobody else holds (the usual `model.forward(x)` output) become the gradient:
-/// backward allocates no N x V buffer.
-#[test]
-fn exclusive_logits_become_the_gradient() {
-    exclusive_logits_become_the_gradient_on::<CubeBackend>();
-    exclusive_logits_become_the_gradient_on::<DefaultBackend>();
-}
-
-fn exclusive_logits_become_the_gradient_on<B: FusedCrossEntropyBackend>()
-where
-    B::Device: Default,
-{
-    let backend = std::any::type_name::<B>();
-    let _only_us = counting_backward();
-    diagnostics::set_poison_outputs(true);
-    let seed = fresh_seed();
-    let device = B::Device::default();
-    let mut rng = rng(seed);
-    let (rows, vocab) = (17, 256);
-    let values = random_logits(&mut rng, rows, vocab);
-    let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
-    // Every reduction, with an incoming gradient of 1 and another.
     for (reduction, g) in [
         (Reduction::Mean, 2.5),
         (Reduction::Mean, 1.0),
         (Reduction::Sum, 1.0),
         (Reduction::None, 1.0),
     ] {
+        let context = format!("{backend} seed={seed} {reduction:?} g={g} held={held}");
         let (inner, seen) = logits_tensor::<B>(values.clone(), rows, vocab, DType::F32, &device);
         let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
+        let logits = leaf.clone() * 1.0;
+        let kept = held.then(|| logits.clone());
         let before = diagnostics::in_place_backward_count();
         let options = CrossEntropyOptions {
             reduction,
             ignore_index: -100,
         };
-        let loss = fused_cross_entropy(
-            leaf.clone() * 1.0,
-            targets_tensor(&targets, &device),
-            &options,
-        );
+        let loss = fused_cross_entropy(logits, targets_tensor(&targets, &device), &options);
         let grads = (loss * g).sum().backward();
         // Read first: a fusion backend runs the queued ops only now.
         let grad = to_f64(leaf.grad(&grads).expect("gradient"));
+        if let Some(kept) = kept {
+            assert_eq!(to_f64(kept.inner()), seen, "{context}: held logits changed");
+        }
+        let expected_in_place = if held { 0 } else { 1 };
         assert_eq!(
-            diagnostics::in_place_backward_count(),
-            before + 1,
-            "{backend} seed={seed} {reduction:?}: exclusive logits were not reused for the gradient"
+            diagnostics::in_place_backward_count() - before,
+            expected_in_place,
+            "{context}: in-place backward launches"
         );
         let g = vec![
             g;
@@ -132,9 +81,6 @@ where
         ];
         let ref_grad = reference_grad(&seen, vocab, &targets, -100, reduction, &g);
         let err = relative_l2(&grad, &ref_grad);
-        assert!(
-            err <= 1e-5,
-            "{backend} seed={seed} {reduction:?}: gradient error {err:e}"
-        );
+        assert!(err <= 1e-5, "{context}: gradient error {err:e}");
     }
 }
