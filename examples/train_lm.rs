@@ -14,7 +14,7 @@ use burn::backend::Autodiff;
 use cubecl::Runtime as _;
 use fused_ce_suite::{
     DefaultBackend, Device, RUNTIME_NAME, Runtime,
-    lm::{LmConfig, LossKind, StepLog, sample, train},
+    lm::{LmConfig, LossKind, StepLog, TinyGpt, initial_model, sample, train},
 };
 
 type B = Autodiff<DefaultBackend>;
@@ -37,14 +37,16 @@ fn main() {
     let device = Device::default();
     println!("training a byte-level transformer on {RUNTIME_NAME}: {config:?}");
 
-    let (fused, model) = run(&config, LossKind::Fused, &device);
+    // Both runs start from the same weights.
+    let start = initial_model::<B>(&config, &device);
+    let (fused, model) = run(&config, LossKind::Fused, start.clone(), &device);
     println!(
         "sample: {:?}",
         sample(&model, &config, "the old man ", 80, &device)
     );
 
     if flag("--compare-stock") {
-        let (stock, _) = run(&config, LossKind::Stock, &device);
+        let (stock, _) = run(&config, LossKind::Stock, start, &device);
         println!("\n step   fused loss   stock loss   rel diff");
         let mut worst: f64 = 0.0;
         for (step, (a, b)) in fused.iter().zip(&stock).enumerate() {
@@ -66,12 +68,13 @@ fn main() {
 fn run(
     config: &LmConfig,
     kind: LossKind,
+    start: TinyGpt<B>,
     device: &Device,
-) -> (Vec<StepLog>, fused_ce_suite::lm::TinyGpt<B>) {
+) -> (Vec<StepLog>, TinyGpt<B>) {
     let client = Runtime::client(device);
     client.memory_cleanup();
     let tokens = (config.batch * config.seq_len) as f64;
-    let (logs, model) = train::<B>(config, kind, device, |step, log| {
+    let (logs, model) = train::<B>(config, kind, start, device, |step, log| {
         if step % 10 == 0 || step + 1 == config.steps {
             println!(
                 "[{kind:?}] step {step:4}  loss {:.4}  {:.0} tokens/s",

@@ -210,18 +210,31 @@ pub struct StepLog {
     pub seconds: f64,
 }
 
-/// Trains from a seeded start and returns per-step losses and times, and the model.
+/// The seeded starting model. Runs to compare start from clones of one.
+pub fn initial_model<B: burn::tensor::backend::Backend>(
+    config: &LmConfig,
+    device: &B::Device,
+) -> TinyGpt<B> {
+    B::seed(device, config.seed);
+    let model = TinyGpt::new(config, device);
+    // Burn initialises parameters lazily, at first use, and a clone of an uninitialised
+    // model initialises on its own: draw the weights now, so clones share them.
+    let record = model.into_record();
+    TinyGpt::new(config, device).load_record(record)
+}
+
+/// Trains `model` and returns per-step losses and times, and the trained model. The
+/// batches are drawn from `config.seed` on the host, so equal starts see equal data.
 pub fn train<B>(
     config: &LmConfig,
     kind: LossKind,
+    mut model: TinyGpt<B>,
     device: &B::Device,
     mut on_step: impl FnMut(usize, &StepLog),
 ) -> (Vec<StepLog>, TinyGpt<B>)
 where
     B: AutodiffBackend + FusedCrossEntropyBackend,
 {
-    B::seed(device, config.seed);
-    let mut model = TinyGpt::<B>::new(config, device);
     let mut optimizer = AdamWConfig::new().init();
     let mut schedule = CosineAnnealingLrSchedulerConfig::new(config.lr, config.steps)
         .with_min_lr(config.lr / 10.0)

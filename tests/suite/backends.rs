@@ -115,7 +115,7 @@ where
 
 #[test]
 fn training_loop_on_fusion_matches_the_plain_backend() {
-    let _backward = running_backward();
+    let _backward = shared_device();
     let seed = fresh_seed();
     let mut rng = rng(seed);
     let rows = 40;

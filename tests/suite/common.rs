@@ -211,15 +211,16 @@ pub fn relative_l2(actual: &[f64], expected: &[f64]) -> f64 {
     if norm == 0.0 { err } else { err / norm }
 }
 
-/// The in-place counter (`diagnostics::in_place_backward_count`) is process-wide and, under
-/// fusion, bumped on the stream's thread: tests that run backward hold this shared, the
-/// tests that read the counter hold it exclusively.
+/// Process-wide device state that parallel tests would race on: the in-place counter
+/// (`diagnostics::in_place_backward_count`, bumped on the fusion stream's thread under
+/// fusion) and the backend's seeded RNG. Tests that run backward hold this shared; tests
+/// that read the counter or need reproducible device randomness hold it exclusively.
 static BACKWARD_LOCK: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-pub fn running_backward() -> std::sync::RwLockReadGuard<'static, ()> {
+pub fn shared_device() -> std::sync::RwLockReadGuard<'static, ()> {
     BACKWARD_LOCK.read().unwrap_or_else(|e| e.into_inner())
 }
 
-pub fn counting_backward() -> std::sync::RwLockWriteGuard<'static, ()> {
+pub fn exclusive_device() -> std::sync::RwLockWriteGuard<'static, ()> {
     BACKWARD_LOCK.write().unwrap_or_else(|e| e.into_inner())
 }

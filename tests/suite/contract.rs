@@ -33,7 +33,7 @@ pub(crate) fn check_case<B: FusedCrossEntropyBackend>(case: Case)
 where
     B::Device: Default,
 {
-    let _backward = running_backward();
+    let _backward = shared_device();
     let seed = fresh_seed();
     let device = B::Device::default();
     let mut rng = rng(seed);
@@ -222,7 +222,7 @@ fn rows_512_vocab_32000() {
 #[test]
 fn empty_batch() {
     poisoned();
-    let _backward = running_backward();
+    let _backward = shared_device();
     let device = Device::default();
     for reduction in REDUCTIONS {
         let leaf = Tensor::<AutodiffCube, 2>::empty([0, 41], &device).require_grad();
@@ -254,7 +254,7 @@ fn confident_prediction_keeps_target_gradient() {
     poisoned();
     let device = Device::default();
     for dtype in float_dtypes() {
-        let _backward = running_backward();
+        let _backward = shared_device();
         let seed = fresh_seed();
         let mut rng = rng(seed);
         let (rows, vocab) = (64, 1000);
@@ -304,7 +304,7 @@ fn confident_prediction_keeps_target_gradient() {
 #[test]
 fn out_of_range_target_poisons_only_its_row() {
     poisoned();
-    let _backward = running_backward();
+    let _backward = shared_device();
     let seed = fresh_seed();
     let device = Device::default();
     let mut rng = rng(seed);

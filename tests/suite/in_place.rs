@@ -1,5 +1,5 @@
 //! Where backward writes the gradient: over the logits only when nothing else holds them.
-//! (The in-place counter is process-wide: these tests hold `counting_backward()`.)
+//! (The in-place counter is process-wide: these tests hold `exclusive_device()`.)
 
 use crate::common::*;
 use burn::{
@@ -34,7 +34,7 @@ where
     B::Device: Default,
 {
     let backend = std::any::type_name::<B>();
-    let _only_us = counting_backward();
+    let _only_us = exclusive_device();
     diagnostics::set_poison_outputs(true);
     let seed = fresh_seed();
     let device = B::Device::default();

@@ -10,7 +10,7 @@ use rand::Rng;
 
 fn check_llm_shape(rows: usize, vocab: usize, dtype: DType, reduction: Reduction) {
     diagnostics::set_poison_outputs(true);
-    let _backward = running_backward();
+    let _backward = shared_device();
     let seed = fresh_seed();
     let device = Device::default();
     let mut rng = rng(seed);

@@ -4,14 +4,14 @@
 use burn::backend::Autodiff;
 use fused_ce_suite::{
     DefaultBackend,
-    lm::{LmConfig, LossKind, train},
+    lm::{LmConfig, LossKind, initial_model, train},
 };
 
 use crate::common::*;
 
 #[test]
 fn fused_and_stock_training_agree_step_by_step() {
-    let _backward = running_backward();
+    let _backward = shared_device();
     let seed = fresh_seed();
     let config = LmConfig {
         d_model: 32,
@@ -24,10 +24,9 @@ fn fused_and_stock_training_agree_step_by_step() {
         seed,
     };
     let device = Default::default();
-    let (fused, _) =
-        train::<Autodiff<DefaultBackend>>(&config, LossKind::Fused, &device, |_, _| {});
-    let (stock, _) =
-        train::<Autodiff<DefaultBackend>>(&config, LossKind::Stock, &device, |_, _| {});
+    let start = initial_model::<Autodiff<DefaultBackend>>(&config, &device);
+    let (fused, _) = train(&config, LossKind::Fused, start.clone(), &device, |_, _| {});
+    let (stock, _) = train(&config, LossKind::Stock, start, &device, |_, _| {});
     for (step, (a, b)) in fused.iter().zip(&stock).enumerate() {
         let diff = (a.loss - b.loss).abs() / b.loss.abs();
         assert!(

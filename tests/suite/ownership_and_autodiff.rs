@@ -14,7 +14,7 @@ use crate::common::*;
 /// stock `CrossEntropyLoss` gives (Mean, no ignored rows, where both agree).
 #[test]
 fn gradient_through_matmul_matches_burn_stock_loss() {
-    let _backward = running_backward();
+    let _backward = shared_device();
     let seed = fresh_seed();
     let device = Device::default();
     let mut rng = rng(seed);
