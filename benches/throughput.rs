@@ -34,6 +34,23 @@ enum Mode {
     FwdBwdScaled,
     /// `Reduction::None` with a non-uniform per-row gradient (the project's origin case).
     FwdBwdRows,
+    /// `FwdBwd` with the target check on (the default): one small read, a sync, per call.
+    FwdBwdChecked,
+    /// `FwdBwd` with label smoothing 0.1, z-loss 1e-4 and softcap 30 together.
+    FwdBwdOptions,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Fwd => "fwd",
+            Mode::FwdBwd => "fwd+bwd",
+            Mode::FwdBwdScaled => "fwd+bwd g=0.5",
+            Mode::FwdBwdRows => "fwd+bwd none/row",
+            Mode::FwdBwdChecked => "fwd+bwd checked",
+            Mode::FwdBwdOptions => "fwd+bwd ls+z+cap",
+        }
+    }
 }
 
 struct Bench {
@@ -74,17 +91,26 @@ impl Bench {
                 (8192, 128256, bf16, Mode::FwdBwd),
                 (8192, 128256, bf16, Mode::FwdBwdScaled),
                 (8192, 128256, bf16, Mode::FwdBwdRows),
+                (8192, 128256, bf16, Mode::FwdBwdChecked),
+                (8192, 128256, bf16, Mode::FwdBwdOptions),
                 (16384, 151936, bf16, Mode::FwdBwd),
                 (4096, 256000, bf16, Mode::FwdBwd),
                 (8192, 128256, f32, Mode::FwdBwd),
                 (8192, 32000, bf16, Mode::FwdBwd),
+                // 8.4e9 elements: 64-bit index arithmetic (the cost of it, per element).
+                (65536, 128256, bf16, Mode::FwdBwd),
             ];
             // Copy 1 GiB of f32: large enough that launch overhead and caches do not flatter it.
             (cases, 20, 1 << 28)
         } else {
             // Lavapipe on a couple of CPU cores: small sizes and few repetitions keep the run
             // within a couple of minutes; f16 stands in for bf16, which lavapipe lacks.
-            let modes = [Mode::Fwd, Mode::FwdBwd, Mode::FwdBwdRows];
+            let modes = [
+                Mode::Fwd,
+                Mode::FwdBwd,
+                Mode::FwdBwdRows,
+                Mode::FwdBwdOptions,
+            ];
             let cases = [f32, f16]
                 .into_iter()
                 .flat_map(|dtype| modes.map(|mode| (256, 32000, dtype, mode)))
@@ -93,10 +119,13 @@ impl Bench {
         };
         // Tuning runs: `FUSED_CE_BENCH_CASE=8192x128256` keeps the cases whose label contains
         // it; `FUSED_CE_BENCH_SKIP_STOCK=1` leaves Burn's stock loss out (it is 15-60x slower).
+        // `FUSED_CE_BENCH_MODE=fwd+bwd` keeps the modes whose label is exactly that.
         let filter = std::env::var("FUSED_CE_BENCH_CASE").unwrap_or_default();
+        let mode_filter = std::env::var("FUSED_CE_BENCH_MODE").ok();
         let cases = cases
             .into_iter()
             .filter(|(rows, vocab, _, _)| format!("{rows}x{vocab}").contains(&filter))
+            .filter(|(_, _, _, mode)| mode_filter.as_deref().is_none_or(|m| m == mode.label()))
             .collect();
         let device = Device::default();
         Self {
@@ -183,7 +212,9 @@ impl Bench {
                 let loss = CrossEntropyLossConfig::new().init::<B>(&self.device);
                 self.measure(plain, |(x, y)| drop(loss.forward(x, y)))
             }
-            Mode::FwdBwd => {
+            // Burn's loss has no z-loss nor softcap: nothing to compare with.
+            Mode::FwdBwdOptions => None,
+            Mode::FwdBwd | Mode::FwdBwdChecked => {
                 let loss = CrossEntropyLossConfig::new().init::<AD>(&self.device);
                 self.measure(autodiff, |(x, y)| drop(loss.forward(x, y).backward()))
             }
@@ -210,10 +241,21 @@ impl Bench {
     /// written over it, and every iteration reads real random logits.
     fn ours(&self, case: &Inputs, mode: Mode) -> Option<Measured> {
         let (logits, targets, scale) = (&case.logits, &case.targets, &case.scale);
-        let mean = CrossEntropyOptions::default();
+        // The target check costs a device-to-host read (a sync) per call: measured apart.
+        let mean = CrossEntropyOptions {
+            check_targets: false,
+            ..Default::default()
+        };
+        let checked = CrossEntropyOptions::default();
+        let with_options = CrossEntropyOptions {
+            label_smoothing: 0.1,
+            z_loss_scale: 1e-4,
+            softcap: Some(30.0),
+            ..mean.clone()
+        };
         let none = CrossEntropyOptions {
             reduction: Reduction::None,
-            ..Default::default()
+            ..mean.clone()
         };
         let targets_ad = || Tensor::<AutodiffCube, 1, Int>::from_inner(targets.clone());
         // A fresh copy per iteration, made outside the timed region and moved into the loss.
@@ -229,6 +271,12 @@ impl Bench {
             }),
             Mode::FwdBwdScaled => self.measure(owned, |x| {
                 drop((fused_cross_entropy(x, targets_ad(), &mean) * 0.5).backward());
+            }),
+            Mode::FwdBwdChecked => self.measure(owned, |x| {
+                drop(fused_cross_entropy(x, targets_ad(), &checked).backward());
+            }),
+            Mode::FwdBwdOptions => self.measure(owned, |x| {
+                drop(fused_cross_entropy(x, targets_ad(), &with_options).backward());
             }),
             Mode::FwdBwdRows => self.measure(owned, |x| {
                 let loss = fused_cross_entropy(x, targets_ad(), &none);
@@ -304,12 +352,7 @@ fn main() {
             ours.as_ref().map(|m| m.median_ms),
             stock.as_ref().map(|m| m.median_ms),
         );
-        let label = match mode {
-            Mode::Fwd => "fwd",
-            Mode::FwdBwd => "fwd+bwd",
-            Mode::FwdBwdScaled => "fwd+bwd g=0.5",
-            Mode::FwdBwdRows => "fwd+bwd none/row",
-        };
+        let label = mode.label();
         println!(
             "{:<13} {:<5} {label:<16} {} {} {} {} {} {} {}",
             format!("{rows}x{vocab}"),

@@ -1,12 +1,13 @@
 //! Second oracle on a GPU host with PyTorch: writes random inputs and our CUDA results to a
 //! folder so `scripts/torch_check.py` can compare them with
-//! `torch.nn.functional.cross_entropy`. Each case is `reduction = None` with a non-uniform
-//! per-row incoming gradient, plus the Mean loss.
+//! `torch.nn.functional.cross_entropy` (with `weight` and `label_smoothing`; softcap and
+//! z-loss added around it). Each case is `reduction = None` with a non-uniform per-row
+//! incoming gradient, plus the Mean loss; the cases cover the options alone and together.
 //!
 //!   torch_oracle <dir>     (then: python3 scripts/torch_check.py <dir>)
 
 use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
-use burn_fused_ce::{CrossEntropyOptions, Reduction, fused_cross_entropy};
+use burn_fused_ce::{CrossEntropyOptions, Reduction, try_fused_cross_entropy};
 use fused_ce_suite::{AutodiffCube, CubeBackend, Device};
 
 fn write(dir: &std::path::Path, name: &str, data: TensorData) {
@@ -18,11 +19,14 @@ fn main() {
     std::fs::create_dir_all(&dir).expect("create oracle dir");
     let device = Device::default();
     let mut manifest = String::new();
-    for (i, (rows, vocab, dtype)) in [
-        (4096usize, 32000usize, DType::BF16),
-        (2048, 128256, DType::BF16),
-        (1024, 151936, DType::F16),
-        (2048, 50257, DType::F32),
+    // (rows, vocab, dtype, label smoothing, z-loss scale, softcap, class weights)
+    for (i, (rows, vocab, dtype, ls, z, cap, weighted)) in [
+        (4096usize, 32000usize, DType::BF16, 0.0f32, 0.0f32, None, false),
+        (2048, 128256, DType::BF16, 0.1, 1e-4, Some(30.0f32), true),
+        (1024, 151936, DType::F16, 0.1, 0.0, None, false),
+        (2048, 50257, DType::F32, 0.0, 1e-4, None, true),
+        (1024, 32000, DType::BF16, 0.0, 0.0, Some(15.0), false),
+        (1024, 32000, DType::F32, 0.05, 1e-3, Some(30.0), true),
     ]
     .into_iter()
     .enumerate()
@@ -45,6 +49,20 @@ fn main() {
         let weights =
             Tensor::<CubeBackend, 1>::random([rows], Distribution::Uniform(0.25, 4.0), &device)
                 .cast(dtype);
+        let class_weights = weighted.then(|| {
+            Tensor::<CubeBackend, 1>::random([vocab], Distribution::Uniform(0.2, 3.0), &device)
+        });
+        if let Some(w) = &class_weights {
+            write(&dir, &format!("{i}.class_weights"), w.clone().into_data());
+        }
+        let class_weights_ad = || class_weights.clone().map(Tensor::<AutodiffCube, 1>::from_inner);
+        let options = |reduction| CrossEntropyOptions {
+            reduction,
+            label_smoothing: ls,
+            z_loss_scale: z,
+            softcap: cap,
+            ..Default::default()
+        };
         let targets_t = |d: &Device| {
             Tensor::<AutodiffCube, 1, Int>::from_data(TensorData::new(targets.clone(), [rows]), d)
         };
@@ -58,11 +76,14 @@ fn main() {
         );
 
         let leaf = Tensor::<AutodiffCube, 2>::from_inner(logits).require_grad();
-        let none = CrossEntropyOptions {
-            reduction: Reduction::None,
-            ignore_index: -100,
-        };
-        let loss = fused_cross_entropy(leaf.clone() * 1.0, targets_t(&device), &none);
+        let loss = try_fused_cross_entropy(
+            leaf.clone() * 1.0,
+            targets_t(&device),
+            class_weights_ad(),
+            &options(Reduction::None),
+        )
+        .expect("valid input")
+        .loss;
         let grads = (loss.clone() * Tensor::from_inner(weights))
             .sum()
             .backward();
@@ -72,13 +93,20 @@ fn main() {
             &format!("{i}.grad_none"),
             leaf.grad(&grads).expect("gradient").into_data(),
         );
-        let mean = fused_cross_entropy(
+        let mean = try_fused_cross_entropy(
             leaf.detach(),
             targets_t(&device),
-            &CrossEntropyOptions::default(),
-        );
+            class_weights_ad(),
+            &options(Reduction::Mean),
+        )
+        .expect("valid input")
+        .loss;
         write(&dir, &format!("{i}.loss_mean"), mean.inner().into_data());
-        manifest.push_str(&format!("{i} {rows} {vocab} {dtype:?}\n"));
+        manifest.push_str(&format!(
+            "{i} {rows} {vocab} {dtype:?} {ls} {z} {} {}\n",
+            cap.unwrap_or(0.0),
+            u8::from(weighted)
+        ));
     }
     std::fs::write(dir.join("manifest.txt"), manifest).expect("write manifest");
     println!("wrote oracle cases to {}", dir.display());

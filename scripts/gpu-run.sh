@@ -4,6 +4,11 @@
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/logs}"; mkdir -p "$out"
+# The bundle carries gzipped executables (scripts/gpu-bundle.sh).
+for packed in "$here"/*.gz; do
+  [ -e "$packed" ] || continue
+  gunzip -f "$packed" && chmod +x "${packed%.gz}"
+done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 status=0

@@ -2,12 +2,53 @@
 //! the row's vectors, keeps an online (max, sum of exp) pair in f32, and the cube then
 //! merges the pairs in shared memory. Shared memory rather than plane (warp) operations,
 //! so the very same kernel runs on lavapipe, which has no plane ops.
+//!
+//! Logits are seen as `[B, T, V]` (2-D inputs as `[1, N, V]`) with any stride on the two
+//! row dimensions, so a slice of a bigger tensor is read where it lies. Every option is a
+//! comptime flag: the plain loss compiles to the plain loop.
 
 use cubecl::prelude::*;
+
+use crate::row_stat;
 
 /// Start value of a running maximum. Finite on purpose: `exp(m_old - m_new)` with both at
 /// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
 const RUNNING_MAX_START: f32 = -3.0e38;
+
+/// Which options a launch uses (each one compiles its own kernel).
+#[derive_cube_comptime]
+pub struct RowOptions {
+    /// Logits become `c * tanh(x / c)`.
+    pub softcap: bool,
+    /// Label smoothing > 0.
+    pub smoothing: bool,
+    /// Class weights given.
+    pub weighted: bool,
+    /// z-loss scale > 0.
+    pub z_loss: bool,
+    /// Track the argmax (accuracy, predictions).
+    pub argmax: bool,
+    /// Units per cube, a power of two.
+    pub cube_size: usize,
+}
+
+/// How backward reads the incoming gradient.
+#[derive_cube_comptime]
+pub struct GradOptions {
+    /// One incoming gradient per row (`Reduction::None`), else one for all rows.
+    pub per_row: bool,
+    /// Divide by the mean's denominators.
+    pub mean: bool,
+}
+
+/// The options' values (runtime scalars: changing them does not recompile).
+#[derive(CubeLaunch, CubeType, Clone, Copy)]
+pub struct RowScalars {
+    pub ignore_index: i32,
+    pub label_smoothing: f32,
+    pub z_loss_scale: f32,
+    pub softcap: f32,
+}
 
 /// Row index of this cube. The grid is 2-D because wgpu caps each grid dimension at 65535.
 #[cube]
@@ -15,11 +56,27 @@ fn row_of_cube() -> usize {
     (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
 }
 
-/// The class index of a row as i32, plus whether it is a real class (`0 <= y < vocab`) and
-/// whether the row counts at all (`y != ignore_index`).
+/// Element offset of row `row` in a tensor whose first two dimensions are the rows
+/// (`[B, T, ..]`, row `b * T + t`), whatever their strides.
+#[cube]
+fn row_offset<T: CubePrimitive>(tensor: &Tensor<T>, row: usize) -> usize {
+    let inner_rows = tensor.shape(1);
+    (row / inner_rows) * tensor.stride(0) + (row % inner_rows) * tensor.stride(1)
+}
+
+/// Where statistic `stat` of row `row` lives in `stats [COUNT, rows]`, whatever its
+/// strides (a CUDA allocation may pad rows). The runtime stride is the left operand on
+/// purpose: cubecl 0.10 types `CONST * x` as the constant's 32-bit type even when the
+/// kernel indexes with 64 bits.
+#[cube]
+fn stat_index(stats: &Tensor<f32>, #[comptime] stat: usize, row: usize) -> usize {
+    stats.stride(0) * stat + row * stats.stride(1)
+}
+
+/// The class index of a row as i32.
 #[cube]
 fn read_target<I: Int>(targets: &Tensor<I>, row: usize) -> i32 {
-    i32::cast_from(targets[row * targets.stride(0)])
+    i32::cast_from(targets[row_offset::<I>(targets, row)])
 }
 
 #[cube]
@@ -38,6 +95,17 @@ fn lane_max<N: Size>(values: Vector<f32, N>) -> f32 {
     max
 }
 
+/// Sum of the lanes.
+#[cube]
+fn lane_sum<N: Size>(values: Vector<f32, N>) -> f32 {
+    let mut sum = values[0];
+    #[unroll]
+    for lane in 1..values.size() {
+        sum += values[lane];
+    }
+    sum
+}
+
 /// `exp(values - shift)` per lane, as the hardware's fast exponential where there is one
 /// (`__expf` on CUDA: a few ulp, and still inf/NaN-correct, at a fraction of `expf`'s
 /// instructions; the accurate `expf` made the forward pass instruction-bound on the H200).
@@ -47,57 +115,129 @@ fn fast_exp<N: Size>(values: Vector<f32, N>, shift: f32) -> Vector<f32, N> {
     Vector::exp(values - Vector::new(shift))
 }
 
-/// `sum exp(values - max)` over the lanes, leaving out the target's lane when this vector
-/// holds the target.
+/// `ln(1 + x)`, accurate for small `x`: a Taylor polynomial below 0.05 (error under
+/// 1e-10 relative), `ln(1 + x)` above (rounding `1 + x` costs at most 1.2e-6 relative
+/// there). Written out because `log1p` is not accurate on every runtime, and compilers
+/// may fold Goldberg's `(1 + x) - 1` correction away.
 #[cube]
-fn exp_sum_without_target<N: Size>(
-    values: Vector<f32, N>,
+fn ln_one_plus(x: f32) -> f32 {
+    let series = x
+        * (f32::new(1.0)
+            + x * (f32::new(-0.5)
+                + x * (f32::new(1.0 / 3.0)
+                    + x * (f32::new(-0.25)
+                        + x * (f32::new(0.2) + x * (f32::new(-1.0 / 6.0) + x * f32::new(1.0 / 7.0)))))));
+    select(f32::abs(x) < f32::new(0.05), series, f32::ln(f32::new(1.0) + x))
+}
+
+/// One vector of a row in f32, soft-capped when the options say so.
+#[cube]
+fn load_vector<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    at: usize,
+    softcap: f32,
+    #[comptime] capped: bool,
+) -> Vector<f32, N> {
+    let mut values = Vector::<f32, N>::cast_from(logits[at]);
+    if comptime!(capped) {
+        values = soft_cap::<N>(values, softcap);
+    }
+    values
+}
+
+/// `c * tanh(x / c)`.
+#[cube]
+fn soft_cap<N: Size>(values: Vector<f32, N>, cap: f32) -> Vector<f32, N> {
+    Vector::new(cap) * Vector::tanh(values / Vector::new(cap))
+}
+
+/// The class weights of one vector's columns.
+#[cube]
+fn weights_vector<N: Size>(class_weights: &Tensor<f32>, first_col: usize) -> Vector<f32, N> {
+    let mut weights = Vector::<f32, N>::new(0.0);
+    #[unroll]
+    for lane in 0..weights.size() {
+        weights[lane] = class_weights[first_col + lane];
+    }
+    weights
+}
+
+/// What one unit (then the whole cube) knows of a row after reading it.
+#[derive(CubeType, Clone, Copy)]
+struct RowState {
     max: f32,
-    holds_target: bool,
-    target_lane: usize,
-) -> f32 {
-    let exps = fast_exp::<N>(values, max);
-    let mut sum = f32::new(0.0);
-    #[unroll]
-    for lane in 0..values.size() {
-        sum += select(
-            holds_target && lane == target_lane,
-            f32::new(0.0),
-            exps[lane],
-        );
-    }
-    sum
+    /// `sum exp(x_c - max)` over the classes other than the target.
+    others: f32,
+    target_logit: f32,
+    /// Argmax so far (value, column; column `vocab` until a value is seen).
+    best: f32,
+    best_col: u32,
+    /// `sum_c w_c x'_c` (label smoothing).
+    smooth: f32,
 }
 
-/// The target's logit when this vector holds it, `current` otherwise.
+/// Folds one vector (columns `first_col..`) into a unit's state.
 #[cube]
-fn pick_target<N: Size>(
+fn absorb<N: Size>(
+    state: RowState,
     values: Vector<f32, N>,
-    holds_target: bool,
-    target_lane: usize,
-    current: f32,
-) -> f32 {
-    let mut picked = current;
+    weights: Vector<f32, N>,
+    first_col: usize,
+    target_col: usize,
+    #[comptime] options: RowOptions,
+) -> RowState {
+    let new_max = f32::max(state.max, lane_max::<N>(values));
+    let exps = fast_exp::<N>(values, new_max);
+    let mut exp_sum = f32::new(0.0);
+    let mut target_logit = state.target_logit;
+    let mut best = state.best;
+    let mut best_col = state.best_col;
     #[unroll]
     for lane in 0..values.size() {
-        picked = select(holds_target && lane == target_lane, values[lane], picked);
+        let is_target = first_col + lane == target_col;
+        exp_sum += select(is_target, f32::new(0.0), exps[lane]);
+        target_logit = select(is_target, values[lane], target_logit);
+        if comptime!(options.argmax) {
+            // Strictly greater: the first column wins ties, as in `argmax`.
+            let better = values[lane] > best;
+            best = select(better, values[lane], best);
+            best_col = select(better, u32::cast_from(first_col + lane), best_col);
+        }
     }
-    picked
+    let mut smooth = state.smooth;
+    if comptime!(options.smoothing) {
+        smooth += lane_sum::<N>(values * weights);
+    }
+    RowState {
+        max: new_max,
+        others: state.others * f32::exp(state.max - new_max) + exp_sum,
+        target_logit,
+        best,
+        best_col,
+        smooth,
+    }
 }
 
-/// Merges the units' online (max, sum of exp over non-target classes) pairs in shared
-/// memory. Returns the row's max and that sum, to every unit.
+/// Merges the units' states in shared memory; every unit gets the row's state.
 #[cube]
-fn cube_max_and_sum(
-    running_max: f32,
-    running_sum: f32,
-    #[comptime] cube_size: usize,
-) -> (f32, f32) {
+fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
+    let cube_size = options.cube_size;
     let mut shared_max = SharedMemory::<f32>::new(cube_size);
-    let mut shared_sum = SharedMemory::<f32>::new(cube_size);
+    let mut shared_others = SharedMemory::<f32>::new(cube_size);
+    let mut shared_best = SharedMemory::<f32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
+    let mut shared_col = SharedMemory::<u32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
+    let mut shared_smooth =
+        SharedMemory::<f32>::new(comptime!(if options.smoothing { cube_size } else { 1 }));
     let unit = UNIT_POS as usize;
-    shared_max[unit] = running_max;
-    shared_sum[unit] = running_sum;
+    shared_max[unit] = state.max;
+    shared_others[unit] = state.others;
+    if comptime!(options.argmax) {
+        shared_best[unit] = state.best;
+        shared_col[unit] = state.best_col;
+    }
+    if comptime!(options.smoothing) {
+        shared_smooth[unit] = state.smooth;
+    }
     sync_cube();
 
     let levels = comptime!(cube_size.trailing_zeros() as usize);
@@ -108,227 +248,557 @@ fn cube_max_and_sum(
             let max_a = shared_max[unit];
             let max_b = shared_max[unit + half];
             let merged_max = f32::max(max_a, max_b);
-            shared_sum[unit] = shared_sum[unit] * f32::exp(max_a - merged_max)
-                + shared_sum[unit + half] * f32::exp(max_b - merged_max);
+            shared_others[unit] = shared_others[unit] * f32::exp(max_a - merged_max)
+                + shared_others[unit + half] * f32::exp(max_b - merged_max);
             shared_max[unit] = merged_max;
+            if comptime!(options.argmax) {
+                let best_a = shared_best[unit];
+                let best_b = shared_best[unit + half];
+                let col_a = shared_col[unit];
+                let col_b = shared_col[unit + half];
+                let take_b = best_b > best_a || (best_b == best_a && col_b < col_a);
+                shared_best[unit] = select(take_b, best_b, best_a);
+                shared_col[unit] = select(take_b, col_b, col_a);
+            }
+            if comptime!(options.smoothing) {
+                shared_smooth[unit] += shared_smooth[unit + half];
+            }
         }
         sync_cube();
     }
-    (shared_max[0], shared_sum[0])
+    let mut merged = state;
+    merged.max = shared_max[0];
+    merged.others = shared_others[0];
+    if comptime!(options.argmax) {
+        merged.best = shared_best[0];
+        merged.best_col = shared_col[0];
+    }
+    if comptime!(options.smoothing) {
+        merged.smooth = shared_smooth[0];
+    }
+    merged
 }
 
 // cubecl-opt 0.10's value numbering sometimes panics ("no entry found for key", varying
-// with hash order) on a `let mut` reassigned inside an `if`; these kernels use `select`
-// for such values instead.
+// with hash order) on a `let mut` reassigned inside a runtime `if`; these kernels use
+// `select` for such values instead (comptime `if`s are fine: they leave no branch).
 
-/// Forward. Per row it writes the loss `lse - x_y`, the log-sum-exp (backward's only
-/// need besides the logits), a validity weight (1 counted, 0 ignored; the mean divides by
-/// its sum) and `p_y - 1`.
+/// What the rest of the cube needs of a row after [`forward_row`].
+#[derive(CubeType, Clone, Copy)]
+struct RowForward {
+    lse: f32,
+    /// `p_y - 1`.
+    target_grad: f32,
+}
+
+/// Reads one row and writes its statistics of [`row_stat`] into `stats [COUNT, rows]`:
+/// the loss `ce + z`, the z-loss, the target's class weight and a 1 (the mean's
+/// denominators sum these), whether the argmax is the target, the log-sum-exp and
+/// `p_y - 1` (backward's needs besides the logits); and the argmax into `predicted` when
+/// `options.argmax`. Returns the log-sum-exp and `p_y - 1` to every unit.
 ///
 /// The target's own exp is kept out of the running sum: with `others = sum_{c != y}
 /// exp(x_c - max)`, `p_y - 1 = -others / (others + exp(x_y - max))` keeps its relative
 /// precision when the model is confident (`p_y` near 1), where `exp(x_y - lse) - 1` would
-/// cancel. Likewise the loss is `(max - x_y) + ln(sum)`, exact in its first term.
+/// cancel. Likewise `lse - x_y = (max - x_y) + ln(sum)`, exact in its first term.
 ///
 /// Ignored rows are not read at all. A target outside `[0, vocab)` gives a NaN loss and is
 /// never used as an address.
-#[cube(launch, address_type = "dynamic")]
-pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn forward_row<F: Float, I: Int, N: Size>(
     logits: &Tensor<Vector<F, N>>,
     targets: &Tensor<I>,
-    loss_rows: &mut Tensor<f32>,
-    lse_rows: &mut Tensor<f32>,
-    valid_rows: &mut Tensor<f32>,
-    target_grad_rows: &mut Tensor<f32>,
-    ignore_index: i32,
-    #[comptime] cube_size: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
-) {
-    let row = row_of_cube();
-    if row >= loss_rows.shape(0) {
-        terminate!();
-    }
-    let vector_size = logits.vector_size();
-    let vocab = logits.shape(1);
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    stats: &mut Tensor<f32>,
+    predicted: &mut Tensor<I>,
+    row: usize,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+) -> RowForward {
     let target = read_target::<I>(targets, row);
 
-    if target == ignore_index {
+    let mut shared_row = SharedMemory::<f32>::new(2usize);
+    if target == scalars.ignore_index {
         if UNIT_POS == 0 {
-            loss_rows[row] = f32::new(0.0);
-            lse_rows[row] = f32::new(0.0);
-            valid_rows[row] = f32::new(0.0);
-            target_grad_rows[row] = f32::new(0.0);
+            #[unroll]
+            for stat in 0..row_stat::COUNT {
+                stats[stat_index(stats, stat, row)] = f32::new(0.0);
+            }
+            if comptime!(options.argmax) {
+                predicted[row] = I::new(-1);
+            }
+            shared_row[0] = f32::new(0.0);
+            shared_row[1] = f32::new(0.0);
         }
-        terminate!();
+    } else {
+        read_row::<F, I, N>(
+            logits,
+            class_weights,
+            weight_total,
+            stats,
+            predicted,
+            row,
+            target,
+            &mut shared_row,
+            scalars,
+            options,
+        );
     }
+    // Publishes `shared_row`; the second barrier keeps a unit that moves on to another
+    // row (the forward-gradient kernel walks rows) from overwriting it before every unit
+    // has read it.
+    sync_cube();
+    let result = RowForward {
+        lse: shared_row[0],
+        target_grad: shared_row[1],
+    };
+    sync_cube();
+    result
+}
+
+/// The work of [`forward_row`] for a row that is not ignored.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn read_row<F: Float, I: Int, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    stats: &mut Tensor<f32>,
+    predicted: &mut Tensor<I>,
+    row: usize,
+    target: i32,
+    shared_row: &mut SharedMemory<f32>,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+) {
+    let cube_size = options.cube_size;
+    let vector_size = logits.vector_size();
+    let vocab = logits.shape(2);
 
     let target_is_class = is_class(target, vocab);
-    // When the target is not a class, `target_vector` is one no unit reaches.
+    // When the target is not a class, `target_col` is one no unit reaches.
     let vectors_per_row = vocab / vector_size;
     let target_col = select(target_is_class, usize::cast_from(target), vocab);
-    let target_vector = target_col / vector_size;
-    let target_lane = target_col % vector_size;
-    let row_start = row * logits.stride(0) / vector_size;
+    let row_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
+    let no_weights = Vector::<f32, N>::new(1.0);
 
     let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
-    let mut running_max = f32::new(RUNNING_MAX_START);
-    let mut running_sum = f32::new(0.0);
+    // The running state as scalars: cubecl cannot reassign a struct variable in a loop.
+    let mut max = f32::new(RUNNING_MAX_START);
+    let mut others = f32::new(0.0);
     let mut target_logit = f32::new(0.0);
-    // Two vectors per step: both loads are issued before either is waited on, which
-    // doubles the bytes each unit has in flight (the loop is latency-bound otherwise).
+    let mut best = f32::new(RUNNING_MAX_START);
+    let mut best_col = u32::cast_from(vocab);
+    let mut smooth = f32::new(0.0);
+    // Two vectors per step: both loads are issued before either is used, which doubles
+    // the bytes each unit has in flight (the loop is latency-bound otherwise).
     let mut index = UNIT_POS as usize;
     while index + cube_size < vectors_per_row {
-        let second_index = index + cube_size;
-        let first = Vector::<f32, N>::cast_from(logits[row_start + index]);
-        let second = Vector::<f32, N>::cast_from(logits[row_start + second_index]);
-        let new_max = f32::max(
-            running_max,
-            f32::max(lane_max::<N>(first), lane_max::<N>(second)),
+        let second = index + cube_size;
+        let first_values = load_vector::<F, N>(
+            logits,
+            row_start + index,
+            scalars.softcap,
+            options.softcap,
         );
-        let first_is_target = index == target_vector;
-        let second_is_target = second_index == target_vector;
-        let exp_sum = exp_sum_without_target::<N>(first, new_max, first_is_target, target_lane)
-            + exp_sum_without_target::<N>(second, new_max, second_is_target, target_lane);
-        target_logit = pick_target::<N>(first, first_is_target, target_lane, target_logit);
-        target_logit = pick_target::<N>(second, second_is_target, target_lane, target_logit);
-        running_sum = running_sum * f32::exp(running_max - new_max) + exp_sum;
-        running_max = new_max;
+        let second_values = load_vector::<F, N>(
+            logits,
+            row_start + second,
+            scalars.softcap,
+            options.softcap,
+        );
+        let mut first_weights = no_weights;
+        let mut second_weights = no_weights;
+        if comptime!(options.smoothing && options.weighted) {
+            first_weights = weights_vector::<N>(class_weights, index * vector_size);
+            second_weights = weights_vector::<N>(class_weights, second * vector_size);
+        }
+        let state = RowState {
+            max,
+            others,
+            target_logit,
+            best,
+            best_col,
+            smooth,
+        };
+        let state = absorb::<N>(
+            state,
+            first_values,
+            first_weights,
+            index * vector_size,
+            target_col,
+            options,
+        );
+        let state = absorb::<N>(
+            state,
+            second_values,
+            second_weights,
+            second * vector_size,
+            target_col,
+            options,
+        );
+        max = state.max;
+        others = state.others;
+        target_logit = state.target_logit;
+        best = state.best;
+        best_col = state.best_col;
+        smooth = state.smooth;
         index += 2 * cube_size;
     }
-    if index < vectors_per_row {
-        let values = Vector::<f32, N>::cast_from(logits[row_start + index]);
-        let new_max = f32::max(running_max, lane_max::<N>(values));
-        let is_target = index == target_vector;
-        let exp_sum = exp_sum_without_target::<N>(values, new_max, is_target, target_lane);
-        target_logit = pick_target::<N>(values, is_target, target_lane, target_logit);
-        running_sum = running_sum * f32::exp(running_max - new_max) + exp_sum;
-        running_max = new_max;
+    let state = RowState {
+        max,
+        others,
+        target_logit,
+        best,
+        best_col,
+        smooth,
+    };
+    // The tail: at most one more vector (the loop's condition makes `index` uniform in
+    // meaning: a unit has either one vector left or none).
+    let has_tail = index < vectors_per_row;
+    let tail_index = select(has_tail, index, 0usize);
+    let values = load_vector::<F, N>(
+        logits,
+        row_start + tail_index,
+        scalars.softcap,
+        options.softcap,
+    );
+    let mut weights = no_weights;
+    if comptime!(options.smoothing && options.weighted) {
+        weights = weights_vector::<N>(class_weights, tail_index * vector_size);
     }
-    let holds_any_target =
+    let with_tail = absorb::<N>(
+        state,
+        values,
+        weights,
+        tail_index * vector_size,
+        select(has_tail, target_col, vocab),
+        options,
+    );
+    let state = RowState {
+        max: select(has_tail, with_tail.max, state.max),
+        others: select(has_tail, with_tail.others, state.others),
+        target_logit: select(has_tail, with_tail.target_logit, state.target_logit),
+        best: select(has_tail, with_tail.best, state.best),
+        best_col: select(has_tail, with_tail.best_col, state.best_col),
+        smooth: select(has_tail, with_tail.smooth, state.smooth),
+    };
+    let target_vector = target_col / vector_size;
+    let holds_target =
         target_vector % cube_size == UNIT_POS as usize && target_vector < vectors_per_row;
-
-    if holds_any_target {
-        shared_target_logit[0] = target_logit;
+    if holds_target {
+        shared_target_logit[0] = state.target_logit;
     }
-    // The reduction's barriers also publish `shared_target_logit`.
-    let (row_max, others) = cube_max_and_sum(running_max, running_sum, cube_size);
+    // The merge's barriers also publish `shared_target_logit`.
+    let merged = cube_merge(state, options);
 
     if UNIT_POS == 0 {
         // A target that is not a class reads a zero logit and gets a NaN loss below.
         let target_logit = select(target_is_class, shared_target_logit[0], f32::new(0.0));
         let target_exp = select(
             target_is_class,
-            f32::exp(target_logit - row_max),
+            f32::exp(target_logit - merged.max),
             f32::new(0.0),
         );
-        let sum = others + target_exp;
-        let log_sum = f32::ln(sum);
-        let loss = (row_max - target_logit) + log_sum;
+        let sum = merged.others + target_exp;
+        // `ln(sum)` from `sum - 1`, formed without rounding when the target is the max
+        // (`target_exp` is then exactly 1): a confident row's loss is `ln(1 + others)`
+        // with `others` tiny, where `ln` of the rounded sum would keep few digits.
+        let log_sum = ln_one_plus(merged.others + (target_exp - f32::new(1.0)));
+        let lse = merged.max + log_sum;
+        let nll = (merged.max - target_logit) + log_sum;
+        let safe_col = select(target_is_class, target_col, 0usize);
+        let mut target_weight = f32::new(1.0);
+        if comptime!(options.weighted) {
+            target_weight = select(
+                target_is_class,
+                class_weights[safe_col],
+                f32::new(1.0),
+            );
+        }
+        let mut loss = target_weight * nll;
+        if comptime!(options.smoothing) {
+            // (1 - ls) w_y (lse - x_y) + (ls / V) sum_c w_c (lse - x_c)
+            let mut weight_sum = f32::cast_from(vocab);
+            if comptime!(options.weighted) {
+                weight_sum = weight_total[0];
+            }
+            let ls = scalars.label_smoothing;
+            loss = (f32::new(1.0) - ls) * loss
+                + ls / f32::cast_from(vocab) * (weight_sum * lse - merged.smooth);
+        }
+        let mut z_loss = f32::new(0.0);
+        if comptime!(options.z_loss) {
+            z_loss = scalars.z_loss_scale * lse * lse;
+        }
         // NaN made at run time: CUDA C has no NaN literal for the compiler to print.
         let not_a_number = f32::sqrt(f32::new(-1.0) - f32::abs(f32::cast_from(target)));
-        loss_rows[row] = select(target_is_class, loss, not_a_number);
-        lse_rows[row] = row_max + log_sum;
-        valid_rows[row] = f32::new(1.0);
-        target_grad_rows[row] = -others / sum;
+        stats[stat_index(stats, row_stat::LOSS, row)] = select(target_is_class, loss + z_loss, not_a_number);
+        stats[stat_index(stats, row_stat::Z_LOSS, row)] = z_loss;
+        stats[stat_index(stats, row_stat::WEIGHT, row)] = target_weight;
+        stats[stat_index(stats, row_stat::VALID, row)] = f32::new(1.0);
+        let mut correct = f32::new(0.0);
+        if comptime!(options.argmax) {
+            // An all -inf (or NaN) row never beat the start value: `argmax` says 0.
+            let best_col = usize::cast_from(merged.best_col);
+            let best_col = select(best_col < vocab, best_col, 0usize);
+            correct = select(best_col == target_col, f32::new(1.0), f32::new(0.0));
+            predicted[row] = I::cast_from(best_col);
+        }
+        stats[stat_index(stats, row_stat::CORRECT, row)] = correct;
+        let target_grad = -merged.others / sum;
+        stats[stat_index(stats, row_stat::LSE, row)] = lse;
+        stats[stat_index(stats, row_stat::TARGET_GRAD, row)] = target_grad;
+        shared_row[0] = lse;
+        shared_row[1] = target_grad;
     }
 }
 
-/// `scale * (softmax(x) - onehot(target))` for one vector of a row, in f32, rounded to `F`
-/// once. The target lane takes forward's `p_y - 1` (see the forward kernel for why).
+
+/// Forward: one cube per row, see [`forward_row`].
+#[cube(launch, address_type = "dynamic")]
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    targets: &Tensor<I>,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    stats: &mut Tensor<f32>,
+    predicted: &mut Tensor<I>,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let row = row_of_cube();
+    if row >= stats.shape(1) {
+        terminate!();
+    }
+    forward_row::<F, I, N>(
+        logits,
+        targets,
+        class_weights,
+        weight_total,
+        stats,
+        predicted,
+        row,
+        scalars,
+        options,
+    );
+}
+
+/// What backward knows of a row before streaming it: `grad_c = prob_coef * p_c -
+/// smooth_coef * w_c` for every column but the target, `target_value` there, all times
+/// the softcap's derivative.
+#[derive(CubeType, Clone, Copy)]
+struct RowGradient {
+    /// `vocab` when the row's gradient is zero (ignored, or not a class).
+    target_col: usize,
+    lse: f32,
+    prob_coef: f32,
+    smooth_coef: f32,
+    target_value: f32,
+}
+
+/// A row's gradient coefficients (spec, "Gradient"): with `sc = g / N_ce`, `sz = g / N_z`,
+/// `grad_c = sc ((1 - ls) w_y (p_c - [c = y]) + (ls / V)(W p_c - w_c)) + 2 s sz lse p_c`.
+/// At the target, `(1 - ls) w_y sc (p_y - 1)` uses forward's cancellation-free `p_y - 1`.
+/// `target_col` is `vocab` for a row whose gradient is zero; `ce_scale` and `z_scale` are
+/// then 0.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn gradient_coefficients(
+    target_col: usize,
+    ce_scale: f32,
+    z_scale: f32,
+    lse: f32,
+    target_grad: f32,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    vocab: usize,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+) -> RowGradient {
+    let mut target_weight = f32::new(1.0);
+    if comptime!(options.weighted) {
+        target_weight = class_weights[select(target_col < vocab, target_col, 0usize)];
+    }
+    let mut one_minus_ls = f32::new(1.0);
+    let mut smooth_coef = f32::new(0.0);
+    // `prob_coef` minus the target coefficient: what multiplies `p_y` beyond `p_y - 1`.
+    let mut extra = f32::new(0.0);
+    if comptime!(options.smoothing) {
+        let ls = scalars.label_smoothing;
+        one_minus_ls = f32::new(1.0) - ls;
+        let mut weight_sum = f32::cast_from(vocab);
+        if comptime!(options.weighted) {
+            weight_sum = weight_total[0];
+        }
+        smooth_coef = ce_scale * ls / f32::cast_from(vocab);
+        extra = smooth_coef * weight_sum;
+    }
+    if comptime!(options.z_loss) {
+        extra += z_scale * f32::new(2.0) * scalars.z_loss_scale * lse;
+    }
+    let target_coef = ce_scale * one_minus_ls * target_weight;
+    let target_prob = target_grad + f32::new(1.0);
+    RowGradient {
+        target_col,
+        lse,
+        prob_coef: target_coef + extra,
+        smooth_coef,
+        target_value: target_coef * target_grad + extra * target_prob
+            - smooth_coef * target_weight,
+    }
+}
+
+/// Reads what backward needs of a row from forward's statistics and the incoming
+/// gradient, and forms its coefficients.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn row_gradient<I: Int, G: Float>(
+    targets: &Tensor<I>,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    stats: &Tensor<f32>,
+    grad_output: &Tensor<G>,
+    denominators: &Tensor<f32>,
+    row: usize,
+    vocab: usize,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[comptime] grad_options: GradOptions,
+) -> RowGradient {
+    let target = read_target::<I>(targets, row);
+    let counted = target != scalars.ignore_index && is_class(target, vocab);
+    let target_col = select(counted, usize::cast_from(target), vocab);
+    let mut incoming = f32::cast_from(grad_output[0]);
+    if comptime!(grad_options.per_row) {
+        incoming = f32::cast_from(grad_output[row * grad_output.stride(0)]);
+    }
+    let incoming = select(counted, incoming, f32::new(0.0));
+    let mut ce_scale = incoming;
+    let mut z_scale = incoming;
+    if comptime!(grad_options.mean) {
+        ce_scale = incoming / denominators[0];
+        z_scale = incoming / denominators[1];
+    }
+    gradient_coefficients(
+        target_col,
+        ce_scale,
+        z_scale,
+        stats[stat_index(stats, row_stat::LSE, row)],
+        stats[stat_index(stats, row_stat::TARGET_GRAD, row)],
+        class_weights,
+        weight_total,
+        vocab,
+        scalars,
+        options,
+    )
+}
+
+/// One vector of the gradient, in f32, rounded to `F` once.
 #[cube]
 fn gradient_vector<F: Float, N: Size>(
     values: Vector<F, N>,
+    weights: Vector<f32, N>,
     first_col: usize,
     row: RowGradient,
+    softcap: f32,
+    #[comptime] options: RowOptions,
 ) -> Vector<F, N> {
-    let probs = fast_exp::<N>(Vector::<f32, N>::cast_from(values), row.lse);
-    let mut grad = probs * Vector::new(row.scale);
-    let vector_size = values.size();
+    let mut logits = Vector::<f32, N>::cast_from(values);
+    if comptime!(options.softcap) {
+        logits = soft_cap::<N>(logits, softcap);
+    }
+    let probs = fast_exp::<N>(logits, row.lse);
+    let mut grad = probs * Vector::new(row.prob_coef);
+    if comptime!(options.smoothing) {
+        grad -= weights * Vector::new(row.smooth_coef);
+    }
     #[unroll]
-    for lane in 0..vector_size {
+    for lane in 0..grad.size() {
         let is_target = first_col + lane == row.target_col;
-        grad[lane] = select(is_target, row.target_grad * row.scale, grad[lane]);
+        grad[lane] = select(is_target, row.target_value, grad[lane]);
+    }
+    if comptime!(options.softcap) {
+        // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
+        let capped = logits / Vector::new(softcap);
+        grad *= Vector::new(1.0) - capped * capped;
     }
     Vector::cast_from(grad)
 }
 
-/// What backward knows of a row before streaming it.
-#[derive(CubeType, Clone, Copy)]
-struct RowGradient {
-    /// Incoming gradient over the reduction's denominator.
-    scale: f32,
-    /// `vocab` when the row's gradient is zero (ignored, or not a class).
-    target_col: usize,
-    lse: f32,
-    /// `p_y - 1` from forward.
-    target_grad: f32,
-}
-
-/// Reads what backward needs of a row. The target column is `vocab` when the row gets a
-/// zero gradient: an ignored row, or a target that is not a class.
-#[cube]
-fn row_gradient<I: Int>(
-    targets: &Tensor<I>,
-    lse_rows: &Tensor<f32>,
-    target_grad_rows: &Tensor<f32>,
-    grad_scale: &Tensor<f32>,
-    row: usize,
-    vocab: usize,
-    ignore_index: i32,
-    #[comptime] per_row_scale: bool,
-) -> RowGradient {
-    let target = read_target::<I>(targets, row);
-    let counted = target != ignore_index && is_class(target, vocab);
-    let target_col = select(counted, usize::cast_from(target), vocab);
-    let incoming = if comptime!(per_row_scale) {
-        grad_scale[row * grad_scale.stride(0)]
-    } else {
-        grad_scale[0]
-    };
-    let scale = select(counted, incoming, f32::new(0.0));
-    RowGradient {
-        scale,
-        target_col,
-        lse: lse_rows[row],
-        target_grad: target_grad_rows[row],
-    }
-}
-
-/// Backward: reads `logits`, writes `grad`. When nothing else holds the logits, the launch
-/// binds `grad` as an alias of `logits`, so the gradient is written over them (no N x V
-/// allocation at all); each unit reads its vectors before writing them.
+/// Backward: reads `logits`, writes `grad` (same shape). When nothing else holds the
+/// logits, the launch binds `grad` as an alias of `logits`, so the gradient is written
+/// over them (no N x V allocation at all); each unit reads its vectors before writing
+/// them.
 #[cube(launch, address_type = "dynamic")]
-pub fn cross_entropy_backward_kernel<F: Float, I: Int, N: Size>(
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
     logits: &Tensor<Vector<F, N>>,
     targets: &Tensor<I>,
-    lse_rows: &Tensor<f32>,
-    target_grad_rows: &Tensor<f32>,
-    grad_scale: &Tensor<f32>,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    stats: &Tensor<f32>,
+    grad_output: &Tensor<G>,
+    denominators: &Tensor<f32>,
     grad: &mut Tensor<Vector<F, N>>,
-    ignore_index: i32,
-    #[comptime] per_row_scale: bool,
-    #[comptime] cube_size: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[comptime] grad_options: GradOptions,
+    #[define(F, I, G)] _dtypes: [StorageType; 3],
 ) {
     let row = row_of_cube();
-    if row >= lse_rows.shape(0) {
+    if row >= stats.shape(1) {
         terminate!();
     }
-    let vector_size = logits.vector_size();
-    let vocab = logits.shape(1);
-    let row_grad = row_gradient::<I>(
+    let vocab = logits.shape(2);
+    let row_grad = row_gradient::<I, G>(
         targets,
-        lse_rows,
-        target_grad_rows,
-        grad_scale,
+        class_weights,
+        weight_total,
+        stats,
+        grad_output,
+        denominators,
         row,
         vocab,
-        ignore_index,
-        per_row_scale,
+        scalars,
+        options,
+        grad_options,
     );
-    let in_start = row * logits.stride(0) / vector_size;
-    let out_start = row * grad.stride(0) / vector_size;
+    write_gradient_row::<F, N>(
+        logits,
+        grad,
+        row,
+        row_grad,
+        class_weights,
+        scalars.softcap,
+        options,
+    );
+}
+
+/// Streams one row: reads its logits, writes its gradient (zeros, unread, for a row whose
+/// gradient is zero). Each unit reads its vectors before writing them, so `grad` may alias
+/// `logits`.
+#[cube]
+fn write_gradient_row<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    grad: &mut Tensor<Vector<F, N>>,
+    row: usize,
+    row_grad: RowGradient,
+    class_weights: &Tensor<f32>,
+    softcap: f32,
+    #[comptime] options: RowOptions,
+) {
+    let cube_size = options.cube_size;
+    let vector_size = logits.vector_size();
+    let vocab = logits.shape(2);
+    let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
+    let out_start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
     let vectors_per_row = vocab / vector_size;
+    let no_weights = Vector::<f32, N>::new(1.0);
     let mut index = UNIT_POS as usize;
     if row_grad.target_col == vocab {
         // Zero row: the logits are not read (they may be anything, NaN included).
@@ -342,15 +812,196 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, N: Size>(
             let second = index + cube_size;
             let first_values = logits[in_start + index];
             let second_values = logits[in_start + second];
-            grad[out_start + index] =
-                gradient_vector::<F, N>(first_values, index * vector_size, row_grad);
-            grad[out_start + second] =
-                gradient_vector::<F, N>(second_values, second * vector_size, row_grad);
+            let mut first_weights = no_weights;
+            let mut second_weights = no_weights;
+            if comptime!(options.smoothing && options.weighted) {
+                first_weights = weights_vector::<N>(class_weights, index * vector_size);
+                second_weights = weights_vector::<N>(class_weights, second * vector_size);
+            }
+            grad[out_start + index] = gradient_vector::<F, N>(
+                first_values,
+                first_weights,
+                index * vector_size,
+                row_grad,
+                softcap,
+                options,
+            );
+            grad[out_start + second] = gradient_vector::<F, N>(
+                second_values,
+                second_weights,
+                second * vector_size,
+                row_grad,
+                softcap,
+                options,
+            );
             index += 2 * cube_size;
         }
         if index < vectors_per_row {
-            grad[out_start + index] =
-                gradient_vector::<F, N>(logits[in_start + index], index * vector_size, row_grad);
+            let mut weights = no_weights;
+            if comptime!(options.smoothing && options.weighted) {
+                weights = weights_vector::<N>(class_weights, index * vector_size);
+            }
+            grad[out_start + index] = gradient_vector::<F, N>(
+                logits[in_start + index],
+                weights,
+                index * vector_size,
+                row_grad,
+                softcap,
+                options,
+            );
         }
+    }
+}
+
+/// The mean's denominators from the targets alone, as forward's statistics would sum
+/// them: `D` (the targets' class weights over non-ignored rows; 1 for a target that is not
+/// a class) and `n` (non-ignored rows), clamped like `reduce_stats` clamps them. Every
+/// cube computes them (reading `rows` targets is cheap next to one row of logits).
+#[cube]
+fn mean_denominators<I: Int>(
+    targets: &Tensor<I>,
+    class_weights: &Tensor<f32>,
+    rows: usize,
+    vocab: usize,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+) -> (f32, f32) {
+    let cube_size = options.cube_size;
+    let mut weight_sum = f32::new(0.0);
+    let mut count = f32::new(0.0);
+    let mut row = UNIT_POS as usize;
+    while row < rows {
+        let target = read_target::<I>(targets, row);
+        let counted = target != scalars.ignore_index;
+        let class = is_class(target, vocab);
+        let mut weight = f32::new(1.0);
+        if comptime!(options.weighted) {
+            weight = select(
+                class,
+                class_weights[select(class, usize::cast_from(target), 0usize)],
+                f32::new(1.0),
+            );
+        }
+        weight_sum += select(counted, weight, f32::new(0.0));
+        count += select(counted, f32::new(1.0), f32::new(0.0));
+        row += cube_size;
+    }
+    let mut shared_weight = SharedMemory::<f32>::new(cube_size);
+    let mut shared_count = SharedMemory::<f32>::new(cube_size);
+    let unit = UNIT_POS as usize;
+    shared_weight[unit] = weight_sum;
+    shared_count[unit] = count;
+    sync_cube();
+    let levels = comptime!(cube_size.trailing_zeros() as usize);
+    #[unroll]
+    for level in 0..levels {
+        let half = comptime!(cube_size >> (level + 1));
+        if unit < half {
+            shared_weight[unit] += shared_weight[unit + half];
+            shared_count[unit] += shared_count[unit + half];
+        }
+        sync_cube();
+    }
+    (
+        f32::max(shared_weight[0], f32::new(f32::MIN_POSITIVE)),
+        f32::max(shared_count[0], f32::new(1.0)),
+    )
+}
+
+/// Forward that also writes the gradient for an incoming gradient of 1 (`Mean` or `Sum`),
+/// over the logits when `grad` aliases them. A fixed set of cubes walks the rows, each
+/// reading a row (statistics as [`forward_row`]) and then streaming it again to write its
+/// gradient: with few enough rows in flight, that second read comes from L2, so the whole
+/// step moves the logits once and the gradient once.
+#[cube(launch, address_type = "dynamic")]
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_forward_grad_kernel<F: Float, I: Int, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    targets: &Tensor<I>,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    stats: &mut Tensor<f32>,
+    predicted: &mut Tensor<I>,
+    grad: &mut Tensor<Vector<F, N>>,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[comptime] mean: bool,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let rows = stats.shape(1);
+    let vocab = logits.shape(2);
+    let mut ce_divisor = f32::new(1.0);
+    let mut z_divisor = f32::new(1.0);
+    if comptime!(mean) {
+        let (d, n) = mean_denominators::<I>(targets, class_weights, rows, vocab, scalars, options);
+        ce_divisor = d;
+        z_divisor = n;
+    }
+    let mut row = CUBE_POS as usize;
+    while row < rows {
+        let forward = forward_row::<F, I, N>(
+            logits,
+            targets,
+            class_weights,
+            weight_total,
+            stats,
+            predicted,
+            row,
+            scalars,
+            options,
+        );
+        let target = read_target::<I>(targets, row);
+        let counted = target != scalars.ignore_index && is_class(target, vocab);
+        let target_col = select(counted, usize::cast_from(target), vocab);
+        let incoming = select(counted, f32::new(1.0), f32::new(0.0));
+        let row_grad = gradient_coefficients(
+            target_col,
+            incoming / ce_divisor,
+            incoming / z_divisor,
+            forward.lse,
+            forward.target_grad,
+            class_weights,
+            weight_total,
+            vocab,
+            scalars,
+            options,
+        );
+        write_gradient_row::<F, N>(
+            logits,
+            grad,
+            row,
+            row_grad,
+            class_weights,
+            scalars.softcap,
+            options,
+        );
+        row += CUBE_COUNT as usize;
+    }
+}
+
+/// Backward of the forward-formed gradient: `grad *= g` in place for a scalar incoming
+/// gradient `g`, one cube per row; every cube returns at once when `g` is 1 (the usual
+/// `loss.backward()`), so that case costs one near-empty launch and no host read.
+#[cube(launch, address_type = "dynamic")]
+pub fn scale_gradient_kernel<F: Float, G: Float, N: Size>(
+    grad: &mut Tensor<Vector<F, N>>,
+    grad_output: &Tensor<G>,
+    #[comptime] cube_size: usize,
+    #[define(F, G)] _dtypes: [StorageType; 2],
+) {
+    let row = row_of_cube();
+    let rows = grad.shape(0) * grad.shape(1);
+    let scale = f32::cast_from(grad_output[0]);
+    if row >= rows || scale == f32::new(1.0) {
+        terminate!();
+    }
+    let vector_size = grad.vector_size();
+    let start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
+    let vectors_per_row = grad.shape(2) / vector_size;
+    let mut index = UNIT_POS as usize;
+    while index < vectors_per_row {
+        let values = Vector::<f32, N>::cast_from(grad[start + index]);
+        grad[start + index] = Vector::cast_from(values * Vector::new(scale));
+        index += cube_size;
     }
 }

@@ -3,7 +3,10 @@
 
 use cubecl::prelude::*;
 
-use crate::kernels::{cross_entropy_backward_kernel, cross_entropy_forward_kernel};
+use crate::kernels::{
+    GradOptions, RowOptions, RowScalarsLaunch, cross_entropy_backward_kernel,
+    cross_entropy_forward_grad_kernel, cross_entropy_forward_kernel, scale_gradient_kernel,
+};
 
 /// Largest grid dimension every runtime accepts (wgpu's limit).
 const MAX_GRID_DIM: usize = 65_535;
@@ -22,6 +25,22 @@ fn max_units_per_row() -> usize {
     })
 }
 
+/// The loss options as the kernels take them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LossSettings {
+    /// Targets equal to this are ignored.
+    pub ignore_index: i32,
+    /// 0 turns label smoothing off (no smoothing code is compiled in).
+    pub label_smoothing: f32,
+    /// 0 turns the z-loss off.
+    pub z_loss_scale: f32,
+    pub softcap: Option<f32>,
+    /// Class weights (and their total) are bound.
+    pub weighted: bool,
+    /// Track the argmax (accuracy or predictions asked for).
+    pub argmax: bool,
+}
+
 /// What every row-per-cube launch needs besides its buffers.
 #[derive(Debug, Clone, Copy)]
 pub struct RowLaunch {
@@ -29,16 +48,15 @@ pub struct RowLaunch {
     pub rows: usize,
     /// Classes per row.
     pub vocab: usize,
-    /// Elements per vectorised load; divides `vocab` and the row stride.
+    /// Elements per vectorised load; divides `vocab` and the row strides.
     pub vector_size: usize,
     /// 32-bit or 64-bit index arithmetic, from the largest buffer involved.
     pub address_type: AddressType,
     /// Element type of the logits (and of their gradient).
     pub float_dtype: StorageType,
-    /// Element type of the targets.
+    /// Element type of the targets (and of the predictions).
     pub int_dtype: StorageType,
-    /// Targets equal to this are ignored.
-    pub ignore_index: i32,
+    pub settings: LossSettings,
 }
 
 impl RowLaunch {
@@ -54,43 +72,71 @@ impl RowLaunch {
         let y = self.rows.div_ceil(x).max(1);
         CubeCount::Static(x as u32, y as u32, 1)
     }
+
+    fn options(&self) -> RowOptions {
+        self.options_with(self.cube_size())
+    }
+
+    fn options_with(&self, cube_size: usize) -> RowOptions {
+        let settings = self.settings;
+        RowOptions {
+            softcap: settings.softcap.is_some(),
+            smoothing: settings.label_smoothing > 0.0,
+            weighted: settings.weighted,
+            z_loss: settings.z_loss_scale > 0.0,
+            argmax: settings.argmax,
+            cube_size,
+        }
+    }
+
+    fn scalars<R: Runtime>(&self) -> RowScalarsLaunch<R> {
+        let settings = self.settings;
+        RowScalarsLaunch::new(
+            settings.ignore_index,
+            settings.label_smoothing,
+            settings.z_loss_scale,
+            settings.softcap.unwrap_or(1.0),
+        )
+    }
 }
 
-/// The per-row f32 `[rows]` buffers forward writes and backward reads.
-pub struct RowBuffers<R: Runtime> {
-    pub loss: TensorArg<R>,
-    pub lse: TensorArg<R>,
-    pub valid: TensorArg<R>,
-    /// `p_y - 1`, formed without cancellation.
-    pub target_grad: TensorArg<R>,
+/// Class weights `[V]` and their total `[1]` (f32), or any small f32 buffers when the
+/// launch is not weighted (they are then never read).
+pub struct WeightArgs<R: Runtime> {
+    pub weights: TensorArg<R>,
+    pub total: TensorArg<R>,
 }
 
-/// Per-row forward: writes every buffer of `rows`.
+/// Per-row forward: writes `stats [row_stat::COUNT, rows]` (f32) and, when the argmax is
+/// tracked, `predicted [rows]` (the targets' int type; any buffer otherwise). `logits` are
+/// `[B, T, V]`, `targets` `[B, T]` (2-D inputs bound as `[1, N, ..]`).
 pub fn launch_forward<R: Runtime>(
     client: &ComputeClient<R>,
     shape: RowLaunch,
     logits: TensorArg<R>,
     targets: TensorArg<R>,
-    rows: RowBuffers<R>,
+    weights: WeightArgs<R>,
+    stats: TensorArg<R>,
+    predicted: TensorArg<R>,
 ) {
     if shape.rows == 0 {
         return;
     }
-    let cube_size = shape.cube_size();
+    let options = shape.options();
     cross_entropy_forward_kernel::launch::<R>(
         client,
         shape.cube_count(),
-        CubeDim::new_1d(cube_size as u32),
+        CubeDim::new_1d(options.cube_size as u32),
         shape.address_type,
         shape.vector_size,
         logits,
         targets,
-        rows.loss,
-        rows.lse,
-        rows.valid,
-        rows.target_grad,
-        shape.ignore_index,
-        cube_size,
+        weights.weights,
+        weights.total,
+        stats,
+        predicted,
+        shape.scalars(),
+        options,
         [shape.float_dtype, shape.int_dtype],
     );
 }
@@ -99,31 +145,42 @@ pub fn launch_forward<R: Runtime>(
 pub enum GradientTarget<R: Runtime> {
     /// Over the logits themselves (they are not read again by anyone).
     InPlace(TensorArg<R>),
-    /// Read `logits`, write `grad`.
+    /// Read `logits`, write `grad` (same shape).
     Separate {
         logits: TensorArg<R>,
         grad: TensorArg<R>,
     },
 }
 
-/// Per-row backward: `grad = scale_row * (softmax(x) - onehot(y))`, zero rows for ignored
-/// targets. `grad_scale` is f32, `[1]` (shared by all rows) or `[rows]` (`per_row_scale`).
+/// The loss's incoming gradient as backward reads it.
+pub struct IncomingGradient<R: Runtime> {
+    /// `[rows]` when `per_row`, else `[1]`; any float type (`dtype`).
+    pub grad: TensorArg<R>,
+    pub dtype: StorageType,
+    pub per_row: bool,
+    /// f32 `[2]` (`D`, `n`) for `Mean`; `None` binds `grad` in their place, unread.
+    pub denominators: Option<TensorArg<R>>,
+}
+
+/// Per-row backward: the spec's gradient for every row, zero rows for ignored targets.
 pub fn launch_backward<R: Runtime>(
     client: &ComputeClient<R>,
     shape: RowLaunch,
     target: GradientTarget<R>,
     targets: TensorArg<R>,
-    lse_rows: TensorArg<R>,
-    target_grad_rows: TensorArg<R>,
-    grad_scale: TensorArg<R>,
-    per_row_scale: bool,
+    weights: WeightArgs<R>,
+    stats: TensorArg<R>,
+    incoming: IncomingGradient<R>,
+    dummy: TensorArg<R>,
 ) {
     if shape.rows == 0 {
         return;
     }
-    let cube_size = shape.cube_size();
-    let cube_dim = CubeDim::new_1d(cube_size as u32);
-    let dtypes = [shape.float_dtype, shape.int_dtype];
+    let options = shape.options();
+    let grad_options = GradOptions {
+        per_row: incoming.per_row,
+        mean: incoming.denominators.is_some(),
+    };
     let (logits, grad) = match target {
         // The kernel's first input is the logits: the gradient aliases it.
         GradientTarget::InPlace(logits) => {
@@ -139,18 +196,144 @@ pub fn launch_backward<R: Runtime>(
     cross_entropy_backward_kernel::launch::<R>(
         client,
         shape.cube_count(),
-        cube_dim,
+        CubeDim::new_1d(options.cube_size as u32),
         shape.address_type,
         shape.vector_size,
         logits,
         targets,
-        lse_rows,
-        target_grad_rows,
-        grad_scale,
+        weights.weights,
+        weights.total,
+        stats,
+        incoming.grad,
+        incoming.denominators.unwrap_or(dummy),
         grad,
-        shape.ignore_index,
-        per_row_scale,
+        shape.scalars(),
+        options,
+        grad_options,
+        [shape.float_dtype, shape.int_dtype, incoming.dtype],
+    );
+}
+
+/// A tuning knob read once from the environment (`None` when unset or unparsable).
+fn env_usize(name: &str, cell: &'static std::sync::OnceLock<Option<usize>>) -> Option<usize> {
+    *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()))
+}
+
+/// Bytes of rows the forward-gradient kernel keeps in flight: their second read should
+/// come from L2 (the H200 has 60 MB; half of it leaves room for the gradient's writes).
+/// `FUSED_CE_L2_BYTES` overrides it for tuning runs.
+fn rows_in_flight_bytes() -> usize {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_L2_BYTES", &CELL).unwrap_or(32 << 20)
+}
+
+/// Units per cube of the forward-gradient kernel: 1024 where the device allows it (one
+/// cube per SM streams enough bytes), or `FUSED_CE_FUSED_UNITS`.
+fn fused_units<R: Runtime>(client: &ComputeClient<R>, vectors: usize) -> usize {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let max = client.properties().hardware.max_units_per_cube as usize;
+    // Without an SM count (wgpu, lavapipe's CPU threads) 256, as the other kernels.
+    let default = match client.properties().hardware.num_streaming_multiprocessors {
+        Some(_) => 1024,
+        None => 256,
+    };
+    let wanted = env_usize("FUSED_CE_FUSED_UNITS", &CELL)
+        .filter(|v| v.is_power_of_two())
+        .unwrap_or(default);
+    // A power of two no larger than the device's limit.
+    let limit = 1usize << (usize::BITS - 1 - max.max(32).leading_zeros());
+    vectors
+        .max(1)
+        .next_power_of_two()
+        .clamp(32, wanted.min(limit).max(32))
+}
+
+/// Per-row forward that also writes the gradient for an incoming gradient of 1, divided
+/// by the mean's denominators when `mean` (see `cross_entropy_forward_grad_kernel`).
+/// `target` says where the gradient goes (over the logits, or a new buffer).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_forward_grad<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: RowLaunch,
+    target: GradientTarget<R>,
+    targets: TensorArg<R>,
+    weights: WeightArgs<R>,
+    stats: TensorArg<R>,
+    predicted: TensorArg<R>,
+    mean: bool,
+) {
+    if shape.rows == 0 {
+        return;
+    }
+    let vectors = shape.vocab / shape.vector_size;
+    let cube_size = fused_units(client, vectors);
+    let options = shape.options_with(cube_size);
+    let hardware = &client.properties().hardware;
+    let row_bytes = shape.vocab * shape.float_dtype.size();
+    let cubes = match hardware.num_streaming_multiprocessors {
+        Some(sms) => {
+            let sms = sms as usize;
+            let resident = sms * (2048 / cube_size).max(1);
+            (rows_in_flight_bytes() / row_bytes.max(1)).clamp(sms, resident)
+        }
+        // No SM count (wgpu): a few cubes per core is plenty for a CPU.
+        None => 64,
+    }
+    .min(shape.rows)
+    .min(MAX_GRID_DIM);
+    let (logits, grad) = match target {
+        GradientTarget::InPlace(logits) => {
+            let grad = TensorArg::Alias {
+                input_pos: 0,
+                strides: logits.strides().into(),
+                shape: logits.shape().into(),
+            };
+            (logits, grad)
+        }
+        GradientTarget::Separate { logits, grad } => (logits, grad),
+    };
+    cross_entropy_forward_grad_kernel::launch::<R>(
+        client,
+        CubeCount::Static(cubes as u32, 1, 1),
+        CubeDim::new_1d(cube_size as u32),
+        shape.address_type,
+        shape.vector_size,
+        logits,
+        targets,
+        weights.weights,
+        weights.total,
+        stats,
+        predicted,
+        grad,
+        shape.scalars(),
+        options,
+        mean,
+        [shape.float_dtype, shape.int_dtype],
+    );
+}
+
+/// `grad *= g` in place for a scalar incoming gradient `g` (`[1]`, any float type
+/// `grad_dtype`), skipped on the device when `g` is 1. `grad` is `[B, T, V]`.
+pub fn launch_scale_gradient<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: RowLaunch,
+    grad: TensorArg<R>,
+    grad_output: TensorArg<R>,
+    grad_dtype: StorageType,
+) {
+    if shape.rows == 0 {
+        return;
+    }
+    let cube_size = shape.cube_size();
+    scale_gradient_kernel::launch::<R>(
+        client,
+        shape.cube_count(),
+        CubeDim::new_1d(cube_size as u32),
+        shape.address_type,
+        shape.vector_size,
+        grad,
+        grad_output,
         cube_size,
-        dtypes,
+        [shape.float_dtype, grad_dtype],
     );
 }

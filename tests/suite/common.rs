@@ -4,7 +4,7 @@
 #![allow(dead_code, unused_imports)]
 
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
-use burn_fused_ce::Reduction;
+use burn_fused_ce::{CrossEntropyOptions, Reduction};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 pub use fused_ce_suite::{AutodiffCube, CubeBackend, Device, SUPPORTS_BF16};
@@ -101,6 +101,24 @@ pub fn random_targets(
         .collect()
 }
 
+/// Random class weights in [0.2, 3].
+pub fn random_class_weights(rng: &mut SmallRng, vocab: usize) -> Vec<f32> {
+    (0..vocab).map(|_| rng.random_range(0.2..3.0)).collect()
+}
+
+/// Makes every row confident: its target logit becomes the row's maximum + `margin` (the
+/// spec's confident case: 10).
+pub fn make_confident(values: &mut [f32], vocab: usize, targets: &[i64], margin: f32) {
+    for (row, &y) in targets.iter().enumerate() {
+        if y < 0 || y >= vocab as i64 {
+            continue;
+        }
+        let x = &mut values[row * vocab..(row + 1) * vocab];
+        let max = x.iter().cloned().fold(f32::MIN, f32::max);
+        x[y as usize] = max + margin;
+    }
+}
+
 /// Logits on the device in `dtype`, and the exact values the kernel will see, in f64.
 pub fn logits_tensor<B: Backend>(
     values: Vec<f32>,
@@ -127,68 +145,271 @@ pub fn to_f64<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f64> {
         .expect("tensor data converts to f64")
 }
 
-/// f64 reference per row: (loss, counted). Ignored rows are (0, false).
+/// The spec's options in f64, as the kernels see them: the f32 option values and class
+/// weights converted exactly.
+#[derive(Debug, Clone)]
+pub struct RefOptions {
+    pub reduction: Reduction,
+    pub ignore_index: i64,
+    pub label_smoothing: f64,
+    pub z_loss_scale: f64,
+    pub softcap: Option<f64>,
+    /// `[V]`, `None`: every `w_c = 1`.
+    pub weights: Option<Vec<f64>>,
+}
+
+impl RefOptions {
+    pub fn new(options: &CrossEntropyOptions, weights: Option<&[f32]>) -> Self {
+        Self {
+            reduction: options.reduction,
+            ignore_index: options.ignore_index,
+            label_smoothing: options.label_smoothing as f64,
+            z_loss_scale: options.z_loss_scale as f64,
+            softcap: options.softcap.map(|c| c as f64),
+            weights: weights.map(|w| w.iter().map(|&v| v as f64).collect()),
+        }
+    }
+
+    /// Plain cross-entropy: no smoothing, z-loss, softcap or weights.
+    pub fn plain(reduction: Reduction, ignore_index: i64) -> Self {
+        Self::new(&CrossEntropyOptions::new(reduction).with_ignore(ignore_index), None)
+    }
+
+    pub fn weight(&self, class: usize) -> f64 {
+        self.weights.as_ref().map_or(1.0, |w| w[class])
+    }
+
+    pub fn weight_total(&self, vocab: usize) -> f64 {
+        self.weights
+            .as_ref()
+            .map_or(vocab as f64, |w| w.iter().sum())
+    }
+
+    /// `c * tanh(x / c)`, or `x` without softcap.
+    pub fn cap(&self, x: f64) -> f64 {
+        match self.softcap {
+            Some(c) => c * (x / c).tanh(),
+            None => x,
+        }
+    }
+
+    pub fn capped(&self, row: &[f64]) -> Vec<f64> {
+        row.iter().map(|&x| self.cap(x)).collect()
+    }
+}
+
+/// Small builder helpers on the options (tests build many variants).
+pub trait OptionsExt {
+    fn with_ignore(self, ignore_index: i64) -> Self;
+}
+
+impl OptionsExt for CrossEntropyOptions {
+    fn with_ignore(mut self, ignore_index: i64) -> Self {
+        self.ignore_index = ignore_index;
+        self
+    }
+}
+
+/// One row of the f64 reference.
+#[derive(Debug, Clone, Copy)]
+pub struct RefRow {
+    /// Not the ignore index (counted in `n`, even when out of range).
+    pub counted: bool,
+    /// The cross-entropy part (smoothed, weighted); NaN for a target that is not a class.
+    pub ce: f64,
+    /// `s * lse^2`.
+    pub z: f64,
+    /// Log-sum-exp of the capped logits (0 on ignored rows).
+    pub lse: f64,
+    /// `w_y` (0 on ignored rows).
+    pub weight: f64,
+    /// First index of the maximum of the capped logits (-1 on ignored rows).
+    pub argmax: i64,
+}
+
+impl RefRow {
+    pub fn loss(&self) -> f64 {
+        self.ce + self.z
+    }
+}
+
+/// The f64 reference of every row (the spec's "Per-row loss").
 pub fn reference_rows(
     logits: &[f64],
     vocab: usize,
     targets: &[i64],
-    ignore_index: i64,
-) -> Vec<(f64, bool)> {
+    options: &RefOptions,
+) -> Vec<RefRow> {
+    let ls = options.label_smoothing;
     targets
         .iter()
         .enumerate()
         .map(|(row, &y)| {
-            if y == ignore_index {
-                return (0.0, false);
+            if y == options.ignore_index {
+                return RefRow {
+                    counted: false,
+                    ce: 0.0,
+                    z: 0.0,
+                    lse: 0.0,
+                    weight: 0.0,
+                    argmax: -1,
+                };
             }
-            let x = &logits[row * vocab..(row + 1) * vocab];
-            (lse(x) - x[y as usize], true)
+            let x = options.capped(&logits[row * vocab..(row + 1) * vocab]);
+            let l = lse(&x);
+            let argmax = first_argmax(&x);
+            let z = options.z_loss_scale * l * l;
+            if y < 0 || y >= vocab as i64 {
+                return RefRow {
+                    counted: true,
+                    ce: f64::NAN,
+                    z,
+                    lse: l,
+                    weight: f64::NAN,
+                    argmax,
+                };
+            }
+            let y = y as usize;
+            let w_y = options.weight(y);
+            let smooth: f64 = if ls > 0.0 {
+                (0..vocab).map(|c| options.weight(c) * (l - x[c])).sum()
+            } else {
+                0.0
+            };
+            let ce = (1.0 - ls) * w_y * (l - x[y]) + ls / vocab as f64 * smooth;
+            RefRow {
+                counted: true,
+                ce,
+                z,
+                lse: l,
+                weight: w_y,
+                argmax,
+            }
         })
         .collect()
 }
 
+/// First index of the maximum (NaN compares as smaller than anything).
+pub fn first_argmax(x: &[f64]) -> i64 {
+    let mut best = 0;
+    for (c, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = c;
+        }
+    }
+    best as i64
+}
+
 pub fn lse(x: &[f64]) -> f64 {
     let max = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::INFINITY {
+        return f64::INFINITY;
+    }
     max + x.iter().map(|v| (v - max).exp()).sum::<f64>().ln()
 }
 
-/// The reduced reference loss: `[N]` for None, `[1]` otherwise.
-pub fn reference_loss(rows: &[(f64, bool)], reduction: Reduction) -> Vec<f64> {
-    let sum: f64 = rows.iter().map(|r| r.0).sum();
-    let count = rows.iter().filter(|r| r.1).count();
+/// `(D, n)`: the weighted count and the count of non-ignored rows.
+pub fn reference_denominators(rows: &[RefRow]) -> (f64, f64) {
+    let d = rows.iter().filter(|r| r.counted).map(|r| r.weight).sum();
+    let n = rows.iter().filter(|r| r.counted).count() as f64;
+    (d, n)
+}
+
+/// Reduces per-row `(ce, z)` values as the spec's "Reductions": `[N]` for None, `[1]`
+/// otherwise.
+fn reduce(rows: &[RefRow], reduction: Reduction, part: impl Fn(&RefRow) -> (f64, f64)) -> Vec<f64> {
     match reduction {
-        Reduction::None => rows.iter().map(|r| r.0).collect(),
-        Reduction::Sum => vec![sum],
-        Reduction::Mean => vec![if count == 0 { 0.0 } else { sum / count as f64 }],
+        Reduction::None => rows.iter().map(|r| { let (ce, z) = part(r); ce + z }).collect(),
+        Reduction::Sum => vec![rows.iter().map(|r| { let (ce, z) = part(r); ce + z }).sum()],
+        Reduction::Mean => {
+            let (d, n) = reference_denominators(rows);
+            if n == 0.0 {
+                return vec![0.0];
+            }
+            let ce: f64 = rows.iter().map(|r| part(r).0).sum();
+            let z: f64 = rows.iter().map(|r| part(r).1).sum();
+            vec![ce / d + z / n]
+        }
     }
 }
 
-/// The f64 reference gradient for incoming gradient `g` (`[N]` for None, `[1]` otherwise).
+/// The reduced reference loss: `[N]` for None, `[1]` otherwise.
+pub fn reference_loss(rows: &[RefRow], reduction: Reduction) -> Vec<f64> {
+    reduce(rows, reduction, |r| (r.ce, r.z))
+}
+
+/// The z-loss part alone, reduced like the loss (`/ n` under Mean).
+pub fn reference_z_loss(rows: &[RefRow], reduction: Reduction) -> Vec<f64> {
+    reduce(rows, reduction, |r| (0.0, r.z))
+}
+
+/// Share of non-ignored rows whose argmax is the target (0 when there are none).
+pub fn reference_accuracy(rows: &[RefRow], targets: &[i64]) -> f64 {
+    let n = rows.iter().filter(|r| r.counted).count();
+    if n == 0 {
+        return 0.0;
+    }
+    let correct = rows
+        .iter()
+        .zip(targets)
+        .filter(|(r, y)| r.counted && r.argmax == **y)
+        .count();
+    correct as f64 / n as f64
+}
+
+/// The argmax per row, -1 on ignored rows.
+pub fn reference_predicted(rows: &[RefRow]) -> Vec<i64> {
+    rows.iter().map(|r| r.argmax).collect()
+}
+
+/// The log-sum-exp per row, 0 on ignored rows.
+pub fn reference_lse(rows: &[RefRow]) -> Vec<f64> {
+    rows.iter().map(|r| r.lse).collect()
+}
+
+/// The f64 reference gradient (the spec's formula, softcap chain rule included) for the
+/// incoming gradient `g` (`[N]` for None, `[1]` otherwise). Ignored rows and rows whose
+/// target is not a class are 0.
 pub fn reference_grad(
     logits: &[f64],
     vocab: usize,
     targets: &[i64],
-    ignore_index: i64,
-    reduction: Reduction,
+    options: &RefOptions,
     g: &[f64],
 ) -> Vec<f64> {
-    let count = targets.iter().filter(|&&y| y != ignore_index).count();
+    let rows = reference_rows(logits, vocab, targets, options);
+    let (d, n) = reference_denominators(&rows);
+    let (n_ce, n_z) = match options.reduction {
+        Reduction::Mean => (d, n),
+        _ => (1.0, 1.0),
+    };
+    let ls = options.label_smoothing;
+    let s = options.z_loss_scale;
+    let total = options.weight_total(vocab);
     let mut grad = vec![0.0; logits.len()];
     for (row, &y) in targets.iter().enumerate() {
-        if y == ignore_index {
+        if y == options.ignore_index || y < 0 || y >= vocab as i64 {
             continue;
         }
-        let scale = match reduction {
+        let y = y as usize;
+        let g_row = match options.reduction {
             Reduction::None => g[row],
-            Reduction::Sum => g[0],
-            Reduction::Mean => g[0] / count.max(1) as f64,
+            _ => g[0],
         };
-        let x = &logits[row * vocab..(row + 1) * vocab];
-        let l = lse(x);
+        let raw = &logits[row * vocab..(row + 1) * vocab];
+        let x = options.capped(raw);
+        let l = rows[row].lse;
+        let w_y = options.weight(y);
         for c in 0..vocab {
             let p = (x[c] - l).exp();
-            let onehot = if c == y as usize { 1.0 } else { 0.0 };
-            grad[row * vocab + c] = scale * (p - onehot);
+            let onehot = if c == y { 1.0 } else { 0.0 };
+            let ce = (1.0 - ls) * w_y * (p - onehot)
+                + ls / vocab as f64 * (total * p - options.weight(c));
+            let mut dx = g_row * (ce / n_ce + 2.0 * s * l * p / n_z);
+            if let Some(cap) = options.softcap {
+                dx *= 1.0 - (x[c] / cap).powi(2);
+            }
+            grad[row * vocab + c] = dx;
         }
     }
     grad

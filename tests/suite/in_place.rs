@@ -7,7 +7,8 @@ use burn::{
     tensor::{DType, Tensor},
 };
 use burn_fused_ce::{
-    CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, diagnostics, fused_cross_entropy,
+    CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, diagnostics,
+    try_fused_cross_entropy,
 };
 use fused_ce_suite::DefaultBackend;
 
@@ -42,23 +43,42 @@ where
     let (rows, vocab) = (33, 515);
     let values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
-    for (reduction, g) in [
-        (Reduction::Mean, 2.5),
-        (Reduction::Mean, 1.0),
-        (Reduction::Sum, 1.0),
-        (Reduction::None, 1.0),
+    let weights = random_class_weights(&mut rng, vocab);
+    for (reduction, g, options_on) in [
+        (Reduction::Mean, 2.5, false),
+        (Reduction::Mean, 1.0, false),
+        (Reduction::Sum, 1.0, false),
+        (Reduction::None, 1.0, false),
+        // Every option and extra output: still in place.
+        (Reduction::Mean, 2.5, true),
+        (Reduction::None, 1.0, true),
     ] {
-        let context = format!("{backend} seed={seed} {reduction:?} g={g} held={held}");
+        let context =
+            format!("{backend} seed={seed} {reduction:?} g={g} held={held} options={options_on}");
         let (inner, seen) = logits_tensor::<B>(values.clone(), rows, vocab, DType::F32, &device);
         let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
         let logits = leaf.clone() * 1.0;
         let kept = held.then(|| logits.clone());
         let before = diagnostics::in_place_backward_count();
-        let options = CrossEntropyOptions {
-            reduction,
-            ignore_index: -100,
+        let (options, weights) = if options_on {
+            (
+                CrossEntropyOptions {
+                    ignore_index: -100,
+                    ..crate::options::all_options(reduction, vocab)
+                },
+                Some(weights.as_slice()),
+            )
+        } else {
+            (CrossEntropyOptions::new(reduction), None)
         };
-        let loss = fused_cross_entropy(logits, targets_tensor(&targets, &device), &options);
+        let loss = try_fused_cross_entropy(
+            logits,
+            targets_tensor(&targets, &device),
+            weights.map(|w| Tensor::from_floats(w, &device)),
+            &options,
+        )
+        .unwrap_or_else(|e| panic!("{context}: refused: {e}"))
+        .loss;
         let grads = (loss * g).sum().backward();
         // Read first: a fusion backend runs the queued ops only now.
         let grad = to_f64(leaf.grad(&grads).expect("gradient"));
@@ -79,7 +99,13 @@ where
                 1
             }
         ];
-        let ref_grad = reference_grad(&seen, vocab, &targets, -100, reduction, &g);
+        let ref_grad = reference_grad(
+            &seen,
+            vocab,
+            &targets,
+            &RefOptions::new(&options, weights),
+            &g,
+        );
         let err = relative_l2(&grad, &ref_grad);
         assert!(err <= 1e-5, "{context}: gradient error {err:e}");
     }

@@ -2,9 +2,12 @@
 //! and a smaller GPU bundle). Runtime: Vulkan by default, CUDA with `--features cuda`.
 
 mod backends;
+mod bad_input;
 mod common;
 mod contract;
 mod in_place;
 mod llm_shapes;
 mod lm;
+mod options;
 mod ownership_and_autodiff;
+mod shapes;

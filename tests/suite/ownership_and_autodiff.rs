@@ -86,3 +86,69 @@ fn config_round_trips_and_decides_rank() {
         .forward(logits, targets);
     assert_eq!(mean.dims(), [1]);
 }
+
+/// The logits also feed another op whose backward reads them (`aux = (logits * o).sum()`
+/// needs the logits for `o`'s gradient): the loss must not write its gradient over them,
+/// in either autodiff plan, on the plain and the fusion backend.
+#[test]
+fn logits_another_op_still_needs_are_not_overwritten() {
+    check_shared_logits::<CubeBackend>();
+    check_shared_logits::<fused_ce_suite::DefaultBackend>();
+}
+
+fn check_shared_logits<B: burn_fused_ce::FusedCrossEntropyBackend>()
+where
+    B::Device: Default,
+{
+    use burn::{backend::Autodiff, tensor::DType};
+    use burn_fused_ce::{CrossEntropyOptions, diagnostics, fused_cross_entropy};
+
+    diagnostics::set_poison_outputs(true);
+    let _backward = shared_device();
+    let seed = fresh_seed();
+    let device = B::Device::default();
+    let mut rng = rng(seed);
+    let (rows, vocab) = (19, 77);
+    let values = random_logits(&mut rng, rows, vocab);
+    let other = random_logits(&mut rng, rows, vocab);
+    let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        for gradient_in_forward in [true, false] {
+            let context = format!(
+                "{} {reduction:?} gradient_in_forward={gradient_in_forward} seed={seed}",
+                std::any::type_name::<B>()
+            );
+            let options = CrossEntropyOptions {
+                gradient_in_forward,
+                ..CrossEntropyOptions::new(reduction)
+            };
+            let (inner, seen) =
+                logits_tensor::<B>(values.clone(), rows, vocab, DType::F32, &device);
+            let (o_inner, o_seen) =
+                logits_tensor::<B>(other.clone(), rows, vocab, DType::F32, &device);
+            let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
+            let o = Tensor::<Autodiff<B>, 2>::from_inner(o_inner).require_grad();
+            let logits = leaf.clone() * 1.0;
+            let loss = fused_cross_entropy(
+                logits.clone(),
+                targets_tensor(&targets, &device),
+                &options,
+            );
+            let aux = (logits * o.clone()).sum();
+            let objective = loss.sum() + aux;
+            let grads = objective.backward();
+            let grad_o = to_f64(o.grad(&grads).expect("o gets a gradient"));
+            assert_eq!(grad_o, seen, "{context}: d aux / d o must be the logits");
+            let grad = to_f64(leaf.grad(&grads).expect("logits get a gradient"));
+            let g = vec![1.0; if reduction == Reduction::None { rows } else { 1 }];
+            let reference = RefOptions::new(&options, None);
+            let expected: Vec<f64> = reference_grad(&seen, vocab, &targets, &reference, &g)
+                .iter()
+                .zip(&o_seen)
+                .map(|(ce, o)| ce + o)
+                .collect();
+            let err = relative_l2(&grad, &expected);
+            assert!(err <= 1e-5, "{context}: gradient error {err:e}");
+        }
+    }
+}

@@ -1,6 +1,12 @@
-//! The op under `Autodiff<B>`: forward runs the inner backend's row kernel and keeps the
-//! row log-sum-exp; backward turns the incoming gradient into a per-row (or shared) scale
-//! on the device and runs the inner backward kernel once.
+//! The op under `Autodiff<B>`, in one of two plans (see
+//! [`CrossEntropyOptions::gradient_in_forward`]):
+//! - statistics: forward runs the inner backend's row kernel and keeps the per-row
+//!   statistics; backward hands the incoming gradient (and the mean's denominators)
+//!   straight to the inner backward kernel: one launch, no scale computed on the host;
+//! - formed gradient (`Mean`/`Sum`): forward also writes the gradient for an incoming
+//!   gradient of 1; backward rescales it on the device (nothing when it is 1).
+//!
+//! Only the loss is tracked: class weights and the extra outputs get no gradient.
 
 use burn::tensor::{
     TensorMetadata,
@@ -15,19 +21,25 @@ use burn_autodiff::{
 };
 
 use crate::{
-    backend::{FusedCrossEntropyBackend, RowStats, SavedRows, gradient_scale, reduce_rows},
-    options::CrossEntropyOptions,
+    backend::{ClassWeights, FusedCrossEntropyBackend, LossParts, RowStats, reduce_stats},
+    options::{CrossEntropyOptions, Reduction},
 };
 
-/// What backward needs: the logits (owned, so they can become the gradient), the targets,
-/// the saved rows and, for `Mean`, the denominator.
+/// What backward needs.
 #[derive(Debug, Clone)]
-struct CrossEntropyState<B: FusedCrossEntropyBackend> {
-    logits: FloatTensor<B>,
-    targets: IntTensor<B>,
-    saved: SavedRows<B>,
-    mean_denominator: Option<FloatTensor<B>>,
-    options: CrossEntropyOptions,
+enum CrossEntropyState<B: FusedCrossEntropyBackend> {
+    /// The logits (owned, so they can become the gradient), the targets, the weights, the
+    /// per-row statistics and, for `Mean`, the denominators.
+    Rows {
+        logits: FloatTensor<B>,
+        targets: IntTensor<B>,
+        class_weights: Option<ClassWeights<B>>,
+        stats: FloatTensor<B>,
+        denominators: Option<FloatTensor<B>>,
+        options: CrossEntropyOptions,
+    },
+    /// The gradient forward wrote for an incoming gradient of 1.
+    Formed { grad: FloatTensor<B> },
 }
 
 #[derive(Debug)]
@@ -47,17 +59,47 @@ impl<B: FusedCrossEntropyBackend> Backward<B, 1> for FusedCrossEntropyBackward {
         let Some(logits_node) = logits_node else {
             return;
         };
-        let state = ops.state;
-        let grad_scale = gradient_scale::<B>(grad_output, state.mean_denominator);
-        let grad_logits = B::cross_entropy_rows_backward(
-            state.logits,
-            state.targets,
-            state.saved,
-            grad_scale,
-            &state.options,
-        );
+        let grad_logits = match ops.state {
+            CrossEntropyState::Rows {
+                logits,
+                targets,
+                class_weights,
+                stats,
+                denominators,
+                options,
+            } => B::cross_entropy_rows_backward(
+                logits,
+                targets,
+                class_weights,
+                stats,
+                grad_output,
+                denominators,
+                &options,
+            ),
+            CrossEntropyState::Formed { grad } => B::scale_formed_gradient(grad, grad_output),
+        };
         grads.register::<B>(logits_node.id, grad_logits);
     }
+}
+
+/// Whether the forward-formed plan applies: asked for, a scalar incoming gradient, and
+/// at least one row.
+fn forms_gradient<B: FusedCrossEntropyBackend>(
+    logits: &FloatTensor<B>,
+    options: &CrossEntropyOptions,
+) -> bool {
+    let shape = logits.shape();
+    let rows: usize = shape.iter().take(shape.num_dims() - 1).product();
+    options.gradient_in_forward && options.reduction != Reduction::None && rows > 0
+}
+
+fn inner_weights<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+    weights: Option<ClassWeights<Autodiff<B, C>>>,
+) -> Option<ClassWeights<B>> {
+    weights.map(|w| ClassWeights {
+        weights: w.weights.primitive,
+        total: w.total.primitive,
+    })
 }
 
 impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBackend
@@ -66,35 +108,37 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
     fn cross_entropy_rows(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
+        class_weights: Option<ClassWeights<Self>>,
         options: &CrossEntropyOptions,
     ) -> RowStats<Self> {
-        let rows = B::cross_entropy_rows(logits.primitive, targets, options);
+        let rows = B::cross_entropy_rows(
+            logits.primitive,
+            targets,
+            inner_weights(class_weights),
+            options,
+        );
         RowStats {
-            loss: Self::from_inner(rows.loss),
-            valid: Self::from_inner(rows.valid),
-            saved: SavedRows {
-                lse: Self::from_inner(rows.saved.lse),
-                target_grad: Self::from_inner(rows.saved.target_grad),
-            },
+            stats: Self::from_inner(rows.stats),
+            predicted: rows.predicted,
         }
     }
 
     fn cross_entropy_rows_backward(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
-        saved: SavedRows<Self>,
-        grad_scale: FloatTensor<Self>,
+        class_weights: Option<ClassWeights<Self>>,
+        stats: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        denominators: Option<FloatTensor<Self>>,
         options: &CrossEntropyOptions,
     ) -> FloatTensor<Self> {
-        let saved = SavedRows {
-            lse: saved.lse.primitive,
-            target_grad: saved.target_grad.primitive,
-        };
         Self::from_inner(B::cross_entropy_rows_backward(
             logits.primitive,
             targets,
-            saved,
-            grad_scale.primitive,
+            inner_weights(class_weights),
+            stats.primitive,
+            grad_output.primitive,
+            denominators.map(|d| d.primitive),
             options,
         ))
     }
@@ -102,32 +146,64 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
     fn fused_cross_entropy(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
+        class_weights: Option<ClassWeights<Self>>,
         options: &CrossEntropyOptions,
-    ) -> FloatTensor<Self> {
+    ) -> LossParts<Self> {
         let dtype = logits.primitive.dtype();
-        match FusedCrossEntropyBackward
+        let class_weights = inner_weights(class_weights);
+        let (loss, parts) = match FusedCrossEntropyBackward
             .prepare::<C>([logits.node.clone()])
             .compute_bound()
             .stateful()
         {
+            OpsKind::Tracked(prep) if forms_gradient::<B>(&logits.primitive, options) => {
+                // The logits move into the op: with no other holder, their memory becomes
+                // the gradient.
+                let (rows, grad) = B::cross_entropy_rows_with_grad(
+                    logits.primitive,
+                    targets,
+                    class_weights,
+                    options,
+                );
+                let parts = reduce_stats::<B>(rows, options, dtype).parts;
+                let state = CrossEntropyState::Formed { grad };
+                (prep.finish(state, parts.loss.clone()), parts)
+            }
             OpsKind::Tracked(prep) => {
                 // The state takes the only other handle on the logits: once the caller's
                 // tensor is dropped, backward may overwrite them with their gradient.
                 let logits = logits.primitive;
-                let rows = B::cross_entropy_rows(logits.clone(), targets.clone(), options);
-                let reduced = reduce_rows::<B>(rows.loss, rows.valid, options.reduction, dtype);
-                let state = CrossEntropyState {
+                let rows = B::cross_entropy_rows(
+                    logits.clone(),
+                    targets.clone(),
+                    class_weights.clone(),
+                    options,
+                );
+                let stats = rows.stats.clone();
+                let reduced = reduce_stats::<B>(rows, options, dtype);
+                let state = CrossEntropyState::Rows {
                     logits,
                     targets,
-                    saved: rows.saved,
-                    mean_denominator: reduced.mean_denominator,
+                    class_weights,
+                    stats,
+                    denominators: reduced.denominators,
                     options: options.clone(),
                 };
-                prep.finish(state, reduced.loss)
+                let parts = reduced.parts;
+                (prep.finish(state, parts.loss.clone()), parts)
             }
             OpsKind::UnTracked(prep) => {
-                prep.finish(B::fused_cross_entropy(logits.primitive, targets, options))
+                let parts =
+                    B::fused_cross_entropy(logits.primitive, targets, class_weights, options);
+                (prep.finish(parts.loss.clone()), parts)
             }
+        };
+        LossParts {
+            loss,
+            z_loss: parts.z_loss.map(Self::from_inner),
+            accuracy: parts.accuracy.map(Self::from_inner),
+            predicted: parts.predicted,
+            lse: parts.lse.map(Self::from_inner),
         }
     }
 }

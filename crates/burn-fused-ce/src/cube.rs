@@ -9,37 +9,68 @@ use burn_cubecl::{
     tensor::CubeTensor,
 };
 use cubecl::prelude::InputScalar;
-use fused_ce_kernels::{GradientTarget, RowBuffers, RowLaunch, launch_backward, launch_forward};
+use cubecl::zspace::{Strides, metadata::Metadata};
+use fused_ce_kernels::{
+    GradientTarget, IncomingGradient, LossSettings, RowLaunch, WeightArgs, launch_backward,
+    launch_forward, launch_forward_grad, launch_scale_gradient, row_stat,
+};
 
 use crate::{
-    backend::{FusedCrossEntropyBackend, RowStats, SavedRows},
+    backend::{ClassWeights, FusedCrossEntropyBackend, RowStats},
     diagnostics,
     options::{CrossEntropyOptions, Reduction},
 };
 
-/// Makes the logits readable by the row kernels: unit stride along the vocabulary (rows
-/// may keep any stride, so a slice of a bigger tensor is not copied).
-fn row_major_logits<R: CubeRuntime>(logits: CubeTensor<R>) -> CubeTensor<R> {
-    let strides = logits.meta.strides();
-    if strides[1] == 1 || logits.meta.shape()[1] <= 1 {
-        logits
-    } else {
-        into_contiguous(logits)
+/// Logits as the kernels read them: `[B, T, V]` (a 2-D `[N, V]` is bound as `[1, N, V]`,
+/// metadata only), unit stride along the vocabulary. Rows keep any stride, so a slice of
+/// a bigger tensor is not copied; a strided vocabulary is made contiguous first.
+fn rows_view<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
+    let tensor = {
+        let dims = tensor.meta.shape().num_dims();
+        let strides = tensor.meta.strides();
+        let last = tensor.meta.shape()[dims - 1];
+        if strides[dims - 1] == 1 || last <= 1 {
+            tensor
+        } else {
+            into_contiguous(tensor)
+        }
+    };
+    with_leading_one(tensor, 3)
+}
+
+/// `[N, ..]` viewed as `[1, N, ..]` (no copy) when it has fewer than `rank` dimensions.
+fn with_leading_one<R: CubeRuntime>(tensor: CubeTensor<R>, rank: usize) -> CubeTensor<R> {
+    let shape = tensor.meta.shape().clone();
+    let strides = tensor.meta.strides().clone();
+    if shape.num_dims() >= rank {
+        return tensor;
     }
+    let mut new_shape = vec![1usize];
+    new_shape.extend(shape.iter().copied());
+    let mut new_strides = vec![shape[0] * strides[0].max(1)];
+    new_strides.extend(strides.iter().copied());
+    CubeTensor::new(
+        tensor.client.clone(),
+        tensor.handle.clone(),
+        Metadata::new(Shape::from(new_shape), Strides::from(new_strides)),
+        tensor.device.clone(),
+        tensor.dtype,
+    )
 }
 
 /// The widest vector load that divides the vocabulary and every row stride involved.
 fn vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>]) -> usize {
     let logits = tensors[0];
-    let vocab = logits.meta.shape()[1];
+    let vocab = logits.meta.shape()[2];
     logits
         .client
         .io_optimized_vector_sizes(logits.dtype.size())
         .filter(|&size| {
             vocab % size == 0
-                && tensors
-                    .iter()
-                    .all(|tensor| tensor.meta.strides()[0] % size == 0)
+                && tensors.iter().all(|tensor| {
+                    let strides = tensor.meta.strides();
+                    strides[0] % size == 0 && strides[1] % size == 0
+                })
         })
         .max()
         .unwrap_or(1)
@@ -49,59 +80,106 @@ fn row_launch<R: CubeRuntime>(
     logits: &CubeTensor<R>,
     targets: &CubeTensor<R>,
     vector_size: usize,
+    weighted: bool,
     options: &CrossEntropyOptions,
 ) -> RowLaunch {
-    let [rows, vocab] = logits.meta.shape().dims::<2>();
+    let [outer, inner, vocab] = logits.meta.shape().dims::<3>();
     RowLaunch {
-        rows,
+        rows: outer * inner,
         vocab,
         vector_size,
         address_type: logits.required_address_type(),
         float_dtype: logits.dtype.into(),
         int_dtype: targets.dtype.into(),
-        ignore_index: options.kernel_ignore_index(),
+        settings: LossSettings {
+            ignore_index: options.kernel_ignore_index(),
+            label_smoothing: options.label_smoothing,
+            z_loss_scale: options.z_loss_scale,
+            softcap: options.softcap,
+            weighted,
+            argmax: options.outputs.needs_argmax(),
+        },
     }
 }
 
-fn check_shapes<R: CubeRuntime>(logits: &CubeTensor<R>, targets: &CubeTensor<R>) {
-    let logits_shape = logits.meta.shape();
-    let targets_shape = targets.meta.shape();
-    assert!(
-        logits_shape.num_dims() == 2 && targets_shape.num_dims() == 1,
-        "fused cross-entropy: expected logits [N, V] and targets [N], got {logits_shape:?} and {targets_shape:?}"
-    );
-    assert_eq!(
-        logits_shape[0], targets_shape[0],
-        "fused cross-entropy: logits have {} rows but targets have {}",
-        logits_shape[0], targets_shape[0]
-    );
-}
-
-/// A new f32 `[rows]` buffer, poisoned with NaN under `poison-outputs`.
-fn row_buffer<R: CubeRuntime>(like: &CubeTensor<R>, rows: usize) -> CubeTensor<R> {
-    let buffer = empty_device_dtype::<R>(
+/// A new contiguous f32 buffer of `shape` (CUDA may pad the rows of a plain allocation),
+/// poisoned with NaN under `poison-outputs`.
+fn f32_buffer<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
+    let buffer = empty_device_contiguous_dtype::<R>(
         like.client.clone(),
         like.device.clone(),
-        Shape::new([rows]),
+        shape,
         DType::F32,
     );
     poison(buffer)
 }
 
 /// Under [`diagnostics::set_poison_outputs`], a buffer the kernel must fully write is
-/// first filled with NaN, so an element the kernel forgot shows up in tests.
+/// first filled with NaN (floats) or a large sentinel (ints), so an element the kernel
+/// forgot shows up in tests.
 fn poison<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
     if !diagnostics::poison_outputs() || tensor.meta.num_elements() == 0 {
         return tensor;
     }
     let dtype = tensor.dtype;
+    let value = if dtype.is_float() { f32::NAN } else { 77_777.0 };
     full_device_dtype::<R>(
         tensor.client.clone(),
         tensor.shape(),
         tensor.device.clone(),
-        InputScalar::new(f32::NAN, dtype),
+        InputScalar::new(value, dtype),
         dtype,
     )
+}
+
+/// Weight arguments: the real ones (`weights`, `total`), or a one-element buffer bound in
+/// their place (never read).
+fn weight_args<R: CubeRuntime>(
+    weights: Option<(CubeTensor<R>, CubeTensor<R>)>,
+    like: &CubeTensor<R>,
+) -> WeightArgs<R> {
+    match weights {
+        Some((weights, total)) => WeightArgs {
+            weights: weights.into_tensor_arg(),
+            total: total.into_tensor_arg(),
+        },
+        None => {
+            let unused = f32_buffer(like, Shape::new([1]));
+            WeightArgs {
+                weights: unused.clone().into_tensor_arg(),
+                total: unused.into_tensor_arg(),
+            }
+        }
+    }
+}
+
+/// Forward's outputs: the statistics, the predictions when asked for, and the launch
+/// argument for `predicted` (a one-element buffer, never written, otherwise).
+fn forward_outputs<R: CubeRuntime>(
+    logits: &CubeTensor<R>,
+    targets: &CubeTensor<R>,
+    options: &CrossEntropyOptions,
+) -> (CubeTensor<R>, Option<CubeTensor<R>>, cubecl::prelude::TensorArg<R>) {
+    let [outer, inner, _] = logits.meta.shape().dims::<3>();
+    let rows = outer * inner;
+    let stats = f32_buffer(logits, Shape::new([row_stat::COUNT, rows]));
+    let int_buffer = |len: usize| {
+        empty_device_dtype::<R>(
+            targets.client.clone(),
+            targets.device.clone(),
+            Shape::new([len]),
+            targets.dtype,
+        )
+    };
+    let predicted = options
+        .outputs
+        .needs_argmax()
+        .then(|| poison(int_buffer(rows)));
+    let predicted_arg = match &predicted {
+        Some(predicted) => predicted.clone().into_tensor_arg(),
+        None => int_buffer(1).into_tensor_arg(),
+    };
+    (stats, predicted, predicted_arg)
 }
 
 impl<R, F, I, BT> FusedCrossEntropyBackend for CubeBackend<R, F, I, BT>
@@ -114,60 +192,155 @@ where
     fn cross_entropy_rows(
         logits: FloatTensor<Self>,
         targets: CubeTensor<R>,
+        class_weights: Option<ClassWeights<Self>>,
         options: &CrossEntropyOptions,
     ) -> RowStats<Self> {
-        check_shapes(&logits, &targets);
-        let logits = row_major_logits(logits);
-        let rows = logits.meta.shape()[0];
-        let stats: RowStats<Self> = RowStats {
-            loss: row_buffer(&logits, rows),
-            valid: row_buffer(&logits, rows),
-            saved: SavedRows {
-                lse: row_buffer(&logits, rows),
-                target_grad: row_buffer(&logits, rows),
-            },
-        };
-        let shape = row_launch(&logits, &targets, vector_size(&[&logits]), options);
+        let logits = rows_view(logits);
+        let targets = with_leading_one(targets, 2);
+        let (stats, predicted, predicted_arg) = forward_outputs(&logits, &targets, options);
+        let weighted = class_weights.is_some();
+        let shape = row_launch(
+            &logits,
+            &targets,
+            vector_size(&[&logits]),
+            weighted,
+            options,
+        );
         launch_forward::<R>(
             &logits.client.clone(),
             shape,
-            logits.into_tensor_arg(),
+            logits.clone().into_tensor_arg(),
             targets.into_tensor_arg(),
-            RowBuffers {
-                loss: stats.loss.clone().into_tensor_arg(),
-                lse: stats.saved.lse.clone().into_tensor_arg(),
-                valid: stats.valid.clone().into_tensor_arg(),
-                target_grad: stats.saved.target_grad.clone().into_tensor_arg(),
-            },
+            weight_args(class_weights.map(|w| (w.weights, w.total)), &logits),
+            stats.clone().into_tensor_arg(),
+            predicted_arg,
         );
-        stats
+        RowStats { stats, predicted }
+    }
+
+    fn cross_entropy_rows_with_grad(
+        logits: FloatTensor<Self>,
+        targets: CubeTensor<R>,
+        class_weights: Option<ClassWeights<Self>>,
+        options: &CrossEntropyOptions,
+    ) -> (RowStats<Self>, FloatTensor<Self>) {
+        let logits_shape = logits.shape();
+        let logits = rows_view(logits);
+        let targets = with_leading_one(targets, 2);
+        let (stats, predicted, predicted_arg) = forward_outputs(&logits, &targets, options);
+        let client = logits.client.clone();
+        let weighted = class_weights.is_some();
+        let weights = weight_args(class_weights.map(|w| (w.weights, w.total)), &logits);
+        let mean = options.reduction == Reduction::Mean;
+        let (target, grad) = if logits.can_mut() {
+            diagnostics::count_in_place_backward();
+            (
+                GradientTarget::InPlace(logits.clone().into_tensor_arg()),
+                logits.clone(),
+            )
+        } else {
+            let grad = poison(empty_device_contiguous_dtype::<R>(
+                client.clone(),
+                logits.device.clone(),
+                logits.shape(),
+                logits.dtype,
+            ));
+            let target = GradientTarget::Separate {
+                logits: logits.clone().into_tensor_arg(),
+                grad: grad.clone().into_tensor_arg(),
+            };
+            (target, grad)
+        };
+        let shape = row_launch(
+            &logits,
+            &targets,
+            vector_size(&[&logits, &grad]),
+            weighted,
+            options,
+        );
+        launch_forward_grad::<R>(
+            &client,
+            shape,
+            target,
+            targets.into_tensor_arg(),
+            weights,
+            stats.clone().into_tensor_arg(),
+            predicted_arg,
+            mean,
+        );
+        (RowStats { stats, predicted }, reshaped(grad, logits_shape))
+    }
+
+    fn scale_formed_gradient(
+        grad: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let grad_shape = grad.shape();
+        // Scaled in place: the gradient is normally held by the autodiff state alone.
+        let grad = if grad.can_mut() { grad } else { grad.copy() };
+        let grad = rows_view(grad);
+        let [outer, inner, vocab] = grad.meta.shape().dims::<3>();
+        let shape = RowLaunch {
+            rows: outer * inner,
+            vocab,
+            vector_size: vector_size(&[&grad]),
+            address_type: grad.required_address_type(),
+            float_dtype: grad.dtype.into(),
+            int_dtype: grad.dtype.into(),
+            settings: LossSettings::default(),
+        };
+        launch_scale_gradient::<R>(
+            &grad.client.clone(),
+            shape,
+            grad.clone().into_tensor_arg(),
+            grad_output.clone().into_tensor_arg(),
+            grad_output.dtype.into(),
+        );
+        reshaped(grad, grad_shape)
     }
 
     fn cross_entropy_rows_backward(
         logits: FloatTensor<Self>,
         targets: CubeTensor<R>,
-        saved: SavedRows<Self>,
-        grad_scale: FloatTensor<Self>,
+        class_weights: Option<ClassWeights<Self>>,
+        stats: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        denominators: Option<FloatTensor<Self>>,
         options: &CrossEntropyOptions,
     ) -> FloatTensor<Self> {
-        check_shapes(&logits, &targets);
-        let logits = row_major_logits(logits);
+        let logits_shape = logits.shape();
+        let logits = rows_view(logits);
+        let targets = with_leading_one(targets, 2);
         let client = logits.client.clone();
-        let per_row_scale = options.reduction == Reduction::None;
+        let weighted = class_weights.is_some();
+        let weights = weight_args(class_weights.map(|w| (w.weights, w.total)), &logits);
+        let incoming = IncomingGradient {
+            dtype: grad_output.dtype.into(),
+            grad: grad_output.clone().into_tensor_arg(),
+            per_row: options.reduction == Reduction::None,
+            denominators: denominators.map(|d| d.into_tensor_arg()),
+        };
+        let dummy = grad_output.into_tensor_arg();
         if logits.can_mut() {
-            let shape = row_launch(&logits, &targets, vector_size(&[&logits]), options);
+            let shape = row_launch(
+                &logits,
+                &targets,
+                vector_size(&[&logits]),
+                weighted,
+                options,
+            );
             launch_backward::<R>(
                 &client,
                 shape,
                 GradientTarget::InPlace(logits.clone().into_tensor_arg()),
                 targets.into_tensor_arg(),
-                saved.lse.into_tensor_arg(),
-                saved.target_grad.into_tensor_arg(),
-                grad_scale.into_tensor_arg(),
-                per_row_scale,
+                weights,
+                stats.into_tensor_arg(),
+                incoming,
+                dummy,
             );
             diagnostics::count_in_place_backward();
-            return logits;
+            return reshaped(logits, logits_shape);
         }
         let grad = poison(empty_device_contiguous_dtype::<R>(
             client.clone(),
@@ -175,7 +348,13 @@ where
             logits.shape(),
             logits.dtype,
         ));
-        let shape = row_launch(&logits, &targets, vector_size(&[&logits, &grad]), options);
+        let shape = row_launch(
+            &logits,
+            &targets,
+            vector_size(&[&logits, &grad]),
+            weighted,
+            options,
+        );
         launch_backward::<R>(
             &client,
             shape,
@@ -184,11 +363,28 @@ where
                 grad: grad.clone().into_tensor_arg(),
             },
             targets.into_tensor_arg(),
-            saved.lse.into_tensor_arg(),
-            saved.target_grad.into_tensor_arg(),
-            grad_scale.into_tensor_arg(),
-            per_row_scale,
+            weights,
+            stats.into_tensor_arg(),
+            incoming,
+            dummy,
         );
-        grad
+        reshaped(grad, logits_shape)
     }
+}
+
+/// The gradient with the logits' own rank: a `[1, N, V]` view back to `[N, V]`.
+fn reshaped<R: CubeRuntime>(tensor: CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
+    if tensor.meta.shape().num_dims() == shape.num_dims() {
+        return tensor;
+    }
+    let strides = tensor.meta.strides();
+    let dropped = strides.len() - shape.num_dims();
+    let strides = Strides::from(strides[dropped..].to_vec());
+    CubeTensor::new(
+        tensor.client.clone(),
+        tensor.handle.clone(),
+        Metadata::new(shape, strides),
+        tensor.device.clone(),
+        tensor.dtype,
+    )
 }

@@ -4,43 +4,108 @@
 //!
 //! Buffer ownership carries over: the stream hands the inner backend the logits' handle by
 //! value when this op is their last use, which lets backward write the gradient over them.
+//! Optional tensors (class weights, predictions, denominators) make the operations'
+//! input and output lists variable; the options say which are there.
 
 use core::marker::PhantomData;
 
 use burn::tensor::{DType, Shape, ops::FloatTensor, ops::IntTensor};
 use burn_fusion::{
-    Fusion, FusionBackend, FusionRuntime,
+    Fusion, FusionBackend, FusionRuntime, FusionTensor,
     stream::{Operation, OperationStreams},
 };
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
 use crate::{
-    backend::{FusedCrossEntropyBackend, RowStats, SavedRows},
+    backend::{ClassWeights, FusedCrossEntropyBackend, RowStats, row_stat},
     options::CrossEntropyOptions,
 };
 
 type Handles<B> =
     HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
 
+/// Reads the class weights (two tensors) from `inputs` when `weighted`.
+fn weights_from<B: FusionBackend + FusedCrossEntropyBackend>(
+    handles: &mut Handles<B>,
+    inputs: &[TensorIr],
+    weighted: bool,
+) -> Option<ClassWeights<B>> {
+    weighted.then(|| ClassWeights {
+        weights: handles.get_float_tensor::<B>(&inputs[0]),
+        total: handles.get_float_tensor::<B>(&inputs[1]),
+    })
+}
+
 #[derive(Debug, Clone)]
 struct RowsOp<B> {
     desc: CustomOpIr,
     options: CrossEntropyOptions,
+    weighted: bool,
     _backend: PhantomData<B>,
 }
 
 impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for RowsOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
-        let ([logits, targets], [loss, valid, lse, target_grad]) = self.desc.as_fixed();
+        let inputs = &self.desc.inputs;
+        let outputs = &self.desc.outputs;
+        let class_weights = weights_from::<B>(handles, &inputs[2..], self.weighted);
         let rows = B::cross_entropy_rows(
-            handles.get_float_tensor::<B>(logits),
-            handles.get_int_tensor::<B>(targets),
+            handles.get_float_tensor::<B>(&inputs[0]),
+            handles.get_int_tensor::<B>(&inputs[1]),
+            class_weights,
             &self.options,
         );
-        handles.register_float_tensor::<B>(&loss.id, rows.loss);
-        handles.register_float_tensor::<B>(&valid.id, rows.valid);
-        handles.register_float_tensor::<B>(&lse.id, rows.saved.lse);
-        handles.register_float_tensor::<B>(&target_grad.id, rows.saved.target_grad);
+        handles.register_float_tensor::<B>(&outputs[0].id, rows.stats);
+        if let (Some(predicted), Some(output)) = (rows.predicted, outputs.get(1)) {
+            handles.register_int_tensor::<B>(&output.id, predicted);
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RowsWithGradOp<B> {
+    desc: CustomOpIr,
+    options: CrossEntropyOptions,
+    weighted: bool,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
+    for RowsWithGradOp<B>
+{
+    fn execute(&self, handles: &mut Handles<B>) {
+        // inputs: logits, targets, [weights, total]; outputs: stats, grad, [predicted]
+        let inputs = &self.desc.inputs;
+        let outputs = &self.desc.outputs;
+        let class_weights = weights_from::<B>(handles, &inputs[2..], self.weighted);
+        let (rows, grad) = B::cross_entropy_rows_with_grad(
+            handles.get_float_tensor::<B>(&inputs[0]),
+            handles.get_int_tensor::<B>(&inputs[1]),
+            class_weights,
+            &self.options,
+        );
+        handles.register_float_tensor::<B>(&outputs[0].id, rows.stats);
+        handles.register_float_tensor::<B>(&outputs[1].id, grad);
+        if let (Some(predicted), Some(output)) = (rows.predicted, outputs.get(2)) {
+            handles.register_int_tensor::<B>(&output.id, predicted);
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ScaleOp<B> {
+    desc: CustomOpIr,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for ScaleOp<B> {
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([grad, grad_output], [output]) = self.desc.as_fixed();
+        let scaled = B::scale_formed_gradient(
+            handles.get_float_tensor::<B>(grad),
+            handles.get_float_tensor::<B>(grad_output),
+        );
+        handles.register_float_tensor::<B>(&output.id, scaled);
     }
 }
 
@@ -48,24 +113,30 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
 struct BackwardOp<B> {
     desc: CustomOpIr,
     options: CrossEntropyOptions,
+    weighted: bool,
+    mean: bool,
     _backend: PhantomData<B>,
 }
 
 impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for BackwardOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
-        let ([logits, targets, lse, target_grad, grad_scale], [grad]) = self.desc.as_fixed();
-        let saved = SavedRows {
-            lse: handles.get_float_tensor::<B>(lse),
-            target_grad: handles.get_float_tensor::<B>(target_grad),
-        };
-        let output = B::cross_entropy_rows_backward(
-            handles.get_float_tensor::<B>(logits),
-            handles.get_int_tensor::<B>(targets),
-            saved,
-            handles.get_float_tensor::<B>(grad_scale),
+        // logits, targets, [weights, total], stats, grad_output, [denominators]
+        let inputs = &self.desc.inputs;
+        let class_weights = weights_from::<B>(handles, &inputs[2..], self.weighted);
+        let next = if self.weighted { 4 } else { 2 };
+        let denominators = self
+            .mean
+            .then(|| handles.get_float_tensor::<B>(&inputs[next + 2]));
+        let grad = B::cross_entropy_rows_backward(
+            handles.get_float_tensor::<B>(&inputs[0]),
+            handles.get_int_tensor::<B>(&inputs[1]),
+            class_weights,
+            handles.get_float_tensor::<B>(&inputs[next]),
+            handles.get_float_tensor::<B>(&inputs[next + 1]),
+            denominators,
             &self.options,
         );
-        handles.register_float_tensor::<B>(&grad.id, output);
+        handles.register_float_tensor::<B>(&self.desc.outputs[0].id, grad);
     }
 }
 
@@ -73,69 +144,163 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
     fn cross_entropy_rows(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
+        class_weights: Option<ClassWeights<Self>>,
         options: &CrossEntropyOptions,
     ) -> RowStats<Self> {
         let client = logits.client.clone();
-        let rows = Shape::new([logits.shape[0]]);
-        let streams = OperationStreams::with_inputs([&logits, &targets]);
-        let row_output =
-            || TensorIr::uninit(client.create_empty_handle(), rows.clone(), DType::F32);
-        let outputs = [row_output(), row_output(), row_output(), row_output()];
-        let desc = CustomOpIr::new(
-            "fused_cross_entropy_rows",
-            &[logits.into_ir(), targets.into_ir()],
-            &outputs,
-        );
+        let rows: usize = targets.shape.iter().product();
+        let weighted = class_weights.is_some();
+        let mut inputs: Vec<FusionTensor<B::FusionRuntime>> = vec![logits, targets];
+        if let Some(weights) = class_weights {
+            inputs.push(weights.weights);
+            inputs.push(weights.total);
+        }
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let int_dtype = inputs[1].dtype;
+        let mut outputs = vec![TensorIr::uninit(
+            client.create_empty_handle(),
+            Shape::new([row_stat::COUNT, rows]),
+            DType::F32,
+        )];
+        if options.outputs.needs_argmax() {
+            outputs.push(TensorIr::uninit(
+                client.create_empty_handle(),
+                Shape::new([rows]),
+                int_dtype,
+            ));
+        }
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+        let desc = CustomOpIr::new("fused_cross_entropy_rows", &inputs, &outputs);
         let op = RowsOp::<B> {
             desc: desc.clone(),
             options: options.clone(),
+            weighted,
             _backend: PhantomData,
         };
-        let [loss, valid, lse, target_grad] = client
+        let mut outputs = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .into_iter();
+        let stats = outputs
+            .next()
+            .unwrap_or_else(|| unreachable!("the op declares its stats output"));
+        RowStats {
+            stats,
+            predicted: outputs.next(),
+        }
+    }
+
+    fn cross_entropy_rows_with_grad(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        class_weights: Option<ClassWeights<Self>>,
+        options: &CrossEntropyOptions,
+    ) -> (RowStats<Self>, FloatTensor<Self>) {
+        let client = logits.client.clone();
+        let rows: usize = targets.shape.iter().product();
+        let weighted = class_weights.is_some();
+        let grad_shape = logits.shape.clone();
+        let grad_dtype = logits.dtype;
+        let mut inputs: Vec<FusionTensor<B::FusionRuntime>> = vec![logits, targets];
+        if let Some(weights) = class_weights {
+            inputs.push(weights.weights);
+            inputs.push(weights.total);
+        }
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let int_dtype = inputs[1].dtype;
+        let mut outputs = vec![
+            TensorIr::uninit(
+                client.create_empty_handle(),
+                Shape::new([row_stat::COUNT, rows]),
+                DType::F32,
+            ),
+            TensorIr::uninit(client.create_empty_handle(), grad_shape, grad_dtype),
+        ];
+        if options.outputs.needs_argmax() {
+            outputs.push(TensorIr::uninit(
+                client.create_empty_handle(),
+                Shape::new([rows]),
+                int_dtype,
+            ));
+        }
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+        let desc = CustomOpIr::new("fused_cross_entropy_rows_with_grad", &inputs, &outputs);
+        let op = RowsWithGradOp::<B> {
+            desc: desc.clone(),
+            options: options.clone(),
+            weighted,
+            _backend: PhantomData,
+        };
+        let mut outputs = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .into_iter();
+        let (Some(stats), Some(grad)) = (outputs.next(), outputs.next()) else {
+            unreachable!("the op declares its stats and gradient outputs")
+        };
+        (
+            RowStats {
+                stats,
+                predicted: outputs.next(),
+            },
+            grad,
+        )
+    }
+
+    fn scale_formed_gradient(
+        grad: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let client = grad.client.clone();
+        let output = TensorIr::uninit(client.create_empty_handle(), grad.shape.clone(), grad.dtype);
+        let streams = OperationStreams::with_inputs([&grad, &grad_output]);
+        let desc = CustomOpIr::new(
+            "fused_cross_entropy_scale_gradient",
+            &[grad.into_ir(), grad_output.into_ir()],
+            &[output],
+        );
+        let op = ScaleOp::<B> {
+            desc: desc.clone(),
+            _backend: PhantomData,
+        };
+        let [scaled] = client
             .register(streams, OperationIr::Custom(desc), op)
             .try_into()
-            .unwrap_or_else(|_| unreachable!("the op declares four outputs"));
-        RowStats {
-            loss,
-            valid,
-            saved: SavedRows { lse, target_grad },
-        }
+            .unwrap_or_else(|_| unreachable!("the op declares one output"));
+        scaled
     }
 
     fn cross_entropy_rows_backward(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
-        saved: SavedRows<Self>,
-        grad_scale: FloatTensor<Self>,
+        class_weights: Option<ClassWeights<Self>>,
+        stats: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        denominators: Option<FloatTensor<Self>>,
         options: &CrossEntropyOptions,
     ) -> FloatTensor<Self> {
         let client = logits.client.clone();
-        let streams = OperationStreams::with_inputs([
-            &logits,
-            &targets,
-            &saved.lse,
-            &saved.target_grad,
-            &grad_scale,
-        ]);
         let grad = TensorIr::uninit(
             client.create_empty_handle(),
             logits.shape.clone(),
             logits.dtype,
         );
-        let desc = CustomOpIr::new(
-            "fused_cross_entropy_backward",
-            &[
-                logits.into_ir(),
-                targets.into_ir(),
-                saved.lse.into_ir(),
-                saved.target_grad.into_ir(),
-                grad_scale.into_ir(),
-            ],
-            &[grad],
-        );
+        let weighted = class_weights.is_some();
+        let mean = denominators.is_some();
+        let mut inputs: Vec<FusionTensor<B::FusionRuntime>> = vec![logits, targets];
+        if let Some(weights) = class_weights {
+            inputs.push(weights.weights);
+            inputs.push(weights.total);
+        }
+        inputs.push(stats);
+        inputs.push(grad_output);
+        inputs.extend(denominators);
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+        let desc = CustomOpIr::new("fused_cross_entropy_backward", &inputs, &[grad]);
         let op = BackwardOp::<B> {
             desc: desc.clone(),
             options: options.clone(),
+            weighted,
+            mean,
             _backend: PhantomData,
         };
         let [grad] = client

@@ -9,6 +9,7 @@
 //! let loss = FusedCrossEntropyLossConfig::new().init(&device).forward(logits, targets);
 //! ```
 
+mod api;
 mod autodiff;
 mod backend;
 mod cube;
@@ -20,6 +21,7 @@ mod loss;
 mod options;
 pub mod portable;
 
-pub use backend::{FusedCrossEntropyBackend, RowStats, SavedRows, fused_cross_entropy};
+pub use api::{CrossEntropyOutput, fused_cross_entropy, try_fused_cross_entropy};
+pub use backend::{ClassWeights, FusedCrossEntropyBackend, LossParts, RowStats, row_stat};
 pub use loss::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
-pub use options::{CrossEntropyOptions, Reduction};
+pub use options::{CrossEntropyError, CrossEntropyOptions, ExtraOutputs, Reduction};

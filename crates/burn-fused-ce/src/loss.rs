@@ -1,7 +1,5 @@
 //! The loss module users put in their model, configured like Burn's own losses.
 
-use core::marker::PhantomData;
-
 use burn::{
     config::Config,
     module::Module,
@@ -9,36 +7,93 @@ use burn::{
 };
 
 use crate::{
-    backend::{FusedCrossEntropyBackend, fused_cross_entropy},
-    options::{CrossEntropyOptions, Reduction},
+    api::{CrossEntropyOutput, cross_entropy_checked},
+    backend::FusedCrossEntropyBackend,
+    options::{CrossEntropyError, CrossEntropyOptions, ExtraOutputs, Reduction},
 };
 
 /// Configuration of [`FusedCrossEntropyLoss`] (serde-serialisable, like Burn's configs).
+/// Names and defaults follow PyTorch's `cross_entropy` and Liger-Kernel.
 #[derive(Config, Debug, PartialEq)]
 pub struct FusedCrossEntropyLossConfig {
-    /// How per-row losses are combined: `None` gives `[N]`, `Mean` and `Sum` give `[1]`.
+    /// How per-row losses are combined: `None` gives the targets' shape, `Mean` and `Sum`
+    /// one value.
     #[config(default = "Reduction::Mean")]
     pub reduction: Reduction,
     /// Rows whose target equals this are ignored (PyTorch's default, -100).
     #[config(default = -100)]
     pub ignore_index: i64,
+    /// PyTorch's label smoothing, in `[0, 1]`.
+    #[config(default = 0.0)]
+    pub label_smoothing: f32,
+    /// PaLM's z-loss scale (`s * lse^2` per row), `>= 0`.
+    #[config(default = 0.0)]
+    pub z_loss_scale: f32,
+    /// Tanh soft-capping of the logits, `c > 0`.
+    #[config(default = "None")]
+    pub softcap: Option<f32>,
+    /// One weight per class, all `>= 0` (PyTorch's `weight`).
+    #[config(default = "None")]
+    pub class_weights: Option<Vec<f32>>,
+    /// Check targets on every call (one small device read); see
+    /// [`CrossEntropyOptions::check_targets`].
+    #[config(default = true)]
+    pub check_targets: bool,
+    /// See [`CrossEntropyOptions::gradient_in_forward`].
+    #[config(default = true)]
+    pub gradient_in_forward: bool,
+    /// Extra outputs of [`FusedCrossEntropyLoss::forward_with_outputs`].
+    #[config(default = "ExtraOutputs::default()")]
+    pub outputs: ExtraOutputs,
 }
 
 impl FusedCrossEntropyLossConfig {
-    /// Builds the loss. The device is unused; it is taken so the call reads like
-    /// `CrossEntropyLossConfig::new().init(&device)`.
-    pub fn init<B: Backend>(&self, _device: &B::Device) -> FusedCrossEntropyLoss<B> {
-        FusedCrossEntropyLoss {
-            options: self.options(),
-            _backend: PhantomData,
+    /// Builds the loss.
+    ///
+    /// # Panics
+    /// On an invalid option or class weight; see [`Self::try_init`].
+    pub fn init<B: Backend>(&self, device: &B::Device) -> FusedCrossEntropyLoss<B> {
+        match self.try_init(device) {
+            Ok(loss) => loss,
+            Err(error) => panic!("{error}"),
         }
     }
 
-    /// The op-level options this config stands for.
+    /// Builds the loss, or says which option or class weight is invalid.
+    pub fn try_init<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<FusedCrossEntropyLoss<B>, CrossEntropyError> {
+        let options = self.options();
+        options.validate()?;
+        if let Some(weights) = &self.class_weights
+            && let Some((class, &value)) = weights
+                .iter()
+                .enumerate()
+                .find(|(_, w)| !(w.is_finite() && **w >= 0.0))
+        {
+            return Err(CrossEntropyError::InvalidClassWeight { class, value });
+        }
+        Ok(FusedCrossEntropyLoss {
+            options,
+            class_weights: self
+                .class_weights
+                .as_ref()
+                .map(|weights| Tensor::from_floats(weights.as_slice(), device)),
+        })
+    }
+
+    /// The op-level options this config stands for (class weights travel as a tensor).
     pub fn options(&self) -> CrossEntropyOptions {
         CrossEntropyOptions {
             reduction: self.reduction,
             ignore_index: self.ignore_index,
+            label_smoothing: self.label_smoothing,
+            z_loss_scale: self.z_loss_scale,
+            softcap: self.softcap,
+            check_targets: self.check_targets,
+            gradient_in_forward: self.gradient_in_forward,
+            outputs: self.outputs,
         }
     }
 }
@@ -48,13 +103,67 @@ impl FusedCrossEntropyLossConfig {
 pub struct FusedCrossEntropyLoss<B: Backend> {
     #[module(skip)]
     options: CrossEntropyOptions,
-    _backend: PhantomData<B>,
+    /// Constant (not trained), like Burn's `CrossEntropyLoss::weights`.
+    class_weights: Option<Tensor<B, 1>>,
 }
 
 impl<B: FusedCrossEntropyBackend> FusedCrossEntropyLoss<B> {
-    /// Loss of `logits [N, V]` against `targets [N]`: length N for `Reduction::None`,
-    /// length 1 otherwise, in the logits' dtype.
-    pub fn forward(&self, logits: Tensor<B, 2>, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
-        fused_cross_entropy(logits, targets, &self.options)
+    /// Loss of `logits` (`[N, V]` or `[B, T, V]`) against `targets` (`[N]` or `[B, T]`):
+    /// the targets' shape for `Reduction::None`, one element otherwise, in the logits'
+    /// dtype.
+    ///
+    /// # Panics
+    /// On bad input, with the message [`Self::try_forward`] returns as an error.
+    pub fn forward<const DL: usize, const DT: usize>(
+        &self,
+        logits: Tensor<B, DL>,
+        targets: Tensor<B, DT, Int>,
+    ) -> Tensor<B, DT> {
+        self.forward_with_outputs(logits, targets).loss
+    }
+
+    /// [`Self::forward`], returning bad input as an error.
+    pub fn try_forward<const DL: usize, const DT: usize>(
+        &self,
+        logits: Tensor<B, DL>,
+        targets: Tensor<B, DT, Int>,
+    ) -> Result<Tensor<B, DT>, CrossEntropyError> {
+        Ok(self.try_forward_with_outputs(logits, targets)?.loss)
+    }
+
+    /// The loss and the extra outputs the config asks for, from the same pass.
+    ///
+    /// # Panics
+    /// On bad input; see [`Self::try_forward_with_outputs`].
+    pub fn forward_with_outputs<const DL: usize, const DT: usize>(
+        &self,
+        logits: Tensor<B, DL>,
+        targets: Tensor<B, DT, Int>,
+    ) -> CrossEntropyOutput<B, DT> {
+        match self.try_forward_with_outputs(logits, targets) {
+            Ok(output) => output,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// [`Self::forward_with_outputs`], returning bad input as an error.
+    pub fn try_forward_with_outputs<const DL: usize, const DT: usize>(
+        &self,
+        logits: Tensor<B, DL>,
+        targets: Tensor<B, DT, Int>,
+    ) -> Result<CrossEntropyOutput<B, DT>, CrossEntropyError> {
+        // The weights' values were checked at `init`.
+        cross_entropy_checked(
+            logits,
+            targets,
+            self.class_weights.clone(),
+            &self.options,
+            false,
+        )
+    }
+
+    /// The options this loss runs with.
+    pub fn options(&self) -> &CrossEntropyOptions {
+        &self.options
     }
 }

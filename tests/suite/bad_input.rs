@@ -1,0 +1,623 @@
+//! Bad input: every refusal the spec lists, through every entry point (`try_` functions
+//! return the error, `forward` / `init` panic with its message), non-finite logits (only
+//! their rows are affected) and the empty batch on every backend.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use burn::{
+    backend::{Autodiff, NdArray},
+    tensor::{DType, Int, Tensor, TensorData},
+};
+use burn_fused_ce::{
+    CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyBackend,
+    FusedCrossEntropyLossConfig, Reduction, fused_cross_entropy, try_fused_cross_entropy,
+};
+use fused_ce_suite::DefaultBackend;
+
+use crate::common::*;
+use crate::contract::{REDUCTIONS, check_bad_targets, check_grad, poisoned, short_name};
+
+/// Runs `f`, which must panic, and returns its panic message.
+pub(crate) fn panic_message(f: impl FnOnce()) -> String {
+    let payload = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(()) => panic!("expected a panic"),
+        Err(payload) => payload,
+    };
+    if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else {
+        "<non-string panic>".to_string()
+    }
+}
+
+fn logits<B: burn::tensor::backend::Backend, const D: usize>(
+    dims: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    let len: usize = dims.iter().product();
+    let values: Vec<f32> = (0..len).map(|i| ((i * 37) % 23) as f32 * 0.25 - 2.0).collect();
+    Tensor::from_data(TensorData::new(values, dims), device)
+}
+
+fn targets<B: burn::tensor::backend::Backend, const D: usize>(
+    values: &[i64],
+    dims: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D, Int> {
+    Tensor::from_data(TensorData::new(values.to_vec(), dims), device)
+}
+
+/// The error `try_fused_cross_entropy` gives for `[rows, vocab]` logits.
+fn error_2d<B: FusedCrossEntropyBackend>(
+    logits_dims: [usize; 2],
+    target_values: &[i64],
+    weights: Option<&[f32]>,
+    options: &CrossEntropyOptions,
+) -> CrossEntropyError
+where
+    B::Device: Default,
+{
+    let device = B::Device::default();
+    let x = logits::<B, 2>(logits_dims, &device);
+    let y = targets::<B, 1>(target_values, [target_values.len()], &device);
+    let w = weights.map(|w| Tensor::<B, 1>::from_floats(w, &device));
+    match try_fused_cross_entropy(x, y, w, options) {
+        Ok(_) => panic!(
+            "{}: logits {logits_dims:?}, targets {target_values:?}, weights {weights:?}, {options:?} must be refused",
+            short_name::<B>()
+        ),
+        Err(e) => e,
+    }
+}
+
+/// `fused_cross_entropy` (no weights) panics with exactly `error`'s message.
+fn assert_forward_panics<B: FusedCrossEntropyBackend, const DL: usize, const DT: usize>(
+    x: Tensor<B, DL>,
+    y: Tensor<B, DT, Int>,
+    options: &CrossEntropyOptions,
+    error: &CrossEntropyError,
+) {
+    let message = panic_message(|| {
+        fused_cross_entropy(x, y, options);
+    });
+    assert_eq!(message, error.to_string(), "forward panics with the error's message");
+}
+
+#[test]
+fn out_of_range_targets_name_row_and_value() {
+    for backend in 0..3 {
+        match backend {
+            0 => check_out_of_range::<CubeBackend>(),
+            1 => check_out_of_range::<DefaultBackend>(),
+            _ => check_out_of_range::<NdArray>(),
+        }
+    }
+}
+
+fn check_out_of_range<B: FusedCrossEntropyBackend>()
+where
+    B::Device: Default,
+{
+    let _backward = shared_device();
+    let device = B::Device::default();
+    let name = short_name::<B>();
+    let (rows, vocab) = (8, 10);
+    let plain = CrossEntropyOptions::new(Reduction::None);
+    let cases: Vec<(Vec<i64>, CrossEntropyOptions, usize, i64)> = vec![
+        // Too large: V itself, far past it.
+        (vec![0, 1, 2, 10, 4, 5, 6, 7], plain.clone(), 3, 10),
+        (vec![0, 1, 2, 3, 4, 5, 6, 1_000_000], plain.clone(), 7, 1_000_000),
+        // Negative but not the ignore index; the first bad row is reported.
+        (vec![0, -100, -1, 3, 99, 5, 6, 7], plain.clone(), 2, -1),
+        // -100 is a bad target when the ignore index is another value.
+        (
+            vec![0, 1, 3, 3, 4, -100, 6, 7],
+            CrossEntropyOptions {
+                ignore_index: 3,
+                ..plain.clone()
+            },
+            5,
+            -100,
+        ),
+        // An ignore index past V: that value is ignored, the next is an error.
+        (
+            vec![0, 1000, 2, 3, 1001, 5, 6, 7],
+            CrossEntropyOptions {
+                ignore_index: 1000,
+                ..plain.clone()
+            },
+            4,
+            1001,
+        ),
+        // Every option and reduction: still the same error.
+        (
+            vec![0, 1, 2, 3, 4, 5, -7, 7],
+            CrossEntropyOptions {
+                reduction: Reduction::Mean,
+                label_smoothing: 0.1,
+                z_loss_scale: 1e-4,
+                softcap: Some(30.0),
+                outputs: ExtraOutputs::all(),
+                ..plain.clone()
+            },
+            6,
+            -7,
+        ),
+    ];
+    for (values, options, row, value) in cases {
+        let context = format!("{name} targets {values:?} {options:?}");
+        let expected = CrossEntropyError::TargetOutOfRange { row, value, vocab };
+        for weights in [None, Some(vec![1.5f32; vocab])] {
+            let err = error_2d::<B>([rows, vocab], &values, weights.as_deref(), &options);
+            assert_eq!(err, expected, "{context} weights={}", weights.is_some());
+        }
+        let message = expected.to_string();
+        assert!(
+            message.contains(&format!("row {row}")) && message.contains(&value.to_string()),
+            "{context}: the message names row and value: {message}"
+        );
+        assert_forward_panics(
+            logits::<B, 2>([rows, vocab], &device),
+            targets::<B, 1>(&values, [rows], &device),
+            &options,
+            &expected,
+        );
+        // The module.
+        let module = FusedCrossEntropyLossConfig::new()
+            .with_reduction(options.reduction)
+            .with_ignore_index(options.ignore_index)
+            .with_class_weights(Some(vec![0.5; vocab]))
+            .init::<B>(&device);
+        let err = module
+            .try_forward(
+                logits::<B, 2>([rows, vocab], &device),
+                targets::<B, 1>(&values, [rows], &device),
+            )
+            .expect_err("the module refuses too");
+        assert_eq!(err, expected, "{context}: module");
+        let message = panic_message(|| {
+            module.forward(
+                logits::<B, 2>([rows, vocab], &device),
+                targets::<B, 1>(&values, [rows], &device),
+            );
+        });
+        assert_eq!(message, expected.to_string(), "{context}: module forward panics");
+        // Under autodiff, before anything is recorded.
+        let x = logits::<Autodiff<B>, 2>([rows, vocab], &device).require_grad();
+        let err = try_fused_cross_entropy(
+            x,
+            targets::<Autodiff<B>, 1>(&values, [rows], &device),
+            None,
+            &options,
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{context}: autodiff must refuse"));
+        assert_eq!(err, expected, "{context}: autodiff");
+        // 3-D: the row is counted in row-major order over [B, T].
+        let x = logits::<B, 3>([2, 4, vocab], &device);
+        let y = targets::<B, 2>(&values, [2, 4], &device);
+        let err = try_fused_cross_entropy(x, y, None, &options)
+            .err()
+            .unwrap_or_else(|| panic!("{context}: 3-D must refuse"));
+        assert_eq!(err, expected, "{context}: 3-D");
+    }
+}
+
+#[test]
+fn shape_mismatches_are_refused() {
+    let device = Device::default();
+    type B = CubeBackend;
+    let options = CrossEntropyOptions::default();
+    let is_shape = |e: &CrossEntropyError| matches!(e, CrossEntropyError::ShapeMismatch(_));
+
+    // Rows differ.
+    let err = error_2d::<B>([5, 9], &[1, 2, 3, 4], None, &options);
+    assert!(is_shape(&err), "rows differ: {err:?}");
+    assert_forward_panics(
+        logits::<B, 2>([5, 9], &device),
+        targets::<B, 1>(&[1, 2, 3, 4], [4], &device),
+        &options,
+        &err,
+    );
+    // 3-D logits with 1-D targets (rank).
+    let err = try_fused_cross_entropy(
+        logits::<B, 3>([2, 3, 9], &device),
+        targets::<B, 1>(&[1, 2, 3, 4, 5, 6], [6], &device),
+        None,
+        &options,
+    )
+    .err()
+    .expect("rank mismatch refused");
+    assert!(is_shape(&err), "rank: {err:?}");
+    assert_forward_panics(
+        logits::<B, 3>([2, 3, 9], &device),
+        targets::<B, 1>(&[1, 2, 3, 4, 5, 6], [6], &device),
+        &options,
+        &err,
+    );
+    // 2-D logits with 2-D targets.
+    let err = try_fused_cross_entropy(
+        logits::<B, 2>([6, 9], &device),
+        targets::<B, 2>(&[1, 2, 3, 4, 5, 6], [2, 3], &device),
+        None,
+        &options,
+    )
+    .err()
+    .expect("rank mismatch refused");
+    assert!(is_shape(&err), "rank: {err:?}");
+    // 3-D with the batch and time swapped.
+    let err = try_fused_cross_entropy(
+        logits::<B, 3>([2, 3, 9], &device),
+        targets::<B, 2>(&[1, 2, 3, 4, 5, 6], [3, 2], &device),
+        None,
+        &options,
+    )
+    .err()
+    .expect("[2, 3, V] with [3, 2] refused");
+    assert!(is_shape(&err), "3-D dims: {err:?}");
+    // 4-D logits.
+    let err = try_fused_cross_entropy(
+        logits::<B, 4>([2, 3, 1, 9], &device),
+        targets::<B, 3>(&[1, 2, 3, 4, 5, 6], [2, 3, 1], &device),
+        None,
+        &options,
+    )
+    .err()
+    .expect("4-D refused");
+    assert!(is_shape(&err), "4-D: {err:?}");
+    // No classes.
+    let err = error_2d::<B>([3, 0], &[0, 0, 0], None, &options);
+    assert!(is_shape(&err), "V = 0: {err:?}");
+    // Weights of the wrong length, through the function and the module.
+    for len in [8, 10, 1] {
+        let weights = vec![1.0f32; len];
+        let err = error_2d::<B>([4, 9], &[1, 2, 3, 4], Some(&weights), &options);
+        assert!(is_shape(&err), "weights [{len}] for V = 9: {err:?}");
+        assert!(err.to_string().contains(&len.to_string()), "{err}");
+        let module = FusedCrossEntropyLossConfig::new()
+            .with_class_weights(Some(weights))
+            .init::<B>(&device);
+        let err = module
+            .try_forward(
+                logits::<B, 2>([4, 9], &device),
+                targets::<B, 1>(&[1, 2, 3, 4], [4], &device),
+            )
+            .expect_err("module refuses weights of the wrong length");
+        assert!(is_shape(&err), "module weights [{len}]: {err:?}");
+        let message = panic_message(|| {
+            module.forward(
+                logits::<B, 2>([4, 9], &device),
+                targets::<B, 1>(&[1, 2, 3, 4], [4], &device),
+            );
+        });
+        assert_eq!(message, err.to_string());
+    }
+}
+
+/// Every invalid option value, through the function, `try_init`, `init` and `forward`.
+#[test]
+fn invalid_options_are_refused() {
+    let device = Device::default();
+    type B = CubeBackend;
+    let base = CrossEntropyOptions::default();
+    let cases: Vec<(&str, CrossEntropyOptions)> = [-0.1, 1.5, f32::NAN, f32::INFINITY]
+        .into_iter()
+        .map(|ls| {
+            (
+                "label_smoothing",
+                CrossEntropyOptions {
+                    label_smoothing: ls,
+                    ..base.clone()
+                },
+            )
+        })
+        .chain([0.0, -1.0, f32::INFINITY, f32::NAN].into_iter().map(|c| {
+            (
+                "softcap",
+                CrossEntropyOptions {
+                    softcap: Some(c),
+                    ..base.clone()
+                },
+            )
+        }))
+        .chain([-1.0, f32::NAN, f32::INFINITY].into_iter().map(|s| {
+            (
+                "z_loss_scale",
+                CrossEntropyOptions {
+                    z_loss_scale: s,
+                    ..base.clone()
+                },
+            )
+        }))
+        .collect();
+    for (name, options) in cases {
+        let context = format!("{options:?}");
+        let err = options.validate().expect_err(&context);
+        assert!(
+            matches!(err, CrossEntropyError::InvalidOption { name: n, .. } if n == name),
+            "{context}: {err:?}"
+        );
+        assert!(err.to_string().contains(name), "{context}: {err}");
+        // The function, with valid inputs otherwise; also with bad targets (options come
+        // first, before anything runs on the device).
+        let got = error_2d::<B>([4, 9], &[1, 2, 3, 4], None, &options);
+        assert_eq!(got, err, "{context}");
+        let got = error_2d::<B>([4, 9], &[1, 2, 3, 40], None, &options);
+        assert_eq!(got, err, "{context}: with a bad target too");
+        assert_forward_panics(
+            logits::<B, 2>([4, 9], &device),
+            targets::<B, 1>(&[1, 2, 3, 4], [4], &device),
+            &options,
+            &err,
+        );
+        // The module.
+        let config = FusedCrossEntropyLossConfig::new()
+            .with_label_smoothing(options.label_smoothing)
+            .with_softcap(options.softcap)
+            .with_z_loss_scale(options.z_loss_scale);
+        let got = config.try_init::<B>(&device).err().expect(&context);
+        assert_eq!(got, err, "{context}: try_init");
+        let message = panic_message(|| {
+            config.init::<B>(&device);
+        });
+        assert_eq!(message, err.to_string(), "{context}: init panics");
+    }
+    // The edges of the domains are valid.
+    for options in [
+        CrossEntropyOptions {
+            label_smoothing: 0.0,
+            ..base.clone()
+        },
+        CrossEntropyOptions {
+            label_smoothing: 1.0,
+            z_loss_scale: 0.0,
+            softcap: Some(1e-3),
+            ..base.clone()
+        },
+    ] {
+        options.validate().expect("valid");
+    }
+}
+
+/// A negative or non-finite class weight: checked on the device by the function (with
+/// `check_targets`), on the host by `try_init`.
+#[test]
+fn invalid_class_weights_are_refused() {
+    let device = Device::default();
+    type B = CubeBackend;
+    let vocab = 9;
+    for (class, bad) in [(0, -1.0f32), (4, -1e-6), (8, f32::NAN), (3, f32::INFINITY)] {
+        let mut weights = vec![0.7f32; vocab];
+        weights[class] = bad;
+        let context = format!("weight {bad} at {class}");
+        let check = |err: CrossEntropyError, how: &str| match err {
+            CrossEntropyError::InvalidClassWeight { class: c, value } => {
+                assert_eq!(c, class, "{context} {how}");
+                assert!(
+                    value == bad || (value.is_nan() && bad.is_nan()),
+                    "{context} {how}: value {value}"
+                );
+            }
+            other => panic!("{context} {how}: {other:?}"),
+        };
+        for reduction in REDUCTIONS {
+            let options = CrossEntropyOptions::new(reduction);
+            check(
+                error_2d::<B>([4, vocab], &[1, 2, 3, 4], Some(&weights), &options),
+                "function",
+            );
+        }
+        // Two bad weights: the first is reported.
+        let mut two = weights.clone();
+        two[vocab - 1] = -5.0;
+        if class != vocab - 1 {
+            check(
+                error_2d::<B>([4, vocab], &[1, 2, 3, 4], Some(&two), &Default::default()),
+                "function, first of two",
+            );
+        }
+        let config = FusedCrossEntropyLossConfig::new().with_class_weights(Some(weights.clone()));
+        let err = config.try_init::<B>(&device).err().expect(&context);
+        let message = err.to_string();
+        assert!(message.contains(&class.to_string()), "{context}: {message}");
+        check(err.clone(), "try_init");
+        let panicked = panic_message(|| {
+            config.init::<B>(&device);
+        });
+        assert_eq!(panicked, message, "{context}: init panics");
+    }
+    // Zero weights are valid (a class that never counts).
+    let mut zeros = vec![0.7f32; vocab];
+    zeros[2] = 0.0;
+    FusedCrossEntropyLossConfig::new()
+        .with_class_weights(Some(zeros))
+        .try_init::<B>(&device)
+        .expect("weight 0 is valid");
+}
+
+/// NaN and +inf logits poison only their own rows: the other rows' losses and gradients
+/// match the reference, nothing crashes.
+fn check_non_finite<B: FusedCrossEntropyBackend>(reduction: Reduction, options_on: bool)
+where
+    B::Device: Default,
+{
+    let _backward = shared_device();
+    let seed = fresh_seed();
+    let device = B::Device::default();
+    let mut rng = rng(seed);
+    let context = format!(
+        "{} {reduction:?} options={options_on} seed={seed}",
+        short_name::<B>()
+    );
+    let (rows, vocab) = (9, 67);
+    let mut values = random_logits(&mut rng, rows, vocab);
+    let targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
+    // Row 1: NaN in another column; row 3: NaN at the target; row 5: +inf in another
+    // column; row 7: +inf at the target.
+    let other = |row: usize| (targets[row] as usize + 1) % vocab;
+    values[vocab + other(1)] = f32::NAN;
+    values[3 * vocab + targets[3] as usize] = f32::NAN;
+    values[5 * vocab + other(5)] = f32::INFINITY;
+    values[7 * vocab + targets[7] as usize] = f32::INFINITY;
+    let bad = [1, 3, 5, 7];
+    // Softcap turns +inf into c (finite): only NaN rows stay bad then.
+    let options = if options_on {
+        CrossEntropyOptions {
+            label_smoothing: 0.1,
+            z_loss_scale: 1e-4,
+            ..CrossEntropyOptions::new(reduction)
+        }
+    } else {
+        CrossEntropyOptions::new(reduction)
+    };
+    let weights = options_on.then(|| random_class_weights(&mut rng, vocab));
+    let reference = RefOptions::new(&options, weights.as_deref());
+    let (logits, seen) = logits_tensor::<Autodiff<B>>(values, rows, vocab, DType::F32, &device);
+    let logits = logits.require_grad();
+    let w = weights
+        .as_ref()
+        .map(|w| Tensor::<Autodiff<B>, 1>::from_floats(w.as_slice(), &device));
+    let loss = try_fused_cross_entropy(logits.clone(), targets_tensor(&targets, &device), w, &options)
+        .unwrap_or_else(|e| panic!("{context}: refused: {e}"))
+        .loss;
+    let losses = to_f64(loss.clone().inner());
+    let ref_rows = reference_rows(&seen, vocab, &targets, &reference);
+    match reduction {
+        Reduction::None => {
+            for row in 0..rows {
+                if bad.contains(&row) {
+                    assert!(
+                        !losses[row].is_finite(),
+                        "{context}: row {row} loss {} must be NaN/inf",
+                        losses[row]
+                    );
+                } else {
+                    let expected = ref_rows[row].loss();
+                    assert!(
+                        (losses[row] - expected).abs() <= 1e-5 * expected.abs().max(1.0),
+                        "{context}: row {row} loss {} expected {expected}",
+                        losses[row]
+                    );
+                }
+            }
+        }
+        _ => assert!(!losses[0].is_finite(), "{context}: reduced loss {}", losses[0]),
+    }
+    let g: Vec<f64> = vec![1.0; rows];
+    let grads = loss.sum().backward();
+    let grad = to_f64(logits.grad(&grads).expect("gradient"));
+    let ref_grad = reference_grad(&seen, vocab, &targets, &reference, &g);
+    let good = |v: &[f64]| -> Vec<f64> {
+        (0..rows)
+            .filter(|r| !bad.contains(r))
+            .flat_map(|r| v[r * vocab..(r + 1) * vocab].to_vec())
+            .collect()
+    };
+    check_grad(&good(&grad), &good(&ref_grad), DType::F32, &format!("{context}: finite rows"));
+}
+
+#[test]
+fn non_finite_logits_poison_only_their_rows() {
+    poisoned();
+    for reduction in REDUCTIONS {
+        for options_on in [false, true] {
+            check_non_finite::<CubeBackend>(reduction, options_on);
+            check_non_finite::<DefaultBackend>(reduction, options_on);
+            check_non_finite::<NdArray>(reduction, options_on);
+        }
+    }
+}
+
+/// -inf in a column that is not the target is an ordinary logit (probability 0), as in
+/// PyTorch: finite loss, finite gradient, 0 in that column.
+#[test]
+fn negative_infinite_logit_is_a_zero_probability() {
+    poisoned();
+    let _backward = shared_device();
+    let seed = fresh_seed();
+    let device = Device::default();
+    let mut rng = rng(seed);
+    let (rows, vocab) = (4, 33);
+    let mut values = random_logits(&mut rng, rows, vocab);
+    let targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
+    for row in 0..rows {
+        values[row * vocab + (targets[row] as usize + 1 + row) % vocab] = f32::NEG_INFINITY;
+    }
+    let options = CrossEntropyOptions::new(Reduction::None);
+    let reference = RefOptions::new(&options, None);
+    let (logits, seen) = logits_tensor::<AutodiffCube>(values, rows, vocab, DType::F32, &device);
+    let logits = logits.require_grad();
+    let loss = fused_cross_entropy(logits.clone(), targets_tensor(&targets, &device), &options);
+    let losses = to_f64(loss.clone().inner());
+    let ref_rows = reference_rows(&seen, vocab, &targets, &reference);
+    let ref_loss = reference_loss(&ref_rows, Reduction::None);
+    let err = relative_l2(&losses, &ref_loss);
+    assert!(err <= 1e-5, "seed={seed}: loss {losses:?} expected {ref_loss:?}");
+    let grads = loss.sum().backward();
+    let grad = to_f64(logits.grad(&grads).expect("gradient"));
+    let ref_grad = reference_grad(&seen, vocab, &targets, &reference, &vec![1.0; rows]);
+    check_grad(&grad, &ref_grad, DType::F32, &format!("seed={seed}"));
+}
+
+/// N = 0 on every backend, every option on: 0 for Mean/Sum (and their gradient runs),
+/// an empty `[0]` for None (not read back: see contract.rs `empty_batch`).
+fn check_empty<B: FusedCrossEntropyBackend>()
+where
+    B::Device: Default,
+{
+    let _backward = shared_device();
+    let device = B::Device::default();
+    for reduction in REDUCTIONS {
+        let context = format!("{} {reduction:?}", short_name::<B>());
+        let config = FusedCrossEntropyLossConfig::new()
+            .with_reduction(reduction)
+            .with_label_smoothing(0.1)
+            .with_z_loss_scale(1e-4)
+            .with_softcap(Some(30.0))
+            .with_class_weights(Some(vec![0.5; 41]))
+            .with_outputs(ExtraOutputs::all());
+        let module = config.init::<Autodiff<B>>(&device);
+        let leaf = Tensor::<Autodiff<B>, 2>::empty([0, 41], &device).require_grad();
+        let out = module
+            .try_forward_with_outputs(leaf.clone(), targets_tensor(&[], &device))
+            .unwrap_or_else(|e| panic!("{context}: refused: {e}"));
+        if reduction == Reduction::None {
+            assert_eq!(out.loss.dims(), [0], "{context}");
+            continue;
+        }
+        assert_eq!(to_f64(out.loss.clone().inner()), vec![0.0], "{context}");
+        assert_eq!(
+            to_f64(out.accuracy.clone().expect("accuracy").inner()),
+            vec![0.0],
+            "{context}"
+        );
+        let grads = out.loss.sum().backward();
+        assert_eq!(leaf.grad(&grads).expect("gradient").dims(), [0, 41], "{context}");
+    }
+}
+
+#[test]
+fn empty_batch_on_every_backend() {
+    poisoned();
+    check_empty::<CubeBackend>();
+    check_empty::<DefaultBackend>();
+    check_empty::<NdArray>();
+}
+
+/// `check_targets: false` on the fusion backend and NdArray too: a NaN loss and a zero
+/// gradient row for the bad rows only (the plain backend is in contract.rs).
+#[test]
+fn unchecked_out_of_range_target_on_other_backends() {
+    poisoned();
+    for reduction in [Reduction::None, Reduction::Sum] {
+        let options = CrossEntropyOptions {
+            check_targets: false,
+            label_smoothing: 0.1,
+            ..CrossEntropyOptions::new(reduction)
+        };
+        check_bad_targets::<DefaultBackend>(&options, true);
+        check_bad_targets::<NdArray>(&options, true);
+    }
+}
