@@ -5,7 +5,8 @@ use cubecl::prelude::*;
 
 use crate::kernels::{
     GradOptions, RowOptions, RowScalarsLaunch, cross_entropy_backward_kernel,
-    cross_entropy_forward_grad_kernel, cross_entropy_forward_kernel, scale_gradient_kernel,
+    cross_entropy_forward_grad_kernel, cross_entropy_forward_kernel, first_bad_target_kernel,
+    scale_gradient_kernel,
 };
 
 /// Largest grid dimension every runtime accepts (wgpu's limit).
@@ -335,5 +336,30 @@ pub fn launch_scale_gradient<R: Runtime>(
         grad_output,
         cube_size,
         [shape.float_dtype, grad_dtype],
+    );
+}
+
+/// Writes `[first bad row, its target]` of `targets` (`[B, T]`) into `result` (`[2]`, the
+/// targets' int type; the row is the number of rows when every target is a class in
+/// `[0, vocab)` or `ignore_index`). One cube.
+pub fn launch_first_bad_target<R: Runtime>(
+    client: &ComputeClient<R>,
+    targets: TensorArg<R>,
+    result: TensorArg<R>,
+    int_dtype: StorageType,
+    vocab: usize,
+    ignore_index: i32,
+) {
+    let cube_size = 256;
+    first_bad_target_kernel::launch::<R>(
+        client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(cube_size as u32),
+        targets,
+        result,
+        i32::try_from(vocab).unwrap_or(i32::MAX),
+        ignore_index,
+        cube_size,
+        int_dtype,
     );
 }

@@ -9,7 +9,8 @@ mod launch;
 
 pub use kernels::{
     GradOptions, RowOptions, RowScalars, RowScalarsLaunch, cross_entropy_backward_kernel,
-    cross_entropy_forward_grad_kernel, cross_entropy_forward_kernel, scale_gradient_kernel,
+    cross_entropy_forward_grad_kernel, cross_entropy_forward_kernel, first_bad_target_kernel,
+    scale_gradient_kernel,
 };
 pub use launch::*;
 

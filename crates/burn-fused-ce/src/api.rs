@@ -155,10 +155,11 @@ fn check_shapes<B: Backend, const DL: usize, const DT: usize>(
     Ok((rows, vocab))
 }
 
-/// The first target that is neither a class nor the ignore index (when `check_targets`),
-/// and the first weight that is negative or not finite, found on the device; one read of
-/// at most two integers, plus one more only when there is something to report.
-fn check_values<B: Backend, const DT: usize>(
+/// The first target that is neither a class nor the ignore index (when `check_targets`;
+/// one small kernel on cube backends), and the first weight that is negative or not
+/// finite, found on the device; one read of two or three integers, plus one more only
+/// when there is a bad weight to report.
+fn check_values<B: FusedCrossEntropyBackend, const DT: usize>(
     targets: &Tensor<B, DT, Int>,
     check_targets: bool,
     class_weights: Option<&Tensor<B, 1>>,
@@ -167,17 +168,17 @@ fn check_values<B: Backend, const DT: usize>(
     ignore_index: i64,
 ) -> Result<(), CrossEntropyError> {
     let device = targets.device();
-    let targets = targets.clone().reshape([rows]);
-    // `rows` stands for "no bad target" when targets are not checked.
-    let mut firsts = vec![if check_targets {
-        let bad_target = targets
-            .clone()
-            .lower_elem(0)
-            .bool_or(targets.clone().greater_equal_elem(vocab as i64))
-            .bool_and(targets.clone().not_equal_elem(ignore_index));
-        first_true(bad_target, rows, &device)
+    // `[row, target]`, `row = rows` standing for "no bad target" (also when unchecked:
+    // an empty batch's targets are never read).
+    let mut found = vec![if check_targets {
+        let targets = targets.clone().reshape([rows]);
+        Tensor::<B, 1, Int>::from_primitive(B::first_bad_target(
+            targets.into_primitive(),
+            vocab,
+            ignore_index,
+        ))
     } else {
-        Tensor::<B, 1, Int>::full([1], rows as i64, &device)
+        Tensor::<B, 1, Int>::from_data([rows as i64, 0], &device)
     }];
     if let Some(weights) = class_weights {
         let bad_weight = weights
@@ -185,30 +186,23 @@ fn check_values<B: Backend, const DT: usize>(
             .is_finite()
             .bool_not()
             .bool_or(weights.clone().lower_elem(0.0));
-        firsts.push(first_true(bad_weight, vocab, &device));
+        found.push(first_true(bad_weight, vocab, &device));
     }
-    let firsts = Tensor::cat(firsts, 0)
+    let found = Tensor::cat(found, 0)
         .into_data()
         .convert::<i64>()
         .to_vec::<i64>()
         .unwrap_or_default();
-    if let Some(&row) = firsts.first()
+    if let [row, value, ..] = found[..]
         && (row as usize) < rows
     {
-        let row = row as usize;
-        let value = targets
-            .slice([row..row + 1])
-            .into_data()
-            .convert::<i64>()
-            .to_vec::<i64>()
-            .unwrap_or_default();
         return Err(CrossEntropyError::TargetOutOfRange {
-            row,
-            value: value.first().copied().unwrap_or_default(),
+            row: row as usize,
+            value,
             vocab,
         });
     }
-    if let (Some(&class), Some(weights)) = (firsts.get(1), class_weights)
+    if let (Some(&class), Some(weights)) = (found.get(2), class_weights)
         && (class as usize) < vocab
     {
         let class = class as usize;

@@ -120,7 +120,16 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
         RowStats {
             stats: Self::from_inner(rows.stats),
             predicted: rows.predicted,
+            weighted: rows.weighted,
         }
+    }
+
+    fn first_bad_target(
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> IntTensor<Self> {
+        B::first_bad_target(targets, vocab, ignore_index)
     }
 
     fn cross_entropy_rows_backward(

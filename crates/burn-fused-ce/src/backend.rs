@@ -28,6 +28,8 @@ pub struct RowStats<B: Backend> {
     /// The argmax per row (-1 on ignored rows), in the targets' int type, `[N]`; present
     /// when `options.outputs` asks for accuracy or predictions.
     pub predicted: Option<IntTensor<B>>,
+    /// Class weights were given (the `WEIGHT` statistic differs from `VALID`).
+    pub weighted: bool,
 }
 
 /// A Burn backend that can run the fused cross-entropy.
@@ -105,6 +107,31 @@ pub trait FusedCrossEntropyBackend: Backend {
         }
     }
 
+    /// The input check: `[first bad row, its target]` (`[2]`, the targets' int type) for
+    /// `targets` (`[N]`, `N > 0`), where a bad target is neither in
+    /// `[0, vocab)` nor `ignore_index`; the row is `N` when there is none. The default
+    /// uses tensor ops; cube backends run one small kernel.
+    fn first_bad_target(
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> IntTensor<Self> {
+        let targets = Tensor::<Self, 1, Int>::from_primitive(targets);
+        let rows = targets.dims()[0];
+        let device = targets.device();
+        let bad = targets
+            .clone()
+            .lower_elem(0)
+            .bool_or(targets.clone().greater_equal_elem(vocab as i64))
+            .bool_and(targets.clone().not_equal_elem(ignore_index));
+        let positions = Tensor::<Self, 1, Int>::arange(0..rows as i64, &device);
+        let past_end = Tensor::<Self, 1, Int>::full([rows], rows as i64, &device);
+        let first = past_end.mask_where(bad, positions).min();
+        let at = first.clone().clamp_max(rows as i64 - 1);
+        let value = targets.gather(0, at);
+        Tensor::cat(vec![first, value], 0).into_primitive()
+    }
+
     /// The loss (`[N]` for `Reduction::None`, `[1]` otherwise, in the logits' dtype) and
     /// the extra outputs asked for. Backends with autodiff override this to register the
     /// backward step.
@@ -175,24 +202,41 @@ pub(crate) fn reduce_stats<B: Backend>(
     let sum_of = |stat: usize| -> Tensor<B, 1> { stat_row(&stats, stat).sum() };
     let count = || sum_of(row_stat::VALID).clamp_min(1.0);
 
+    // Without class weights `D` is `n`: one sum serves both.
+    let weighted = rows.weighted;
+    let needs_z = has_z || wanted.z_loss;
+    let zeros = || Tensor::<B, 1>::zeros([1], (&stats.device(), DType::F32));
     let (loss, z_loss, denominators) = match options.reduction {
         Reduction::None => (
             stat_row(&stats, row_stat::LOSS),
             stat_row(&stats, row_stat::Z_LOSS),
             None,
         ),
-        Reduction::Sum => (sum_of(row_stat::LOSS), sum_of(row_stat::Z_LOSS), None),
+        Reduction::Sum => {
+            let z = if needs_z { sum_of(row_stat::Z_LOSS) } else { zeros() };
+            (sum_of(row_stat::LOSS), z, None)
+        }
         Reduction::Mean => {
-            let (weight_total, n) = clamped_denominators(sum_of(row_stat::WEIGHT), count());
-            let z_sum = sum_of(row_stat::Z_LOSS);
+            let n_raw = sum_of(row_stat::VALID);
+            let weight_raw = if weighted {
+                sum_of(row_stat::WEIGHT)
+            } else {
+                n_raw.clone()
+            };
+            let (weight_total, n) = clamped_denominators(weight_raw, n_raw);
             let loss = if has_z {
-                (sum_of(row_stat::LOSS) - z_sum.clone()) / weight_total.clone()
-                    + z_sum.clone() / n.clone()
+                let z_sum = sum_of(row_stat::Z_LOSS);
+                (sum_of(row_stat::LOSS) - z_sum.clone()) / weight_total.clone() + z_sum / n.clone()
             } else {
                 sum_of(row_stat::LOSS) / weight_total.clone()
             };
-            let denominators = Tensor::cat(vec![weight_total, n.clone()], 0);
-            (loss, z_sum / n, Some(denominators))
+            let z = if needs_z {
+                sum_of(row_stat::Z_LOSS) / n.clone()
+            } else {
+                zeros()
+            };
+            let denominators = Tensor::cat(vec![weight_total, n], 0);
+            (loss, z, Some(denominators))
         }
     };
     let parts = LossParts {

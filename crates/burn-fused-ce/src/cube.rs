@@ -12,7 +12,8 @@ use cubecl::prelude::InputScalar;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
     GradientTarget, IncomingGradient, LossSettings, RowLaunch, WeightArgs, launch_backward,
-    launch_forward, launch_forward_grad, launch_scale_gradient, row_stat,
+    launch_first_bad_target, launch_forward, launch_forward_grad, launch_scale_gradient,
+    row_stat,
 };
 
 use crate::{
@@ -215,7 +216,31 @@ where
             stats.clone().into_tensor_arg(),
             predicted_arg,
         );
-        RowStats { stats, predicted }
+        RowStats {
+            stats,
+            predicted,
+            weighted,
+        }
+    }
+
+    fn first_bad_target(targets: CubeTensor<R>, vocab: usize, ignore_index: i64) -> CubeTensor<R> {
+        let targets = with_leading_one(targets, 2);
+        let result = empty_device_contiguous_dtype::<R>(
+            targets.client.clone(),
+            targets.device.clone(),
+            Shape::new([2]),
+            targets.dtype,
+        );
+        launch_first_bad_target::<R>(
+            &targets.client.clone(),
+            targets.clone().into_tensor_arg(),
+            result.clone().into_tensor_arg(),
+            targets.dtype.into(),
+            vocab,
+            // As the loss kernels compare it (see `CrossEntropyOptions::kernel_ignore_index`).
+            i32::try_from(ignore_index).unwrap_or(i32::MIN),
+        );
+        result
     }
 
     fn cross_entropy_rows_with_grad(
@@ -268,7 +293,11 @@ where
             predicted_arg,
             mean,
         );
-        (RowStats { stats, predicted }, reshaped(grad, logits_shape))
+        (RowStats {
+            stats,
+            predicted,
+            weighted,
+        }, reshaped(grad, logits_shape))
     }
 
     fn scale_formed_gradient(

@@ -110,6 +110,26 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
 }
 
 #[derive(Debug, Clone)]
+struct CheckOp<B> {
+    desc: CustomOpIr,
+    vocab: usize,
+    ignore_index: i64,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for CheckOp<B> {
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([targets], [result]) = self.desc.as_fixed();
+        let found = B::first_bad_target(
+            handles.get_int_tensor::<B>(targets),
+            self.vocab,
+            self.ignore_index,
+        );
+        handles.register_int_tensor::<B>(&result.id, found);
+    }
+}
+
+#[derive(Debug, Clone)]
 struct BackwardOp<B> {
     desc: CustomOpIr,
     options: CrossEntropyOptions,
@@ -186,6 +206,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         RowStats {
             stats,
             predicted: outputs.next(),
+            weighted,
         }
     }
 
@@ -240,9 +261,36 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             RowStats {
                 stats,
                 predicted: outputs.next(),
+                weighted,
             },
             grad,
         )
+    }
+
+    fn first_bad_target(
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> IntTensor<Self> {
+        let client = targets.client.clone();
+        let result = TensorIr::uninit(
+            client.create_empty_handle(),
+            Shape::new([2]),
+            targets.dtype,
+        );
+        let streams = OperationStreams::with_inputs([&targets]);
+        let desc = CustomOpIr::new("fused_cross_entropy_check_targets", &[targets.into_ir()], &[result]);
+        let op = CheckOp::<B> {
+            desc: desc.clone(),
+            vocab,
+            ignore_index,
+            _backend: PhantomData,
+        };
+        let [found] = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("the op declares one output"));
+        found
     }
 
     fn scale_formed_gradient(

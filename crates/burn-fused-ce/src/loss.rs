@@ -40,7 +40,7 @@ pub struct FusedCrossEntropyLossConfig {
     #[config(default = true)]
     pub check_targets: bool,
     /// See [`CrossEntropyOptions::gradient_in_forward`].
-    #[config(default = true)]
+    #[config(default = false)]
     pub gradient_in_forward: bool,
     /// Extra outputs of [`FusedCrossEntropyLoss::forward_with_outputs`].
     #[config(default = "ExtraOutputs::default()")]

@@ -223,6 +223,7 @@ pub fn cross_entropy_rows<B: Backend>(
     let device = B::float_device(&logits);
     let int_dtype = targets.dtype();
     let track_argmax = options.outputs.needs_argmax();
+    let weighted = class_weights.is_some();
     if rows == 0 || vocab == 0 {
         // Nothing to read (the typed API refuses rows without classes before this).
         return RowStats {
@@ -232,6 +233,7 @@ pub fn cross_entropy_rows<B: Backend>(
             )),
             predicted: track_argmax
                 .then(|| Tensor::<B, 1, Int>::zeros([rows], (&device, int_dtype)).into_primitive()),
+            weighted,
         };
     }
 
@@ -324,6 +326,7 @@ pub fn cross_entropy_rows<B: Backend>(
         0,
     );
     RowStats {
+        weighted,
         stats: primitive(stats),
         predicted: predicted.map(|predicted| {
             fill_minus_one::<B>(predicted, t.ignored)
