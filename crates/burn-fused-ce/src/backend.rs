@@ -143,7 +143,7 @@ pub trait FusedCrossEntropyBackend: Backend {
     ) -> LossParts<Self> {
         let dtype = logits.dtype();
         let rows = Self::cross_entropy_rows(logits, targets, class_weights, options);
-        reduce_stats::<Self>(rows, options, dtype).parts
+        reduce_stats::<Self>(rows, options, dtype, false).parts
     }
 }
 
@@ -184,11 +184,14 @@ fn stat_row<B: Backend>(stats: &Tensor<B, 2>, stat: usize) -> Tensor<B, 1> {
 
 /// Reduces the per-row statistics on the device, in f32; the loss is cast to `dtype`
 /// last. `Mean` divides the cross-entropy part by `max(D, MIN_POSITIVE)` and the z-loss
-/// part by `max(n, 1)`: an all-ignored batch gives 0, not NaN.
+/// part by `max(n, 1)`: an all-ignored batch gives 0, not NaN. `keep_denominators` (a
+/// tracked `Mean`) also returns `[D, n]` for backward. Each launch here costs ~10 us on
+/// the H200, so only what an output needs is computed.
 pub(crate) fn reduce_stats<B: Backend>(
     rows: RowStats<B>,
     options: &CrossEntropyOptions,
     dtype: DType,
+    keep_denominators: bool,
 ) -> Reduced<B> {
     let stats = float::<B, 2>(rows.stats);
     let [_, n_rows] = stats.dims();
@@ -200,48 +203,45 @@ pub(crate) fn reduce_stats<B: Backend>(
     // Whole-vector sums of the statistics' rows: Burn's full reductions are fast where a
     // `sum_dim` over the `[7, N]` matrix measured 0.3 ms on the H200 (one unit per row).
     let sum_of = |stat: usize| -> Tensor<B, 1> { stat_row(&stats, stat).sum() };
+    // `n` (clamped), shared by the mean and the accuracy.
     let count = || sum_of(row_stat::VALID).clamp_min(1.0);
 
-    // Without class weights `D` is `n`: one sum serves both.
-    let weighted = rows.weighted;
-    let needs_z = has_z || wanted.z_loss;
-    let zeros = || Tensor::<B, 1>::zeros([1], (&stats.device(), DType::F32));
     let (loss, z_loss, denominators) = match options.reduction {
         Reduction::None => (
             stat_row(&stats, row_stat::LOSS),
-            stat_row(&stats, row_stat::Z_LOSS),
+            wanted.z_loss.then(|| stat_row(&stats, row_stat::Z_LOSS)),
             None,
         ),
-        Reduction::Sum => {
-            let z = if needs_z { sum_of(row_stat::Z_LOSS) } else { zeros() };
-            (sum_of(row_stat::LOSS), z, None)
-        }
+        Reduction::Sum => (
+            sum_of(row_stat::LOSS),
+            wanted.z_loss.then(|| sum_of(row_stat::Z_LOSS)),
+            None,
+        ),
         Reduction::Mean => {
-            let n_raw = sum_of(row_stat::VALID);
-            let weight_raw = if weighted {
-                sum_of(row_stat::WEIGHT)
+            let n = count();
+            // Without class weights `D` is `n`: one sum serves both.
+            let weight_total = if rows.weighted {
+                sum_of(row_stat::WEIGHT).clamp_min(f32::MIN_POSITIVE)
             } else {
-                n_raw.clone()
+                n.clone()
             };
-            let (weight_total, n) = clamped_denominators(weight_raw, n_raw);
-            let loss = if has_z {
-                let z_sum = sum_of(row_stat::Z_LOSS);
-                (sum_of(row_stat::LOSS) - z_sum.clone()) / weight_total.clone() + z_sum / n.clone()
-            } else {
-                sum_of(row_stat::LOSS) / weight_total.clone()
+            let z_sum = (has_z || wanted.z_loss).then(|| sum_of(row_stat::Z_LOSS));
+            let loss = match &z_sum {
+                Some(z_sum) if has_z => {
+                    (sum_of(row_stat::LOSS) - z_sum.clone()) / weight_total.clone()
+                        + z_sum.clone() / n.clone()
+                }
+                _ => sum_of(row_stat::LOSS) / weight_total.clone(),
             };
-            let z = if needs_z {
-                sum_of(row_stat::Z_LOSS) / n.clone()
-            } else {
-                zeros()
-            };
-            let denominators = Tensor::cat(vec![weight_total, n], 0);
-            (loss, z, Some(denominators))
+            let z_loss = z_sum.filter(|_| wanted.z_loss).map(|z| z / n.clone());
+            let denominators =
+                keep_denominators.then(|| Tensor::cat(vec![weight_total, n], 0));
+            (loss, z_loss, denominators)
         }
     };
     let parts = LossParts {
         loss: primitive(loss.cast(dtype)),
-        z_loss: wanted.z_loss.then(|| primitive(z_loss)),
+        z_loss: z_loss.map(primitive),
         accuracy: wanted
             .accuracy
             .then(|| primitive(sum_of(row_stat::CORRECT) / count())),
