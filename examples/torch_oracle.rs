@@ -21,7 +21,15 @@ fn main() {
     let mut manifest = String::new();
     // (rows, vocab, dtype, label smoothing, z-loss scale, softcap, class weights)
     for (i, (rows, vocab, dtype, ls, z, cap, weighted)) in [
-        (4096usize, 32000usize, DType::BF16, 0.0f32, 0.0f32, None, false),
+        (
+            4096usize,
+            32000usize,
+            DType::BF16,
+            0.0f32,
+            0.0f32,
+            None,
+            false,
+        ),
         (2048, 128256, DType::BF16, 0.1, 1e-4, Some(30.0f32), true),
         (1024, 151936, DType::F16, 0.1, 0.0, None, false),
         (2048, 50257, DType::F32, 0.0, 1e-4, None, true),
@@ -55,7 +63,11 @@ fn main() {
         if let Some(w) = &class_weights {
             write(&dir, &format!("{i}.class_weights"), w.clone().into_data());
         }
-        let class_weights_ad = || class_weights.clone().map(Tensor::<AutodiffCube, 1>::from_inner);
+        let class_weights_ad = || {
+            class_weights
+                .clone()
+                .map(Tensor::<AutodiffCube, 1>::from_inner)
+        };
         let options = |reduction| CrossEntropyOptions {
             reduction,
             label_smoothing: ls,

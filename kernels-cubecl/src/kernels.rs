@@ -126,8 +126,13 @@ fn ln_one_plus(x: f32) -> f32 {
             + x * (f32::new(-0.5)
                 + x * (f32::new(1.0 / 3.0)
                     + x * (f32::new(-0.25)
-                        + x * (f32::new(0.2) + x * (f32::new(-1.0 / 6.0) + x * f32::new(1.0 / 7.0)))))));
-    select(f32::abs(x) < f32::new(0.05), series, f32::ln(f32::new(1.0) + x))
+                        + x * (f32::new(0.2)
+                            + x * (f32::new(-1.0 / 6.0) + x * f32::new(1.0 / 7.0)))))));
+    select(
+        f32::abs(x) < f32::new(0.05),
+        series,
+        f32::ln(f32::new(1.0) + x),
+    )
 }
 
 /// One vector of a row in f32, soft-capped when the options say so.
@@ -224,8 +229,10 @@ fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
     let cube_size = options.cube_size;
     let mut shared_max = SharedMemory::<f32>::new(cube_size);
     let mut shared_others = SharedMemory::<f32>::new(cube_size);
-    let mut shared_best = SharedMemory::<f32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
-    let mut shared_col = SharedMemory::<u32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
+    let mut shared_best =
+        SharedMemory::<f32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
+    let mut shared_col =
+        SharedMemory::<u32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
     let mut shared_smooth =
         SharedMemory::<f32>::new(comptime!(if options.smoothing { cube_size } else { 1 }));
     let unit = UNIT_POS as usize;
@@ -397,18 +404,10 @@ fn read_row<F: Float, I: Int, N: Size>(
     let mut index = UNIT_POS as usize;
     while index + cube_size < vectors_per_row {
         let second = index + cube_size;
-        let first_values = load_vector::<F, N>(
-            logits,
-            row_start + index,
-            scalars.softcap,
-            options.softcap,
-        );
-        let second_values = load_vector::<F, N>(
-            logits,
-            row_start + second,
-            scalars.softcap,
-            options.softcap,
-        );
+        let first_values =
+            load_vector::<F, N>(logits, row_start + index, scalars.softcap, options.softcap);
+        let second_values =
+            load_vector::<F, N>(logits, row_start + second, scalars.softcap, options.softcap);
         let mut first_weights = no_weights;
         let mut second_weights = no_weights;
         if comptime!(options.smoothing && options.weighted) {
@@ -512,11 +511,7 @@ fn read_row<F: Float, I: Int, N: Size>(
         let safe_col = select(target_is_class, target_col, 0usize);
         let mut target_weight = f32::new(1.0);
         if comptime!(options.weighted) {
-            target_weight = select(
-                target_is_class,
-                class_weights[safe_col],
-                f32::new(1.0),
-            );
+            target_weight = select(target_is_class, class_weights[safe_col], f32::new(1.0));
         }
         let mut loss = target_weight * nll;
         if comptime!(options.smoothing) {
@@ -535,7 +530,8 @@ fn read_row<F: Float, I: Int, N: Size>(
         }
         // NaN made at run time: CUDA C has no NaN literal for the compiler to print.
         let not_a_number = f32::sqrt(f32::new(-1.0) - f32::abs(f32::cast_from(target)));
-        stats[stat_index(stats, row_stat::LOSS, row)] = select(target_is_class, loss + z_loss, not_a_number);
+        stats[stat_index(stats, row_stat::LOSS, row)] =
+            select(target_is_class, loss + z_loss, not_a_number);
         stats[stat_index(stats, row_stat::Z_LOSS, row)] = z_loss;
         stats[stat_index(stats, row_stat::WEIGHT, row)] = target_weight;
         stats[stat_index(stats, row_stat::VALID, row)] = f32::new(1.0);
@@ -555,7 +551,6 @@ fn read_row<F: Float, I: Int, N: Size>(
         shared_row[1] = target_grad;
     }
 }
-
 
 /// Forward: one cube per row, see [`forward_row`].
 #[cube(launch, address_type = "dynamic")]
@@ -648,8 +643,7 @@ fn gradient_coefficients(
         lse,
         prob_coef: target_coef + extra,
         smooth_coef,
-        target_value: target_coef * target_grad + extra * target_prob
-            - smooth_coef * target_weight,
+        target_value: target_coef * target_grad + extra * target_prob - smooth_coef * target_weight,
     }
 }
 

@@ -153,6 +153,24 @@ pub enum GradientTarget<R: Runtime> {
     },
 }
 
+impl<R: Runtime> GradientTarget<R> {
+    /// The `(logits, grad)` launch arguments. Every gradient-writing kernel takes the
+    /// logits as its first input, so an in-place gradient is an alias of input 0.
+    fn into_args(self) -> (TensorArg<R>, TensorArg<R>) {
+        match self {
+            GradientTarget::InPlace(logits) => {
+                let grad = TensorArg::Alias {
+                    input_pos: 0,
+                    strides: logits.strides().into(),
+                    shape: logits.shape().into(),
+                };
+                (logits, grad)
+            }
+            GradientTarget::Separate { logits, grad } => (logits, grad),
+        }
+    }
+}
+
 /// The loss's incoming gradient as backward reads it.
 pub struct IncomingGradient<R: Runtime> {
     /// `[rows]` when `per_row`, else `[1]`; any float type (`dtype`).
@@ -182,18 +200,7 @@ pub fn launch_backward<R: Runtime>(
         per_row: incoming.per_row,
         mean: incoming.denominators.is_some(),
     };
-    let (logits, grad) = match target {
-        // The kernel's first input is the logits: the gradient aliases it.
-        GradientTarget::InPlace(logits) => {
-            let grad = TensorArg::Alias {
-                input_pos: 0,
-                strides: logits.strides().into(),
-                shape: logits.shape().into(),
-            };
-            (logits, grad)
-        }
-        GradientTarget::Separate { logits, grad } => (logits, grad),
-    };
+    let (logits, grad) = target.into_args();
     cross_entropy_backward_kernel::launch::<R>(
         client,
         shape.cube_count(),
@@ -282,17 +289,7 @@ pub fn launch_forward_grad<R: Runtime>(
     }
     .min(shape.rows)
     .min(MAX_GRID_DIM);
-    let (logits, grad) = match target {
-        GradientTarget::InPlace(logits) => {
-            let grad = TensorArg::Alias {
-                input_pos: 0,
-                strides: logits.strides().into(),
-                shape: logits.shape().into(),
-            };
-            (logits, grad)
-        }
-        GradientTarget::Separate { logits, grad } => (logits, grad),
-    };
+    let (logits, grad) = target.into_args();
     cross_entropy_forward_grad_kernel::launch::<R>(
         client,
         CubeCount::Static(cubes as u32, 1, 1),

@@ -37,7 +37,9 @@ fn logits<B: burn::tensor::backend::Backend, const D: usize>(
     device: &B::Device,
 ) -> Tensor<B, D> {
     let len: usize = dims.iter().product();
-    let values: Vec<f32> = (0..len).map(|i| ((i * 37) % 23) as f32 * 0.25 - 2.0).collect();
+    let values: Vec<f32> = (0..len)
+        .map(|i| ((i * 37) % 23) as f32 * 0.25 - 2.0)
+        .collect();
     Tensor::from_data(TensorData::new(values, dims), device)
 }
 
@@ -82,7 +84,11 @@ fn assert_forward_panics<B: FusedCrossEntropyBackend, const DL: usize, const DT:
     let message = panic_message(|| {
         fused_cross_entropy(x, y, options);
     });
-    assert_eq!(message, error.to_string(), "forward panics with the error's message");
+    assert_eq!(
+        message,
+        error.to_string(),
+        "forward panics with the error's message"
+    );
 }
 
 #[test]
@@ -108,7 +114,12 @@ where
     let cases: Vec<(Vec<i64>, CrossEntropyOptions, usize, i64)> = vec![
         // Too large: V itself, far past it.
         (vec![0, 1, 2, 10, 4, 5, 6, 7], plain.clone(), 3, 10),
-        (vec![0, 1, 2, 3, 4, 5, 6, 1_000_000], plain.clone(), 7, 1_000_000),
+        (
+            vec![0, 1, 2, 3, 4, 5, 6, 1_000_000],
+            plain.clone(),
+            7,
+            1_000_000,
+        ),
         // Negative but not the ignore index; the first bad row is reported.
         (vec![0, -100, -1, 3, 99, 5, 6, 7], plain.clone(), 2, -1),
         // -100 is a bad target when the ignore index is another value.
@@ -183,7 +194,11 @@ where
                 targets::<B, 1>(&values, [rows], &device),
             );
         });
-        assert_eq!(message, expected.to_string(), "{context}: module forward panics");
+        assert_eq!(
+            message,
+            expected.to_string(),
+            "{context}: module forward panics"
+        );
         // Under autodiff, before anything is recorded.
         let x = logits::<Autodiff<B>, 2>([rows, vocab], &device).require_grad();
         let err = try_fused_cross_entropy(
@@ -479,9 +494,14 @@ where
     let w = weights
         .as_ref()
         .map(|w| Tensor::<Autodiff<B>, 1>::from_floats(w.as_slice(), &device));
-    let loss = try_fused_cross_entropy(logits.clone(), targets_tensor(&targets, &device), w, &options)
-        .unwrap_or_else(|e| panic!("{context}: refused: {e}"))
-        .loss;
+    let loss = try_fused_cross_entropy(
+        logits.clone(),
+        targets_tensor(&targets, &device),
+        w,
+        &options,
+    )
+    .unwrap_or_else(|e| panic!("{context}: refused: {e}"))
+    .loss;
     let losses = to_f64(loss.clone().inner());
     let ref_rows = reference_rows(&seen, vocab, &targets, &reference);
     match reduction {
@@ -503,7 +523,11 @@ where
                 }
             }
         }
-        _ => assert!(!losses[0].is_finite(), "{context}: reduced loss {}", losses[0]),
+        _ => assert!(
+            !losses[0].is_finite(),
+            "{context}: reduced loss {}",
+            losses[0]
+        ),
     }
     let g: Vec<f64> = vec![1.0; rows];
     let grads = loss.sum().backward();
@@ -515,7 +539,12 @@ where
             .flat_map(|r| v[r * vocab..(r + 1) * vocab].to_vec())
             .collect()
     };
-    check_grad(&good(&grad), &good(&ref_grad), DType::F32, &format!("{context}: finite rows"));
+    check_grad(
+        &good(&grad),
+        &good(&ref_grad),
+        DType::F32,
+        &format!("{context}: finite rows"),
+    );
 }
 
 #[test]
@@ -554,7 +583,10 @@ fn negative_infinite_logit_is_a_zero_probability() {
     let ref_rows = reference_rows(&seen, vocab, &targets, &reference);
     let ref_loss = reference_loss(&ref_rows, Reduction::None);
     let err = relative_l2(&losses, &ref_loss);
-    assert!(err <= 1e-5, "seed={seed}: loss {losses:?} expected {ref_loss:?}");
+    assert!(
+        err <= 1e-5,
+        "seed={seed}: loss {losses:?} expected {ref_loss:?}"
+    );
     let grads = loss.sum().backward();
     let grad = to_f64(logits.grad(&grads).expect("gradient"));
     let ref_grad = reference_grad(&seen, vocab, &targets, &reference, &vec![1.0; rows]);
@@ -594,7 +626,11 @@ where
             "{context}"
         );
         let grads = out.loss.sum().backward();
-        assert_eq!(leaf.grad(&grads).expect("gradient").dims(), [0, 41], "{context}");
+        assert_eq!(
+            leaf.grad(&grads).expect("gradient").dims(),
+            [0, 41],
+            "{context}"
+        );
     }
 }
 

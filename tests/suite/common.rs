@@ -172,7 +172,10 @@ impl RefOptions {
 
     /// Plain cross-entropy: no smoothing, z-loss, softcap or weights.
     pub fn plain(reduction: Reduction, ignore_index: i64) -> Self {
-        Self::new(&CrossEntropyOptions::new(reduction).with_ignore(ignore_index), None)
+        Self::new(
+            &CrossEntropyOptions::new(reduction).with_ignore(ignore_index),
+            None,
+        )
     }
 
     pub fn weight(&self, class: usize) -> f64 {
@@ -319,8 +322,21 @@ pub fn reference_denominators(rows: &[RefRow]) -> (f64, f64) {
 /// otherwise.
 fn reduce(rows: &[RefRow], reduction: Reduction, part: impl Fn(&RefRow) -> (f64, f64)) -> Vec<f64> {
     match reduction {
-        Reduction::None => rows.iter().map(|r| { let (ce, z) = part(r); ce + z }).collect(),
-        Reduction::Sum => vec![rows.iter().map(|r| { let (ce, z) = part(r); ce + z }).sum()],
+        Reduction::None => rows
+            .iter()
+            .map(|r| {
+                let (ce, z) = part(r);
+                ce + z
+            })
+            .collect(),
+        Reduction::Sum => vec![
+            rows.iter()
+                .map(|r| {
+                    let (ce, z) = part(r);
+                    ce + z
+                })
+                .sum(),
+        ],
         Reduction::Mean => {
             let (d, n) = reference_denominators(rows);
             if n == 0.0 {

@@ -210,9 +210,21 @@ pub(crate) fn check_outputs<B: Backend>(
         }
     }
     let wanted = case.options.outputs;
-    assert_eq!(out.z_loss.is_some(), wanted.z_loss, "{context}: z_loss present");
-    assert_eq!(out.accuracy.is_some(), wanted.accuracy, "{context}: accuracy present");
-    assert_eq!(out.predicted.is_some(), wanted.predicted, "{context}: predicted present");
+    assert_eq!(
+        out.z_loss.is_some(),
+        wanted.z_loss,
+        "{context}: z_loss present"
+    );
+    assert_eq!(
+        out.accuracy.is_some(),
+        wanted.accuracy,
+        "{context}: accuracy present"
+    );
+    assert_eq!(
+        out.predicted.is_some(),
+        wanted.predicted,
+        "{context}: predicted present"
+    );
     assert_eq!(out.lse.is_some(), wanted.lse, "{context}: lse present");
     if let Some((z, dims)) = &out.z_loss {
         assert_eq!(dims, &loss_dims, "{context}: z_loss shape");
@@ -279,8 +291,16 @@ pub(crate) fn check_outputs<B: Backend>(
             .zip(targets)
             .filter(|((r, p), y)| r.counted && **p == **y)
             .count();
-        let expected = if n == 0 { 0.0 } else { correct as f64 / n as f64 };
-        let slack = if n == 0 { 0.0 } else { near_ties as f64 / n as f64 };
+        let expected = if n == 0 {
+            0.0
+        } else {
+            correct as f64 / n as f64
+        };
+        let slack = if n == 0 {
+            0.0
+        } else {
+            near_ties as f64 / n as f64
+        };
         assert!(
             (got - expected).abs() <= 1e-6 + slack,
             "{context}: accuracy {got} expected {expected} ({correct}/{n})"
@@ -297,9 +317,17 @@ pub(crate) fn check_outputs<B: Backend>(
         let err = if got.iter().any(|v| !v.is_finite()) {
             f64::INFINITY
         } else {
-            let diff: f64 = got.iter().zip(&expected).map(|(a, e)| (a - e).powi(2)).sum();
+            let diff: f64 = got
+                .iter()
+                .zip(&expected)
+                .map(|(a, e)| (a - e).powi(2))
+                .sum();
             let norm: f64 = expected.iter().map(|e| e.abs().max(1.0).powi(2)).sum();
-            if norm == 0.0 { diff.sqrt() } else { (diff / norm).sqrt() }
+            if norm == 0.0 {
+                diff.sqrt()
+            } else {
+                (diff / norm).sqrt()
+            }
         };
         assert!(
             err <= loss_tol,
@@ -374,8 +402,16 @@ pub(crate) fn describe_grad_error(grad: &[f64], ref_grad: &[f64]) -> String {
         .map(|(i, (&g, &r))| (i, g, r))
         .collect();
     worst.sort_by(|a, b| {
-        let ea = if a.1.is_finite() { (a.1 - a.2).abs() } else { f64::INFINITY };
-        let eb = if b.1.is_finite() { (b.1 - b.2).abs() } else { f64::INFINITY };
+        let ea = if a.1.is_finite() {
+            (a.1 - a.2).abs()
+        } else {
+            f64::INFINITY
+        };
+        let eb = if b.1.is_finite() {
+            (b.1 - b.2).abs()
+        } else {
+            f64::INFINITY
+        };
         eb.total_cmp(&ea)
     });
     let worst: Vec<String> = worst
@@ -431,7 +467,14 @@ where
         case.via_module,
     )
     .unwrap_or_else(|e| panic!("{context}: refused: {e}"));
-    check_outputs(&out, &case, &seen, &targets, &reference, &format!("{context} (untracked)"));
+    check_outputs(
+        &out,
+        &case,
+        &seen,
+        &targets,
+        &reference,
+        &format!("{context} (untracked)"),
+    );
     drop(out);
 
     // Forward and backward under autodiff, with a non-uniform incoming gradient.
@@ -450,7 +493,14 @@ where
         case.via_module,
     )
     .unwrap_or_else(|e| panic!("{context}: refused: {e}"));
-    check_outputs(&out, &case, &seen, &targets, &reference, &format!("{context} (tracked)"));
+    check_outputs(
+        &out,
+        &case,
+        &seen,
+        &targets,
+        &reference,
+        &format!("{context} (tracked)"),
+    );
     let (objective, g) = if case.unit_grad {
         let len = out.loss.dims()[0];
         (out.loss.sum(), vec![1.0; len])
@@ -585,9 +635,8 @@ fn empty_batch() {
             } else {
                 CrossEntropyOptions::new(reduction)
             };
-            let weights = all_options.then(|| {
-                Tensor::<AutodiffCube, 1>::from_floats([0.5; 41].as_slice(), &device)
-            });
+            let weights = all_options
+                .then(|| Tensor::<AutodiffCube, 1>::from_floats([0.5; 41].as_slice(), &device));
             let leaf = Tensor::<AutodiffCube, 2>::empty([0, 41], &device).require_grad();
             let targets = targets_tensor::<AutodiffCube>(&[], &device);
             let out = try_fused_cross_entropy(leaf.clone(), targets, weights.clone(), &options)
@@ -747,7 +796,10 @@ pub(crate) fn check_bad_targets<B: FusedCrossEntropyBackend>(
     let seed = fresh_seed();
     let device = B::Device::default();
     let mut rng = rng(seed);
-    let context = format!("{} {options:?} weights={class_weights} seed={seed}", short_name::<B>());
+    let context = format!(
+        "{} {options:?} weights={class_weights} seed={seed}",
+        short_name::<B>()
+    );
     let (rows, vocab) = (6, 50);
     let values = random_logits(&mut rng, rows, vocab);
     let mut targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
@@ -774,14 +826,22 @@ pub(crate) fn check_bad_targets<B: FusedCrossEntropyBackend>(
     let ref_rows = reference_rows(&seen, vocab, &targets, &reference);
     let ref_grad = reference_grad(&seen, vocab, &targets, &reference, &vec![1.0; rows]);
     if options.reduction != Reduction::None {
-        assert!(losses[0].is_nan(), "{context}: reduced loss {} with a bad row", losses[0]);
+        assert!(
+            losses[0].is_nan(),
+            "{context}: reduced loss {} with a bad row",
+            losses[0]
+        );
     }
     for row in 0..rows {
         let bad = row == 1 || row == 4;
         let grad_row = &grad[row * vocab..(row + 1) * vocab];
         if bad {
             if options.reduction == Reduction::None {
-                assert!(losses[row].is_nan(), "{context}: row {row} loss {}", losses[row]);
+                assert!(
+                    losses[row].is_nan(),
+                    "{context}: row {row} loss {}",
+                    losses[row]
+                );
             }
             assert!(
                 grad_row.iter().all(|v| *v == 0.0),
@@ -837,7 +897,11 @@ fn checked_out_of_range_target_is_an_error() {
     let message = crate::bad_input::panic_message(|| {
         fused_cross_entropy(logits, targets_tensor(&targets, &device), &options);
     });
-    assert_eq!(message, err.to_string(), "seed={seed}: forward panics with the error");
+    assert_eq!(
+        message,
+        err.to_string(),
+        "seed={seed}: forward panics with the error"
+    );
 }
 
 /// The confident case (target = row max + 10) is one of the spec's inputs for the

@@ -7,8 +7,7 @@ use burn::{
     tensor::{DType, Tensor},
 };
 use burn_fused_ce::{
-    CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, diagnostics,
-    try_fused_cross_entropy,
+    CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, diagnostics, try_fused_cross_entropy,
 };
 use fused_ce_suite::DefaultBackend;
 

@@ -60,9 +60,13 @@ fn check_llm_shape(rows: usize, vocab: usize, dtype: DType, reduction: Reduction
     let count = targets.iter().filter(|&&y| y != -100).count() as f64;
     for (k, &row) in sample.iter().enumerate() {
         let y = targets[row];
-        let reference =
-            reference_rows(&seen[k], vocab, &[y], &RefOptions::plain(Reduction::None, -100))[0]
-                .loss();
+        let reference = reference_rows(
+            &seen[k],
+            vocab,
+            &[y],
+            &RefOptions::plain(Reduction::None, -100),
+        )[0]
+        .loss();
         if reduction == Reduction::None {
             let err = ((losses[row] - reference) / reference.abs().max(1e-3)).abs();
             assert!(
@@ -130,7 +134,10 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction) {
     let mut rng = rng(seed);
     let dtype = DType::BF16;
     let context = format!("{rows}x{vocab} {dtype:?} {reduction:?} seed={seed}");
-    assert!(rows * vocab > 1 << 31, "{context}: the shape must pass 2^31 elements");
+    assert!(
+        rows * vocab > 1 << 31,
+        "{context}: the shape must pass 2^31 elements"
+    );
     CubeBackend::seed(&device, seed);
     // Drawn in f32 (33.6 GB at most), then cast: the f32 draw is freed before the loss.
     let inner =
@@ -194,7 +201,10 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction) {
     match reduction {
         Reduction::None => {
             for &row in &sample {
-                assert_eq!(losses[row], per_row[row], "{context}: row {row} tracked loss");
+                assert_eq!(
+                    losses[row], per_row[row],
+                    "{context}: row {row} tracked loss"
+                );
             }
         }
         _ => {
@@ -236,7 +246,10 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction) {
             &[row_g],
         );
         let err = relative_l2(&grad_rows[k], &ref_grad);
-        assert!(err <= grad_tol, "{context}: row {row} gradient error {err:e}");
+        assert!(
+            err <= grad_tol,
+            "{context}: row {row} gradient error {err:e}"
+        );
     }
     eprintln!("{context}: ok on rows 0..16 and {}..{rows}", rows - 16);
 }

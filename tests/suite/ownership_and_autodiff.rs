@@ -129,18 +129,22 @@ where
             let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
             let o = Tensor::<Autodiff<B>, 2>::from_inner(o_inner).require_grad();
             let logits = leaf.clone() * 1.0;
-            let loss = fused_cross_entropy(
-                logits.clone(),
-                targets_tensor(&targets, &device),
-                &options,
-            );
+            let loss =
+                fused_cross_entropy(logits.clone(), targets_tensor(&targets, &device), &options);
             let aux = (logits * o.clone()).sum();
             let objective = loss.sum() + aux;
             let grads = objective.backward();
             let grad_o = to_f64(o.grad(&grads).expect("o gets a gradient"));
             assert_eq!(grad_o, seen, "{context}: d aux / d o must be the logits");
             let grad = to_f64(leaf.grad(&grads).expect("logits get a gradient"));
-            let g = vec![1.0; if reduction == Reduction::None { rows } else { 1 }];
+            let g = vec![
+                1.0;
+                if reduction == Reduction::None {
+                    rows
+                } else {
+                    1
+                }
+            ];
             let reference = RefOptions::new(&options, None);
             let expected: Vec<f64> = reference_grad(&seen, vocab, &targets, &reference, &g)
                 .iter()

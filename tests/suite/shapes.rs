@@ -15,7 +15,7 @@ use burn_fused_ce::{
 use fused_ce_suite::DefaultBackend;
 
 use crate::common::*;
-use crate::contract::{Case, REDUCTIONS, check_grad, check_case, objective, poisoned, short_name};
+use crate::contract::{Case, REDUCTIONS, check_case, check_grad, objective, poisoned, short_name};
 use crate::options::{all_options, plans};
 
 /// `[B, T, V]` logits through `check_case` (the None output is `[B, T]`, reduced ones
@@ -202,7 +202,8 @@ fn cut_targets<B: burn::tensor::backend::Backend>(
 ) -> (TargetsWindow<B>, Vec<i64>) {
     match layout {
         Layout::DropLastStep | Layout::DropFirstStep => {
-            let big = Tensor::<B, 2, Int>::from_data(TensorData::new(all.to_vec(), [b, t + 1]), device);
+            let big =
+                Tensor::<B, 2, Int>::from_data(TensorData::new(all.to_vec(), [b, t + 1]), device);
             // Next-token targets: logits at step s predict the token at s + 1.
             let (window, first) = if layout == Layout::DropLastStep {
                 (big.slice([0..b, 1..t + 1]), 1)
@@ -290,7 +291,13 @@ fn check_window<B: FusedCrossEntropyBackend>(
     let w = window(layout, b, t, v);
     let big_len: usize = w.big_dims.iter().product();
     let values = random_logits(&mut rng, 1, big_len);
-    let all_targets = random_targets(&mut rng, b * (t + 1), v, Ignore::SomeRows, options.ignore_index);
+    let all_targets = random_targets(
+        &mut rng,
+        b * (t + 1),
+        v,
+        Ignore::SomeRows,
+        options.ignore_index,
+    );
     let weights = options_on.then(|| random_class_weights(&mut rng, v));
     let reference = RefOptions::new(&options, weights.as_deref());
 
@@ -317,18 +324,30 @@ fn check_window<B: FusedCrossEntropyBackend>(
     assert_eq!(dims, expected_dims, "{context}: loss shape");
     let err = relative_l2(&to_f64(loss), &ref_loss);
     assert!(err <= loss_tol, "{context}: untracked loss error {err:e}");
-    assert_eq!(big.values(), big_seen, "{context}: forward changed the big tensor");
+    assert_eq!(
+        big.values(),
+        big_seen,
+        "{context}: forward changed the big tensor"
+    );
 
     // Tracked, backward to the big tensor.
     let (leaf, window_ad) = match &big {
         BigTensor::Two(x) => {
             let leaf = Tensor::<Autodiff<B>, 2>::from_inner(x.clone()).require_grad();
-            let src = if exclusive { leaf.clone() * 1.0 } else { leaf.clone() };
+            let src = if exclusive {
+                leaf.clone() * 1.0
+            } else {
+                leaf.clone()
+            };
             (BigTensor::Two(leaf), BigTensor::Two(src))
         }
         BigTensor::Three(x) => {
             let leaf = Tensor::<Autodiff<B>, 3>::from_inner(x.clone()).require_grad();
-            let src = if exclusive { leaf.clone() * 1.0 } else { leaf.clone() };
+            let src = if exclusive {
+                leaf.clone() * 1.0
+            } else {
+                leaf.clone()
+            };
             (BigTensor::Three(leaf), BigTensor::Three(src))
         }
     };
@@ -378,7 +397,10 @@ fn check_window<B: FusedCrossEntropyBackend>(
             BigTensor::Two(x) => to_f64(x.clone().inner()),
             BigTensor::Three(x) => to_f64(x.clone().inner()),
         };
-        assert_eq!(kept, big_seen, "{context}: backward changed the held big tensor");
+        assert_eq!(
+            kept, big_seen,
+            "{context}: backward changed the held big tensor"
+        );
     }
 }
 

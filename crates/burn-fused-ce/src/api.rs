@@ -77,7 +77,14 @@ pub(crate) fn cross_entropy_checked<
     let weights = class_weights.as_ref().filter(|_| check_weight_values);
     let check_targets = options.check_targets && rows > 0;
     if check_targets || weights.is_some() {
-        check_values(&targets, check_targets, weights, rows, vocab, options.ignore_index)?;
+        check_values(
+            &targets,
+            check_targets,
+            weights,
+            rows,
+            vocab,
+            options.ignore_index,
+        )?;
     }
     let target_dims = targets.dims();
     let weights = class_weights.map(|weights| {
@@ -110,9 +117,9 @@ pub(crate) fn cross_entropy_checked<
         accuracy: parts
             .accuracy
             .map(|a| Tensor::from_primitive(TensorPrimitive::Float(a))),
-        predicted: parts.predicted.map(|p| {
-            Tensor::<B, 1, Int>::from_primitive(p).reshape(per_row_shape.clone())
-        }),
+        predicted: parts
+            .predicted
+            .map(|p| Tensor::<B, 1, Int>::from_primitive(p).reshape(per_row_shape.clone())),
         lse: parts.lse.map(|lse| float(lse, per_row_shape)),
     })
 }

@@ -179,7 +179,10 @@ fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B>
 /// One statistic's row of the stats matrix, `[N]` (a view: rows are contiguous).
 fn stat_row<B: Backend>(stats: &Tensor<B, 2>, stat: usize) -> Tensor<B, 1> {
     let rows = stats.dims()[1];
-    stats.clone().slice([stat..stat + 1, 0..rows]).reshape([rows])
+    stats
+        .clone()
+        .slice([stat..stat + 1, 0..rows])
+        .reshape([rows])
 }
 
 /// Reduces the per-row statistics on the device, in f32; the loss is cast to `dtype`
@@ -234,8 +237,7 @@ pub(crate) fn reduce_stats<B: Backend>(
                 _ => sum_of(row_stat::LOSS) / weight_total.clone(),
             };
             let z_loss = z_sum.filter(|_| wanted.z_loss).map(|z| z / n.clone());
-            let denominators =
-                keep_denominators.then(|| Tensor::cat(vec![weight_total, n], 0));
+            let denominators = keep_denominators.then(|| Tensor::cat(vec![weight_total, n], 0));
             (loss, z_loss, denominators)
         }
     };

@@ -12,8 +12,7 @@ use cubecl::prelude::InputScalar;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
     GradientTarget, IncomingGradient, LossSettings, RowLaunch, WeightArgs, launch_backward,
-    launch_first_bad_target, launch_forward, launch_forward_grad, launch_scale_gradient,
-    row_stat,
+    launch_first_bad_target, launch_forward, launch_forward_grad, launch_scale_gradient, row_stat,
 };
 
 use crate::{
@@ -160,7 +159,11 @@ fn forward_outputs<R: CubeRuntime>(
     logits: &CubeTensor<R>,
     targets: &CubeTensor<R>,
     options: &CrossEntropyOptions,
-) -> (CubeTensor<R>, Option<CubeTensor<R>>, cubecl::prelude::TensorArg<R>) {
+) -> (
+    CubeTensor<R>,
+    Option<CubeTensor<R>>,
+    cubecl::prelude::TensorArg<R>,
+) {
     let [outer, inner, _] = logits.meta.shape().dims::<3>();
     let rows = outer * inner;
     let stats = f32_buffer(logits, Shape::new([row_stat::COUNT, rows]));
@@ -293,11 +296,14 @@ where
             predicted_arg,
             mean,
         );
-        (RowStats {
-            stats,
-            predicted,
-            weighted,
-        }, reshaped(grad, logits_shape))
+        (
+            RowStats {
+                stats,
+                predicted,
+                weighted,
+            },
+            reshaped(grad, logits_shape),
+        )
     }
 
     fn scale_formed_gradient(

@@ -273,13 +273,13 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         ignore_index: i64,
     ) -> IntTensor<Self> {
         let client = targets.client.clone();
-        let result = TensorIr::uninit(
-            client.create_empty_handle(),
-            Shape::new([2]),
-            targets.dtype,
-        );
+        let result = TensorIr::uninit(client.create_empty_handle(), Shape::new([2]), targets.dtype);
         let streams = OperationStreams::with_inputs([&targets]);
-        let desc = CustomOpIr::new("fused_cross_entropy_check_targets", &[targets.into_ir()], &[result]);
+        let desc = CustomOpIr::new(
+            "fused_cross_entropy_check_targets",
+            &[targets.into_ir()],
+            &[result],
+        );
         let op = CheckOp::<B> {
             desc: desc.clone(),
             vocab,

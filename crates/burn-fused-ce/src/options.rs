@@ -152,7 +152,11 @@ pub enum CrossEntropyError {
     /// A class weight that is negative or not finite.
     InvalidClassWeight { class: usize, value: f32 },
     /// A target that is neither a class in `[0, vocab)` nor the ignore index.
-    TargetOutOfRange { row: usize, value: i64, vocab: usize },
+    TargetOutOfRange {
+        row: usize,
+        value: i64,
+        vocab: usize,
+    },
 }
 
 impl core::fmt::Display for CrossEntropyError {
