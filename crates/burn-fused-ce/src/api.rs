@@ -4,7 +4,7 @@
 use burn::tensor::{DType, Int, Shape, Tensor, TensorPrimitive, backend::Backend};
 
 use crate::{
-    backend::{ClassWeights, FusedCrossEntropyBackend},
+    backend::{ClassWeights, FusedCrossEntropyBackend, first_true},
     options::{CrossEntropyError, CrossEntropyOptions, Reduction},
 };
 
@@ -226,15 +226,4 @@ fn check_values<B: FusedCrossEntropyBackend, const DT: usize>(
         });
     }
     Ok(())
-}
-
-/// Index of the first `true` in `mask [len]`, or `len` when there is none, as `[1]`.
-fn first_true<B: Backend>(
-    mask: Tensor<B, 1, burn::tensor::Bool>,
-    len: usize,
-    device: &B::Device,
-) -> Tensor<B, 1, Int> {
-    let positions = Tensor::<B, 1, Int>::arange(0..len as i64, device);
-    let past_end = Tensor::<B, 1, Int>::full([len], len as i64, device);
-    past_end.mask_where(mask, positions).min()
 }

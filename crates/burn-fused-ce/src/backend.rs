@@ -2,7 +2,7 @@
 //! device-side reductions built on it. Inputs here are already validated (see `api.rs`).
 
 use burn::tensor::{
-    DType, Int, Tensor, TensorMetadata, TensorPrimitive,
+    Bool, DType, Int, Tensor, TensorMetadata, TensorPrimitive,
     backend::Backend,
     ops::{FloatTensor, IntTensor},
 };
@@ -79,8 +79,8 @@ pub trait FusedCrossEntropyBackend: Backend {
         );
         let device = <Self as burn::tensor::ops::FloatTensorOps<Self>>::float_device(&logits);
         let one = primitive(Tensor::<Self, 1>::ones([1], (&device, DType::F32)));
-        let denominators = (options.reduction == Reduction::Mean)
-            .then(|| mean_denominators::<Self>(rows.stats.clone()));
+        let denominators =
+            (options.reduction == Reduction::Mean).then(|| mean_denominators::<Self>(&rows));
         let grad = Self::cross_entropy_rows_backward(
             logits,
             targets,
@@ -124,9 +124,7 @@ pub trait FusedCrossEntropyBackend: Backend {
             .lower_elem(0)
             .bool_or(targets.clone().greater_equal_elem(vocab as i64))
             .bool_and(targets.clone().not_equal_elem(ignore_index));
-        let positions = Tensor::<Self, 1, Int>::arange(0..rows as i64, &device);
-        let past_end = Tensor::<Self, 1, Int>::full([rows], rows as i64, &device);
-        let first = past_end.mask_where(bad, positions).min();
+        let first = first_true(bad, rows, &device);
         let at = first.clone().clamp_max(rows as i64 - 1);
         let value = targets.gather(0, at);
         Tensor::cat(vec![first, value], 0).into_primitive()
@@ -206,8 +204,9 @@ pub(crate) fn reduce_stats<B: Backend>(
     // Whole-vector sums of the statistics' rows: Burn's full reductions are fast where a
     // `sum_dim` over the `[7, N]` matrix measured 0.3 ms on the H200 (one unit per row).
     let sum_of = |stat: usize| -> Tensor<B, 1> { stat_row(&stats, stat).sum() };
-    // `n` (clamped), shared by the mean and the accuracy.
-    let count = || sum_of(row_stat::VALID).clamp_min(1.0);
+    // `D` and `n` (clamped), once: the mean and the accuracy share `n`.
+    let counts = (options.reduction == Reduction::Mean || wanted.accuracy)
+        .then(|| clamped_denominators(&stats, rows.weighted));
 
     let (loss, z_loss, denominators) = match options.reduction {
         Reduction::None => (
@@ -221,13 +220,7 @@ pub(crate) fn reduce_stats<B: Backend>(
             None,
         ),
         Reduction::Mean => {
-            let n = count();
-            // Without class weights `D` is `n`: one sum serves both.
-            let weight_total = if rows.weighted {
-                sum_of(row_stat::WEIGHT).clamp_min(f32::MIN_POSITIVE)
-            } else {
-                n.clone()
-            };
+            let (weight_total, n) = counts.clone().expect("the counts are summed for the mean");
             let z_sum = (has_z || wanted.z_loss).then(|| sum_of(row_stat::Z_LOSS));
             let loss = match &z_sum {
                 Some(z_sum) if has_z => {
@@ -244,9 +237,9 @@ pub(crate) fn reduce_stats<B: Backend>(
     let parts = LossParts {
         loss: primitive(loss.cast(dtype)),
         z_loss: z_loss.map(primitive),
-        accuracy: wanted
-            .accuracy
-            .then(|| primitive(sum_of(row_stat::CORRECT) / count())),
+        accuracy: counts
+            .filter(|_| wanted.accuracy)
+            .map(|(_, n)| primitive(sum_of(row_stat::CORRECT) / n)),
         predicted: if wanted.predicted {
             rows.predicted
         } else {
@@ -262,25 +255,38 @@ pub(crate) fn reduce_stats<B: Backend>(
     }
 }
 
-/// The mean's denominators as backward divides by them: `max(D, MIN_POSITIVE)` and
-/// `max(n, 1)`.
+/// Index of the first `true` in `mask [len]`, or `len` when there is none, as `[1]`.
+pub(crate) fn first_true<B: Backend>(
+    mask: Tensor<B, 1, Bool>,
+    len: usize,
+    device: &B::Device,
+) -> Tensor<B, 1, Int> {
+    let positions = Tensor::<B, 1, Int>::arange(0..len as i64, device);
+    let past_end = Tensor::<B, 1, Int>::full([len], len as i64, device);
+    past_end.mask_where(mask, positions).min()
+}
+
+/// The mean's denominators from the statistics of `N > 0` rows, as backward divides by
+/// them: `max(D, MIN_POSITIVE)` and `max(n, 1)`. Without class weights `D` is `n`: one
+/// sum serves both.
 fn clamped_denominators<B: Backend>(
-    weight_total: Tensor<B, 1>,
-    count: Tensor<B, 1>,
+    stats: &Tensor<B, 2>,
+    weighted: bool,
 ) -> (Tensor<B, 1>, Tensor<B, 1>) {
-    (
-        weight_total.clamp_min(f32::MIN_POSITIVE),
-        count.clamp_min(1.0),
-    )
+    let n = stat_row(stats, row_stat::VALID).sum().clamp_min(1.0);
+    let weight_total = if weighted {
+        stat_row(stats, row_stat::WEIGHT)
+            .sum()
+            .clamp_min(f32::MIN_POSITIVE)
+    } else {
+        n.clone()
+    };
+    (weight_total, n)
 }
 
 /// f32 `[2]` (`D`, `n`) from the statistics of `N > 0` rows.
-pub(crate) fn mean_denominators<B: Backend>(stats: FloatTensor<B>) -> FloatTensor<B> {
-    let stats = float::<B, 2>(stats);
-    let (weight_total, n) = clamped_denominators(
-        stat_row(&stats, row_stat::WEIGHT).sum(),
-        stat_row(&stats, row_stat::VALID).sum(),
-    );
+pub(crate) fn mean_denominators<B: Backend>(rows: &RowStats<B>) -> FloatTensor<B> {
+    let (weight_total, n) = clamped_denominators(&float::<B, 2>(rows.stats.clone()), rows.weighted);
     primitive(Tensor::cat(vec![weight_total, n], 0))
 }
 

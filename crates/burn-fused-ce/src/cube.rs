@@ -260,25 +260,7 @@ where
         let weighted = class_weights.is_some();
         let weights = weight_args(class_weights.map(|w| (w.weights, w.total)), &logits);
         let mean = options.reduction == Reduction::Mean;
-        let (target, grad) = if logits.can_mut() {
-            diagnostics::count_in_place_backward();
-            (
-                GradientTarget::InPlace(logits.clone().into_tensor_arg()),
-                logits.clone(),
-            )
-        } else {
-            let grad = poison(empty_device_contiguous_dtype::<R>(
-                client.clone(),
-                logits.device.clone(),
-                logits.shape(),
-                logits.dtype,
-            ));
-            let target = GradientTarget::Separate {
-                logits: logits.clone().into_tensor_arg(),
-                grad: grad.clone().into_tensor_arg(),
-            };
-            (target, grad)
-        };
+        let (target, grad) = gradient_buffer(&logits);
         let shape = row_launch(
             &logits,
             &targets,
@@ -356,33 +338,7 @@ where
             denominators: denominators.map(|d| d.into_tensor_arg()),
         };
         let dummy = grad_output.into_tensor_arg();
-        if logits.can_mut() {
-            let shape = row_launch(
-                &logits,
-                &targets,
-                vector_size(&[&logits]),
-                weighted,
-                options,
-            );
-            launch_backward::<R>(
-                &client,
-                shape,
-                GradientTarget::InPlace(logits.clone().into_tensor_arg()),
-                targets.into_tensor_arg(),
-                weights,
-                stats.into_tensor_arg(),
-                incoming,
-                dummy,
-            );
-            diagnostics::count_in_place_backward();
-            return reshaped(logits, logits_shape);
-        }
-        let grad = poison(empty_device_contiguous_dtype::<R>(
-            client.clone(),
-            logits.device.clone(),
-            logits.shape(),
-            logits.dtype,
-        ));
+        let (target, grad) = gradient_buffer(&logits);
         let shape = row_launch(
             &logits,
             &targets,
@@ -393,10 +349,7 @@ where
         launch_backward::<R>(
             &client,
             shape,
-            GradientTarget::Separate {
-                logits: logits.into_tensor_arg(),
-                grad: grad.clone().into_tensor_arg(),
-            },
+            target,
             targets.into_tensor_arg(),
             weights,
             stats.into_tensor_arg(),
@@ -405,6 +358,28 @@ where
         );
         reshaped(grad, logits_shape)
     }
+}
+
+/// Where a kernel writes the gradient of `logits` (a `[B, T, V]` view): over them when
+/// this op holds the only handle (counted for the tests), else into a new contiguous
+/// buffer. Returns the launch target and the gradient tensor.
+fn gradient_buffer<R: CubeRuntime>(logits: &CubeTensor<R>) -> (GradientTarget<R>, CubeTensor<R>) {
+    if logits.can_mut() {
+        diagnostics::count_in_place_backward();
+        let target = GradientTarget::InPlace(logits.clone().into_tensor_arg());
+        return (target, logits.clone());
+    }
+    let grad = poison(empty_device_contiguous_dtype::<R>(
+        logits.client.clone(),
+        logits.device.clone(),
+        logits.shape(),
+        logits.dtype,
+    ));
+    let target = GradientTarget::Separate {
+        logits: logits.clone().into_tensor_arg(),
+        grad: grad.clone().into_tensor_arg(),
+    };
+    (target, grad)
 }
 
 /// The gradient with the logits' own rank: a `[1, N, V]` view back to `[N, V]`.

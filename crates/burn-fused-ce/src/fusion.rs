@@ -36,60 +36,99 @@ fn weights_from<B: FusionBackend + FusedCrossEntropyBackend>(
     })
 }
 
+/// The forward op, with or without the forward-formed gradient. Inputs: logits, targets,
+/// [weights, total]; outputs: stats, [grad when `with_grad`], [predicted].
 #[derive(Debug, Clone)]
-struct RowsOp<B> {
+struct ForwardOp<B> {
     desc: CustomOpIr,
     options: CrossEntropyOptions,
     weighted: bool,
+    with_grad: bool,
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for RowsOp<B> {
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for ForwardOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
         let inputs = &self.desc.inputs;
         let outputs = &self.desc.outputs;
         let class_weights = weights_from::<B>(handles, &inputs[2..], self.weighted);
-        let rows = B::cross_entropy_rows(
-            handles.get_float_tensor::<B>(&inputs[0]),
-            handles.get_int_tensor::<B>(&inputs[1]),
-            class_weights,
-            &self.options,
-        );
+        let logits = handles.get_float_tensor::<B>(&inputs[0]);
+        let targets = handles.get_int_tensor::<B>(&inputs[1]);
+        let rows = if self.with_grad {
+            let (rows, grad) =
+                B::cross_entropy_rows_with_grad(logits, targets, class_weights, &self.options);
+            handles.register_float_tensor::<B>(&outputs[1].id, grad);
+            rows
+        } else {
+            B::cross_entropy_rows(logits, targets, class_weights, &self.options)
+        };
         handles.register_float_tensor::<B>(&outputs[0].id, rows.stats);
-        if let (Some(predicted), Some(output)) = (rows.predicted, outputs.get(1)) {
+        let predicted_at = if self.with_grad { 2 } else { 1 };
+        if let (Some(predicted), Some(output)) = (rows.predicted, outputs.get(predicted_at)) {
             handles.register_int_tensor::<B>(&output.id, predicted);
         }
     }
 }
 
-#[derive(Debug, Clone)]
-struct RowsWithGradOp<B> {
-    desc: CustomOpIr,
-    options: CrossEntropyOptions,
-    weighted: bool,
-    _backend: PhantomData<B>,
+/// The op's tensor inputs: logits, targets, then the class weights and their total.
+fn inputs_with_weights<B: FusionBackend>(
+    first: [FusionTensor<B::FusionRuntime>; 2],
+    class_weights: Option<ClassWeights<Fusion<B>>>,
+) -> Vec<FusionTensor<B::FusionRuntime>> {
+    let mut inputs = Vec::from(first);
+    if let Some(weights) = class_weights {
+        inputs.push(weights.weights);
+        inputs.push(weights.total);
+    }
+    inputs
 }
 
-impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
-    for RowsWithGradOp<B>
-{
-    fn execute(&self, handles: &mut Handles<B>) {
-        // inputs: logits, targets, [weights, total]; outputs: stats, grad, [predicted]
-        let inputs = &self.desc.inputs;
-        let outputs = &self.desc.outputs;
-        let class_weights = weights_from::<B>(handles, &inputs[2..], self.weighted);
-        let (rows, grad) = B::cross_entropy_rows_with_grad(
-            handles.get_float_tensor::<B>(&inputs[0]),
-            handles.get_int_tensor::<B>(&inputs[1]),
-            class_weights,
-            &self.options,
-        );
-        handles.register_float_tensor::<B>(&outputs[0].id, rows.stats);
-        handles.register_float_tensor::<B>(&outputs[1].id, grad);
-        if let (Some(predicted), Some(output)) = (rows.predicted, outputs.get(2)) {
-            handles.register_int_tensor::<B>(&output.id, predicted);
-        }
+/// Registers [`ForwardOp`] in the stream: the statistics, the forward-formed gradient
+/// when `with_grad`, and the predictions when the options track the argmax.
+fn register_forward<B: FusionBackend + FusedCrossEntropyBackend>(
+    logits: FloatTensor<Fusion<B>>,
+    targets: IntTensor<Fusion<B>>,
+    class_weights: Option<ClassWeights<Fusion<B>>>,
+    options: &CrossEntropyOptions,
+    with_grad: bool,
+) -> (RowStats<Fusion<B>>, Option<FloatTensor<Fusion<B>>>) {
+    let client = logits.client.clone();
+    let rows: usize = targets.shape.iter().product();
+    let weighted = class_weights.is_some();
+    let (grad_shape, grad_dtype, int_dtype) = (logits.shape.clone(), logits.dtype, targets.dtype);
+    let inputs = inputs_with_weights::<B>([logits, targets], class_weights);
+    let streams = OperationStreams::with_inputs(inputs.iter());
+    let output =
+        |shape: Shape, dtype: DType| TensorIr::uninit(client.create_empty_handle(), shape, dtype);
+    let mut outputs = vec![output(Shape::new([row_stat::COUNT, rows]), DType::F32)];
+    if with_grad {
+        outputs.push(output(grad_shape, grad_dtype));
     }
+    if options.outputs.needs_argmax() {
+        outputs.push(output(Shape::new([rows]), int_dtype));
+    }
+    let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+    let desc = CustomOpIr::new("fused_cross_entropy_rows", &inputs, &outputs);
+    let op = ForwardOp::<B> {
+        desc: desc.clone(),
+        options: options.clone(),
+        weighted,
+        with_grad,
+        _backend: PhantomData,
+    };
+    let mut outputs = client
+        .register(streams, OperationIr::Custom(desc), op)
+        .into_iter();
+    let stats = outputs
+        .next()
+        .unwrap_or_else(|| unreachable!("the op declares its stats output"));
+    let grad = if with_grad { outputs.next() } else { None };
+    let rows = RowStats {
+        stats,
+        predicted: outputs.next(),
+        weighted,
+    };
+    (rows, grad)
 }
 
 #[derive(Debug, Clone)]
@@ -167,47 +206,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         class_weights: Option<ClassWeights<Self>>,
         options: &CrossEntropyOptions,
     ) -> RowStats<Self> {
-        let client = logits.client.clone();
-        let rows: usize = targets.shape.iter().product();
-        let weighted = class_weights.is_some();
-        let mut inputs: Vec<FusionTensor<B::FusionRuntime>> = vec![logits, targets];
-        if let Some(weights) = class_weights {
-            inputs.push(weights.weights);
-            inputs.push(weights.total);
-        }
-        let streams = OperationStreams::with_inputs(inputs.iter());
-        let int_dtype = inputs[1].dtype;
-        let mut outputs = vec![TensorIr::uninit(
-            client.create_empty_handle(),
-            Shape::new([row_stat::COUNT, rows]),
-            DType::F32,
-        )];
-        if options.outputs.needs_argmax() {
-            outputs.push(TensorIr::uninit(
-                client.create_empty_handle(),
-                Shape::new([rows]),
-                int_dtype,
-            ));
-        }
-        let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
-        let desc = CustomOpIr::new("fused_cross_entropy_rows", &inputs, &outputs);
-        let op = RowsOp::<B> {
-            desc: desc.clone(),
-            options: options.clone(),
-            weighted,
-            _backend: PhantomData,
-        };
-        let mut outputs = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .into_iter();
-        let stats = outputs
-            .next()
-            .unwrap_or_else(|| unreachable!("the op declares its stats output"));
-        RowStats {
-            stats,
-            predicted: outputs.next(),
-            weighted,
-        }
+        register_forward::<B>(logits, targets, class_weights, options, false).0
     }
 
     fn cross_entropy_rows_with_grad(
@@ -216,55 +215,10 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         class_weights: Option<ClassWeights<Self>>,
         options: &CrossEntropyOptions,
     ) -> (RowStats<Self>, FloatTensor<Self>) {
-        let client = logits.client.clone();
-        let rows: usize = targets.shape.iter().product();
-        let weighted = class_weights.is_some();
-        let grad_shape = logits.shape.clone();
-        let grad_dtype = logits.dtype;
-        let mut inputs: Vec<FusionTensor<B::FusionRuntime>> = vec![logits, targets];
-        if let Some(weights) = class_weights {
-            inputs.push(weights.weights);
-            inputs.push(weights.total);
+        match register_forward::<B>(logits, targets, class_weights, options, true) {
+            (rows, Some(grad)) => (rows, grad),
+            (_, None) => unreachable!("the op declares its gradient output"),
         }
-        let streams = OperationStreams::with_inputs(inputs.iter());
-        let int_dtype = inputs[1].dtype;
-        let mut outputs = vec![
-            TensorIr::uninit(
-                client.create_empty_handle(),
-                Shape::new([row_stat::COUNT, rows]),
-                DType::F32,
-            ),
-            TensorIr::uninit(client.create_empty_handle(), grad_shape, grad_dtype),
-        ];
-        if options.outputs.needs_argmax() {
-            outputs.push(TensorIr::uninit(
-                client.create_empty_handle(),
-                Shape::new([rows]),
-                int_dtype,
-            ));
-        }
-        let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
-        let desc = CustomOpIr::new("fused_cross_entropy_rows_with_grad", &inputs, &outputs);
-        let op = RowsWithGradOp::<B> {
-            desc: desc.clone(),
-            options: options.clone(),
-            weighted,
-            _backend: PhantomData,
-        };
-        let mut outputs = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .into_iter();
-        let (Some(stats), Some(grad)) = (outputs.next(), outputs.next()) else {
-            unreachable!("the op declares its stats and gradient outputs")
-        };
-        (
-            RowStats {
-                stats,
-                predicted: outputs.next(),
-                weighted,
-            },
-            grad,
-        )
     }
 
     fn first_bad_target(
@@ -333,11 +287,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         );
         let weighted = class_weights.is_some();
         let mean = denominators.is_some();
-        let mut inputs: Vec<FusionTensor<B::FusionRuntime>> = vec![logits, targets];
-        if let Some(weights) = class_weights {
-            inputs.push(weights.weights);
-            inputs.push(weights.total);
-        }
+        let mut inputs = inputs_with_weights::<B>([logits, targets], class_weights);
         inputs.push(stats);
         inputs.push(grad_output);
         inputs.extend(denominators);
