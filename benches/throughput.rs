@@ -38,6 +38,17 @@ enum Mode {
     FwdBwdChecked,
     /// `FwdBwd` with label smoothing 0.1, z-loss 1e-4 and softcap 30 together.
     FwdBwdOptions,
+    /// The other plan than the default's, for `FwdBwd`, `FwdBwdScaled`, `FwdBwdOptions`
+    /// (`gradient_in_forward` flipped).
+    OtherPlan(BaseMode),
+}
+
+/// The modes `Mode::OtherPlan` applies to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BaseMode {
+    FwdBwd,
+    FwdBwdScaled,
+    FwdBwdOptions,
 }
 
 impl Mode {
@@ -49,6 +60,9 @@ impl Mode {
             Mode::FwdBwdRows => "fwd+bwd none/row",
             Mode::FwdBwdChecked => "fwd+bwd checked",
             Mode::FwdBwdOptions => "fwd+bwd ls+z+cap",
+            Mode::OtherPlan(BaseMode::FwdBwd) => "fwd+bwd other-plan",
+            Mode::OtherPlan(BaseMode::FwdBwdScaled) => "fwd+bwd g=0.5 other-plan",
+            Mode::OtherPlan(BaseMode::FwdBwdOptions) => "fwd+bwd ls+z+cap other-plan",
         }
     }
 }
@@ -93,10 +107,17 @@ impl Bench {
                 (8192, 128256, bf16, Mode::FwdBwdRows),
                 (8192, 128256, bf16, Mode::FwdBwdChecked),
                 (8192, 128256, bf16, Mode::FwdBwdOptions),
+                (8192, 128256, bf16, Mode::OtherPlan(BaseMode::FwdBwd)),
+                (8192, 128256, bf16, Mode::OtherPlan(BaseMode::FwdBwdScaled)),
+                (8192, 128256, bf16, Mode::OtherPlan(BaseMode::FwdBwdOptions)),
                 (16384, 151936, bf16, Mode::FwdBwd),
+                (16384, 151936, bf16, Mode::OtherPlan(BaseMode::FwdBwd)),
                 (4096, 256000, bf16, Mode::FwdBwd),
+                (4096, 256000, bf16, Mode::OtherPlan(BaseMode::FwdBwd)),
                 (8192, 128256, f32, Mode::FwdBwd),
+                (8192, 128256, f32, Mode::OtherPlan(BaseMode::FwdBwd)),
                 (8192, 32000, bf16, Mode::FwdBwd),
+                (8192, 32000, bf16, Mode::OtherPlan(BaseMode::FwdBwd)),
                 // 8.4e9 elements: 64-bit index arithmetic (the cost of it, per element).
                 (65536, 128256, bf16, Mode::FwdBwd),
             ];
@@ -110,6 +131,7 @@ impl Bench {
                 Mode::FwdBwd,
                 Mode::FwdBwdRows,
                 Mode::FwdBwdOptions,
+                Mode::OtherPlan(BaseMode::FwdBwd),
             ];
             let cases = [f32, f16]
                 .into_iter()
@@ -213,7 +235,7 @@ impl Bench {
                 self.measure(plain, |(x, y)| drop(loss.forward(x, y)))
             }
             // Burn's loss has no z-loss nor softcap: nothing to compare with.
-            Mode::FwdBwdOptions => None,
+            Mode::FwdBwdOptions | Mode::OtherPlan(_) => None,
             Mode::FwdBwd | Mode::FwdBwdChecked => {
                 let loss = CrossEntropyLossConfig::new().init::<AD>(&self.device);
                 self.measure(autodiff, |(x, y)| drop(loss.forward(x, y).backward()))
@@ -283,6 +305,20 @@ impl Bench {
                 let weights = Tensor::<AutodiffCube, 1>::from_inner(scale.clone());
                 drop((loss * weights).sum().backward());
             }),
+            Mode::OtherPlan(base) => {
+                let flip = |options: &CrossEntropyOptions| CrossEntropyOptions {
+                    gradient_in_forward: !options.gradient_in_forward,
+                    ..options.clone()
+                };
+                let (options, factor) = match base {
+                    BaseMode::FwdBwd => (flip(&mean), 1.0),
+                    BaseMode::FwdBwdScaled => (flip(&mean), 0.5),
+                    BaseMode::FwdBwdOptions => (flip(&with_options), 1.0),
+                };
+                self.measure(owned, |x| {
+                    drop((fused_cross_entropy(x, targets_ad(), &options) * factor).backward());
+                })
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::row_stat;
 
 /// Start value of a running maximum. Finite on purpose: `exp(m_old - m_new)` with both at
 /// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
-const RUNNING_MAX_START: f32 = -3.0e38;
+pub(crate) const RUNNING_MAX_START: f32 = -3.0e38;
 
 /// Which options a launch uses (each one compiles its own kernel).
 #[derive_cube_comptime]
@@ -52,14 +52,14 @@ pub struct RowScalars {
 
 /// Row index of this cube. The grid is 2-D because wgpu caps each grid dimension at 65535.
 #[cube]
-fn row_of_cube() -> usize {
+pub(crate) fn row_of_cube() -> usize {
     (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
 }
 
 /// Element offset of row `row` in a tensor whose first two dimensions are the rows
 /// (`[B, T, ..]`, row `b * T + t`), whatever their strides.
 #[cube]
-fn row_offset<T: CubePrimitive>(tensor: &Tensor<T>, row: usize) -> usize {
+pub(crate) fn row_offset<T: CubePrimitive>(tensor: &Tensor<T>, row: usize) -> usize {
     let inner_rows = tensor.shape(1);
     (row / inner_rows) * tensor.stride(0) + (row % inner_rows) * tensor.stride(1)
 }
@@ -69,18 +69,18 @@ fn row_offset<T: CubePrimitive>(tensor: &Tensor<T>, row: usize) -> usize {
 /// purpose: cubecl 0.10 types `CONST * x` as the constant's 32-bit type even when the
 /// kernel indexes with 64 bits.
 #[cube]
-fn stat_index(stats: &Tensor<f32>, #[comptime] stat: usize, row: usize) -> usize {
+pub(crate) fn stat_index(stats: &Tensor<f32>, #[comptime] stat: usize, row: usize) -> usize {
     stats.stride(0) * stat + row * stats.stride(1)
 }
 
 /// The class index of a row as i32.
 #[cube]
-fn read_target<I: Int>(targets: &Tensor<I>, row: usize) -> i32 {
+pub(crate) fn read_target<I: Int>(targets: &Tensor<I>, row: usize) -> i32 {
     i32::cast_from(targets[row_offset::<I>(targets, row)])
 }
 
 #[cube]
-fn is_class(target: i32, vocab: usize) -> bool {
+pub(crate) fn is_class(target: i32, vocab: usize) -> bool {
     target >= 0 && usize::cast_from(target) < vocab
 }
 
@@ -111,7 +111,7 @@ fn lane_sum<N: Size>(values: Vector<f32, N>) -> f32 {
 /// instructions; the accurate `expf` made the forward pass instruction-bound on the H200).
 /// Used only where the argument is <= 0 or a logit minus its row's log-sum-exp.
 #[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
-fn fast_exp<N: Size>(values: Vector<f32, N>, shift: f32) -> Vector<f32, N> {
+pub(crate) fn fast_exp<N: Size>(values: Vector<f32, N>, shift: f32) -> Vector<f32, N> {
     Vector::exp(values - Vector::new(shift))
 }
 
@@ -137,7 +137,7 @@ fn ln_one_plus(x: f32) -> f32 {
 
 /// One vector of a row in f32, soft-capped when the options say so.
 #[cube]
-fn load_vector<F: Float, N: Size>(
+pub(crate) fn load_vector<F: Float, N: Size>(
     logits: &Tensor<Vector<F, N>>,
     at: usize,
     softcap: f32,
@@ -152,13 +152,13 @@ fn load_vector<F: Float, N: Size>(
 
 /// `c * tanh(x / c)`.
 #[cube]
-fn soft_cap<N: Size>(values: Vector<f32, N>, cap: f32) -> Vector<f32, N> {
+pub(crate) fn soft_cap<N: Size>(values: Vector<f32, N>, cap: f32) -> Vector<f32, N> {
     Vector::new(cap) * Vector::tanh(values / Vector::new(cap))
 }
 
 /// The class weights of one vector's columns.
 #[cube]
-fn weights_vector<N: Size>(class_weights: &Tensor<f32>, first_col: usize) -> Vector<f32, N> {
+pub(crate) fn weights_vector<N: Size>(class_weights: &Tensor<f32>, first_col: usize) -> Vector<f32, N> {
     let mut weights = Vector::<f32, N>::new(0.0);
     #[unroll]
     for lane in 0..weights.size() {
@@ -169,21 +169,21 @@ fn weights_vector<N: Size>(class_weights: &Tensor<f32>, first_col: usize) -> Vec
 
 /// What one unit (then the whole cube) knows of a row after reading it.
 #[derive(CubeType, Clone, Copy)]
-struct RowState {
-    max: f32,
+pub(crate) struct RowState {
+    pub(crate) max: f32,
     /// `sum exp(x_c - max)` over the classes other than the target.
-    others: f32,
-    target_logit: f32,
+    pub(crate) others: f32,
+    pub(crate) target_logit: f32,
     /// Argmax so far (value, column; column `vocab` until a value is seen).
-    best: f32,
-    best_col: u32,
+    pub(crate) best: f32,
+    pub(crate) best_col: u32,
     /// `sum_c w_c x'_c` (label smoothing).
-    smooth: f32,
+    pub(crate) smooth: f32,
 }
 
 /// Folds one vector (columns `first_col..`) into a unit's state.
 #[cube]
-fn absorb<N: Size>(
+pub(crate) fn absorb<N: Size>(
     state: RowState,
     values: Vector<f32, N>,
     weights: Vector<f32, N>,
@@ -197,9 +197,12 @@ fn absorb<N: Size>(
     let mut target_logit = state.target_logit;
     let mut best = state.best;
     let mut best_col = state.best_col;
+    // The target's lane in this vector, compared in 32 bits (one compare per lane, also in
+    // 64-bit kernels); a target before `first_col` wraps to a huge value, never a lane.
+    let target_lane = u32::cast_from(target_col - first_col);
     #[unroll]
     for lane in 0..values.size() {
-        let is_target = first_col + lane == target_col;
+        let is_target = target_lane == lane as u32;
         exp_sum += select(is_target, f32::new(0.0), exps[lane]);
         target_logit = select(is_target, values[lane], target_logit);
         if comptime!(options.argmax) {
@@ -225,7 +228,7 @@ fn absorb<N: Size>(
 
 /// Merges the units' states in shared memory; every unit gets the row's state.
 #[cube]
-fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
+pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
     let cube_size = options.cube_size;
     let mut shared_max = SharedMemory::<f32>::new(cube_size);
     let mut shared_others = SharedMemory::<f32>::new(cube_size);
@@ -292,10 +295,10 @@ fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
 
 /// What the rest of the cube needs of a row after [`forward_row`].
 #[derive(CubeType, Clone, Copy)]
-struct RowForward {
-    lse: f32,
+pub(crate) struct RowForward {
+    pub(crate) lse: f32,
     /// `p_y - 1`.
-    target_grad: f32,
+    pub(crate) target_grad: f32,
 }
 
 /// Reads one row and writes its statistics of [`row_stat`] into `stats [COUNT, rows]`:
@@ -494,62 +497,105 @@ fn read_row<F: Float, I: Int, N: Size>(
     let merged = cube_merge(state, options);
 
     if UNIT_POS == 0 {
-        // A target that is not a class reads a zero logit and gets a NaN loss below.
+        // A target that is not a class reads a zero logit and gets a NaN loss.
         let target_logit = select(target_is_class, shared_target_logit[0], f32::new(0.0));
-        let target_exp = select(
-            target_is_class,
-            f32::exp(target_logit - merged.max),
-            f32::new(0.0),
+        let forward = finish_row::<I>(
+            merged,
+            target_logit,
+            target,
+            vocab,
+            class_weights,
+            weight_total,
+            stats,
+            predicted,
+            row,
+            true,
+            scalars,
+            options,
         );
-        let sum = merged.others + target_exp;
-        // `ln(sum)` from `sum - 1`, formed without rounding when the target is the max
-        // (`target_exp` is then exactly 1): a confident row's loss is `ln(1 + others)`
-        // with `others` tiny, where `ln` of the rounded sum would keep few digits.
-        let log_sum = ln_one_plus(merged.others + (target_exp - f32::new(1.0)));
-        let lse = merged.max + log_sum;
-        let nll = (merged.max - target_logit) + log_sum;
-        let safe_col = select(target_is_class, target_col, 0usize);
-        let mut target_weight = f32::new(1.0);
+        shared_row[0] = forward.lse;
+        shared_row[1] = forward.target_grad;
+    }
+}
+
+/// A row's loss and statistics from its merged state (one unit calls it): writes them to
+/// `stats` (and the argmax to `predicted`) when `write`, and returns the log-sum-exp and
+/// `p_y - 1`. `target_logit` is 0 when the target is not a class (the loss is then NaN).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn finish_row<I: Int>(
+    merged: RowState,
+    target_logit: f32,
+    target: i32,
+    vocab: usize,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    stats: &mut Tensor<f32>,
+    predicted: &mut Tensor<I>,
+    row: usize,
+    write: bool,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+) -> RowForward {
+    let target_is_class = is_class(target, vocab);
+    let target_col = select(target_is_class, usize::cast_from(target), vocab);
+    let target_exp = select(
+        target_is_class,
+        f32::exp(target_logit - merged.max),
+        f32::new(0.0),
+    );
+    let sum = merged.others + target_exp;
+    // `ln(sum)` from `sum - 1`, formed without rounding when the target is the max
+    // (`target_exp` is then exactly 1): a confident row's loss is `ln(1 + others)`
+    // with `others` tiny, where `ln` of the rounded sum would keep few digits.
+    let log_sum = ln_one_plus(merged.others + (target_exp - f32::new(1.0)));
+    let lse = merged.max + log_sum;
+    let nll = (merged.max - target_logit) + log_sum;
+    let safe_col = select(target_is_class, target_col, 0usize);
+    let mut target_weight = f32::new(1.0);
+    if comptime!(options.weighted) {
+        target_weight = select(target_is_class, class_weights[safe_col], f32::new(1.0));
+    }
+    let mut loss = target_weight * nll;
+    if comptime!(options.smoothing) {
+        // (1 - ls) w_y (lse - x_y) + (ls / V) sum_c w_c (lse - x_c)
+        let mut weight_sum = f32::cast_from(vocab);
         if comptime!(options.weighted) {
-            target_weight = select(target_is_class, class_weights[safe_col], f32::new(1.0));
+            weight_sum = weight_total[0];
         }
-        let mut loss = target_weight * nll;
-        if comptime!(options.smoothing) {
-            // (1 - ls) w_y (lse - x_y) + (ls / V) sum_c w_c (lse - x_c)
-            let mut weight_sum = f32::cast_from(vocab);
-            if comptime!(options.weighted) {
-                weight_sum = weight_total[0];
-            }
-            let ls = scalars.label_smoothing;
-            loss = (f32::new(1.0) - ls) * loss
-                + ls / f32::cast_from(vocab) * (weight_sum * lse - merged.smooth);
-        }
-        let mut z_loss = f32::new(0.0);
-        if comptime!(options.z_loss) {
-            z_loss = scalars.z_loss_scale * lse * lse;
-        }
-        // NaN made at run time: CUDA C has no NaN literal for the compiler to print.
-        let not_a_number = f32::sqrt(f32::new(-1.0) - f32::abs(f32::cast_from(target)));
+        let ls = scalars.label_smoothing;
+        loss = (f32::new(1.0) - ls) * loss
+            + ls / f32::cast_from(vocab) * (weight_sum * lse - merged.smooth);
+    }
+    let mut z_loss = f32::new(0.0);
+    if comptime!(options.z_loss) {
+        z_loss = scalars.z_loss_scale * lse * lse;
+    }
+    // NaN made at run time: CUDA C has no NaN literal for the compiler to print.
+    let not_a_number = f32::sqrt(f32::new(-1.0) - f32::abs(f32::cast_from(target)));
+    let mut correct = f32::new(0.0);
+    let mut best_col = 0usize;
+    if comptime!(options.argmax) {
+        // An all -inf (or NaN) row never beat the start value: `argmax` says 0.
+        best_col = usize::cast_from(merged.best_col);
+        best_col = select(best_col < vocab, best_col, 0usize);
+        correct = select(best_col == target_col, f32::new(1.0), f32::new(0.0));
+    }
+    let target_grad = -merged.others / sum;
+    if write {
         stats[stat_index(stats, row_stat::LOSS, row)] =
             select(target_is_class, loss + z_loss, not_a_number);
         stats[stat_index(stats, row_stat::Z_LOSS, row)] = z_loss;
         stats[stat_index(stats, row_stat::WEIGHT, row)] = target_weight;
         stats[stat_index(stats, row_stat::VALID, row)] = f32::new(1.0);
-        let mut correct = f32::new(0.0);
-        if comptime!(options.argmax) {
-            // An all -inf (or NaN) row never beat the start value: `argmax` says 0.
-            let best_col = usize::cast_from(merged.best_col);
-            let best_col = select(best_col < vocab, best_col, 0usize);
-            correct = select(best_col == target_col, f32::new(1.0), f32::new(0.0));
-            predicted[row] = I::cast_from(best_col);
-        }
         stats[stat_index(stats, row_stat::CORRECT, row)] = correct;
-        let target_grad = -merged.others / sum;
         stats[stat_index(stats, row_stat::LSE, row)] = lse;
         stats[stat_index(stats, row_stat::TARGET_GRAD, row)] = target_grad;
-        shared_row[0] = lse;
-        shared_row[1] = target_grad;
+        if comptime!(options.argmax) {
+            predicted[row] = I::cast_from(best_col);
+        }
     }
+    RowForward { lse, target_grad }
 }
 
 /// Forward: one cube per row, see [`forward_row`].
@@ -587,13 +633,13 @@ pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
 /// smooth_coef * w_c` for every column but the target, `target_value` there, all times
 /// the softcap's derivative.
 #[derive(CubeType, Clone, Copy)]
-struct RowGradient {
+pub(crate) struct RowGradient {
     /// `vocab` when the row's gradient is zero (ignored, or not a class).
-    target_col: usize,
-    lse: f32,
-    prob_coef: f32,
-    smooth_coef: f32,
-    target_value: f32,
+    pub(crate) target_col: usize,
+    pub(crate) lse: f32,
+    pub(crate) prob_coef: f32,
+    pub(crate) smooth_coef: f32,
+    pub(crate) target_value: f32,
 }
 
 /// A row's gradient coefficients (spec, "Gradient"): with `sc = g / N_ce`, `sz = g / N_z`,
@@ -603,7 +649,7 @@ struct RowGradient {
 /// then 0.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn gradient_coefficients(
+pub(crate) fn gradient_coefficients(
     target_col: usize,
     ce_scale: f32,
     z_scale: f32,
@@ -694,7 +740,7 @@ fn row_gradient<I: Int, G: Float>(
 
 /// One vector of the gradient, in f32, rounded to `F` once.
 #[cube]
-fn gradient_vector<F: Float, N: Size>(
+pub(crate) fn gradient_vector<F: Float, N: Size>(
     values: Vector<F, N>,
     weights: Vector<f32, N>,
     first_col: usize,
@@ -711,9 +757,11 @@ fn gradient_vector<F: Float, N: Size>(
     if comptime!(options.smoothing) {
         grad -= weights * Vector::new(row.smooth_coef);
     }
+    // As in `absorb`: the target's lane, compared in 32 bits.
+    let target_lane = u32::cast_from(row.target_col - first_col);
     #[unroll]
     for lane in 0..grad.size() {
-        let is_target = first_col + lane == row.target_col;
+        let is_target = target_lane == lane as u32;
         grad[lane] = select(is_target, row.target_value, grad[lane]);
     }
     if comptime!(options.softcap) {
@@ -852,7 +900,7 @@ fn write_gradient_row<F: Float, N: Size>(
 /// a class) and `n` (non-ignored rows), clamped like `reduce_stats` clamps them. Every
 /// cube computes them (reading `rows` targets is cheap next to one row of logits).
 #[cube]
-fn mean_denominators<I: Int>(
+pub(crate) fn mean_denominators<I: Int>(
     targets: &Tensor<I>,
     class_weights: &Tensor<f32>,
     rows: usize,
@@ -900,77 +948,6 @@ fn mean_denominators<I: Int>(
         f32::max(shared_weight[0], f32::new(f32::MIN_POSITIVE)),
         f32::max(shared_count[0], f32::new(1.0)),
     )
-}
-
-/// Forward that also writes the gradient for an incoming gradient of 1 (`Mean` or `Sum`),
-/// over the logits when `grad` aliases them. A fixed set of cubes walks the rows, each
-/// reading a row (statistics as [`forward_row`]) and then streaming it again to write its
-/// gradient: with few enough rows in flight, that second read comes from L2, so the whole
-/// step moves the logits once and the gradient once.
-#[cube(launch, address_type = "dynamic")]
-#[allow(clippy::too_many_arguments)]
-pub fn cross_entropy_forward_grad_kernel<F: Float, I: Int, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    targets: &Tensor<I>,
-    class_weights: &Tensor<f32>,
-    weight_total: &Tensor<f32>,
-    stats: &mut Tensor<f32>,
-    predicted: &mut Tensor<I>,
-    grad: &mut Tensor<Vector<F, N>>,
-    scalars: RowScalars,
-    #[comptime] options: RowOptions,
-    #[comptime] mean: bool,
-    #[define(F, I)] _dtypes: [StorageType; 2],
-) {
-    let rows = stats.shape(1);
-    let vocab = logits.shape(2);
-    let mut ce_divisor = f32::new(1.0);
-    let mut z_divisor = f32::new(1.0);
-    if comptime!(mean) {
-        let (d, n) = mean_denominators::<I>(targets, class_weights, rows, vocab, scalars, options);
-        ce_divisor = d;
-        z_divisor = n;
-    }
-    let mut row = CUBE_POS as usize;
-    while row < rows {
-        let forward = forward_row::<F, I, N>(
-            logits,
-            targets,
-            class_weights,
-            weight_total,
-            stats,
-            predicted,
-            row,
-            scalars,
-            options,
-        );
-        let target = read_target::<I>(targets, row);
-        let counted = target != scalars.ignore_index && is_class(target, vocab);
-        let target_col = select(counted, usize::cast_from(target), vocab);
-        let incoming = select(counted, f32::new(1.0), f32::new(0.0));
-        let row_grad = gradient_coefficients(
-            target_col,
-            incoming / ce_divisor,
-            incoming / z_divisor,
-            forward.lse,
-            forward.target_grad,
-            class_weights,
-            weight_total,
-            vocab,
-            scalars,
-            options,
-        );
-        write_gradient_row::<F, N>(
-            logits,
-            grad,
-            row,
-            row_grad,
-            class_weights,
-            scalars.softcap,
-            options,
-        );
-        row += CUBE_COUNT as usize;
-    }
 }
 
 /// Backward of the forward-formed gradient: `grad *= g` in place for a scalar incoming

@@ -5,8 +5,10 @@ use cubecl::prelude::*;
 
 use crate::kernels::{
     GradOptions, RowOptions, RowScalarsLaunch, cross_entropy_backward_kernel,
-    cross_entropy_forward_grad_kernel, cross_entropy_forward_kernel, first_bad_target_kernel,
-    scale_gradient_kernel,
+    cross_entropy_forward_kernel, first_bad_target_kernel, scale_gradient_kernel,
+};
+use crate::split::{
+    PARTIAL_SLOTS, SplitOptions, cross_entropy_split_grad_kernel, split_prologue_kernel,
 };
 
 /// Largest grid dimension every runtime accepts (wgpu's limit).
@@ -227,85 +229,179 @@ fn env_usize(name: &str, cell: &'static std::sync::OnceLock<Option<usize>>) -> O
     *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()))
 }
 
-/// Bytes of rows the forward-gradient kernel keeps in flight: their second read should
-/// come from L2 (the H200 has 60 MB; half of it leaves room for the gradient's writes).
-/// `FUSED_CE_L2_BYTES` overrides it for tuning runs.
-fn rows_in_flight_bytes() -> usize {
+/// Bytes of shared memory a chunk of the split kernel stages: 32 KB (a few cubes per SM
+/// with room for their merge buffers), or `FUSED_CE_CHUNK_BYTES` for tuning runs.
+fn chunk_bytes() -> usize {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    env_usize("FUSED_CE_L2_BYTES", &CELL).unwrap_or(32 << 20)
+    env_usize("FUSED_CE_CHUNK_BYTES", &CELL)
+        .filter(|&bytes| (1024..=40 * 1024).contains(&bytes))
+        .unwrap_or(32 * 1024)
 }
 
-/// Units per cube of the forward-gradient kernel: 1024 where the device allows it (one
-/// cube per SM streams enough bytes), or `FUSED_CE_FUSED_UNITS`.
-fn fused_units<R: Runtime>(client: &ComputeClient<R>, vectors: usize) -> usize {
-    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let max = client.properties().hardware.max_units_per_cube as usize;
-    // Without an SM count (wgpu, lavapipe's CPU threads) 256, as the other kernels.
-    let default = match client.properties().hardware.num_streaming_multiprocessors {
-        Some(_) => 1024,
-        None => 256,
-    };
-    let wanted = env_usize("FUSED_CE_FUSED_UNITS", &CELL)
-        .filter(|v| v.is_power_of_two())
-        .unwrap_or(default);
-    // A power of two no larger than the device's limit.
-    let limit = 1usize << (usize::BITS - 1 - max.max(32).leading_zeros());
-    vectors
-        .max(1)
-        .next_power_of_two()
-        .clamp(32, wanted.min(limit).max(32))
+/// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
+/// shared memory.
+const MAX_CHUNKS: usize = 64;
+
+/// How the split kernel cuts the rows of one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPlan {
+    /// Vectors per chunk (the last chunk of a row may be shorter).
+    pub chunk_vectors: usize,
+    /// Chunks per row.
+    pub chunks: usize,
+    /// Shared memory per cube for the chunk, in vectors (0: not staged).
+    staged_vectors: usize,
+    /// What `staged_vectors` is when a chunk fits.
+    capacity: usize,
+    cube_size: usize,
+    loads_per_step: usize,
 }
 
-/// Per-row forward that also writes the gradient for an incoming gradient of 1, divided
-/// by the mean's denominators when `mean` (see `cross_entropy_forward_grad_kernel`).
-/// `target` says where the gradient goes (over the logits, or a new buffer).
+impl SplitPlan {
+    /// On a device with a known SM count (CUDA), chunks of at most `chunk_bytes()` staged
+    /// in shared memory, rows cut evenly; elsewhere one chunk per row (cubes cannot be
+    /// known to run at once), staged when it fits in 16 KB.
+    pub fn new<R: Runtime>(client: &ComputeClient<R>, shape: &RowLaunch) -> Self {
+        let vectors = (shape.vocab / shape.vector_size).max(1);
+        let vector_bytes = shape.vector_size * shape.float_dtype.size();
+        let known_device = client
+            .properties()
+            .hardware
+            .num_streaming_multiprocessors
+            .is_some();
+        let (capacity, chunks, loads_per_step) = if known_device {
+            let capacity = (chunk_bytes() / vector_bytes).max(1);
+            (capacity, vectors.div_ceil(capacity), 4)
+        } else {
+            ((16 * 1024 / vector_bytes).max(1), 1, 2)
+        };
+        Self::cut(vectors, chunks, capacity, loads_per_step)
+    }
+
+    /// `vectors` cut into `chunks` even chunks (at most `MAX_CHUNKS`).
+    fn cut(vectors: usize, chunks: usize, capacity: usize, loads_per_step: usize) -> Self {
+        let chunks = chunks.clamp(1, MAX_CHUNKS);
+        let chunk_vectors = vectors.div_ceil(chunks);
+        SplitPlan {
+            chunk_vectors,
+            chunks: vectors.div_ceil(chunk_vectors),
+            staged_vectors: if chunk_vectors <= capacity { capacity } else { 0 },
+            capacity,
+            cube_size: chunk_vectors.next_power_of_two().clamp(32, 256),
+            loads_per_step,
+        }
+    }
+
+    /// The same plan with rows cut into `chunks` chunks, whatever the device: for tests of
+    /// the exchange, on a device known to run that many cubes at once.
+    pub fn with_chunks(self, shape: &RowLaunch, chunks: usize) -> Self {
+        let vectors = (shape.vocab / shape.vector_size).max(1);
+        Self::cut(vectors, chunks, self.capacity, self.loads_per_step)
+    }
+
+    /// Length of the partials buffer (i32) for `rows` rows.
+    pub fn partials_len(&self, rows: usize) -> usize {
+        (rows * self.chunks * PARTIAL_SLOTS).max(1)
+    }
+}
+
+/// The split kernel's scratch buffers, written by its prologue: f32 `[2]` for the mean's
+/// denominators, i32 `[1]` for the ticket counter, i32 `[plan.partials_len(rows)]`.
+pub struct SplitScratch<R: Runtime> {
+    pub denominators: TensorArg<R>,
+    pub tickets: TensorArg<R>,
+    pub partials: TensorArg<R>,
+}
+
+/// A second launch argument for the same buffer (`TensorArg` is not `Clone`).
+fn same_arg<R: Runtime>(arg: &TensorArg<R>) -> TensorArg<R> {
+    match arg {
+        TensorArg::Handle { handle } => TensorArg::Handle {
+            handle: handle.clone(),
+        },
+        TensorArg::Alias {
+            input_pos,
+            strides,
+            shape,
+        } => TensorArg::Alias {
+            input_pos: *input_pos,
+            strides: strides.clone(),
+            shape: shape.clone(),
+        },
+    }
+}
+
+/// Forward that also writes the gradient for an incoming gradient of 1, divided by the
+/// mean's denominators when `mean` (see `cross_entropy_split_grad_kernel`): one pass over
+/// the logits, after a small prologue. `target` says where the gradient goes (over the
+/// logits, or a new buffer).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_forward_grad<R: Runtime>(
     client: &ComputeClient<R>,
     shape: RowLaunch,
+    plan: SplitPlan,
     target: GradientTarget<R>,
     targets: TensorArg<R>,
     weights: WeightArgs<R>,
     stats: TensorArg<R>,
     predicted: TensorArg<R>,
+    scratch: SplitScratch<R>,
     mean: bool,
 ) {
     if shape.rows == 0 {
         return;
     }
-    let vectors = shape.vocab / shape.vector_size;
-    let cube_size = fused_units(client, vectors);
-    let options = shape.options_with(cube_size);
-    let hardware = &client.properties().hardware;
-    let row_bytes = shape.vocab * shape.float_dtype.size();
-    let cubes = match hardware.num_streaming_multiprocessors {
-        Some(sms) => {
-            let sms = sms as usize;
-            let resident = sms * (2048 / cube_size).max(1);
-            (rows_in_flight_bytes() / row_bytes.max(1)).clamp(sms, resident)
-        }
-        // No SM count (wgpu): a few cubes per core is plenty for a CPU.
-        None => 64,
-    }
-    .min(shape.rows)
-    .min(MAX_GRID_DIM);
-    let (logits, grad) = target.into_args();
-    cross_entropy_forward_grad_kernel::launch::<R>(
+    let prologue_units = 256;
+    let prologue_cubes = plan
+        .partials_len(shape.rows)
+        .div_ceil(prologue_units * 4)
+        .clamp(1, 1024);
+    split_prologue_kernel::launch::<R>(
         client,
-        CubeCount::Static(cubes as u32, 1, 1),
-        CubeDim::new_1d(cube_size as u32),
+        CubeCount::Static(prologue_cubes as u32, 1, 1),
+        CubeDim::new_1d(prologue_units as u32),
+        same_arg(&targets),
+        same_arg(&weights.weights),
+        same_arg(&scratch.denominators),
+        same_arg(&scratch.tickets),
+        same_arg(&scratch.partials),
+        u32::try_from(shape.vocab).unwrap_or(u32::MAX),
+        shape.scalars(),
+        shape.options_with(prologue_units),
+        mean,
+        shape.int_dtype,
+    );
+    let options = shape.options_with(plan.cube_size);
+    let split = SplitOptions {
+        mean,
+        staged_vectors: plan.staged_vectors,
+        loads_per_step: plan.loads_per_step,
+        max_chunks: MAX_CHUNKS,
+    };
+    let cubes = shape.rows * plan.chunks;
+    let x = cubes.clamp(1, MAX_GRID_DIM);
+    let y = cubes.div_ceil(x).max(1);
+    let (logits, grad) = target.into_args();
+    cross_entropy_split_grad_kernel::launch::<R>(
+        client,
+        CubeCount::Static(x as u32, y as u32, 1),
+        CubeDim::new_1d(plan.cube_size as u32),
         shape.address_type,
         shape.vector_size,
         logits,
         targets,
         weights.weights,
         weights.total,
+        scratch.denominators,
         stats,
         predicted,
         grad,
+        scratch.tickets,
+        scratch.partials,
+        plan.chunk_vectors as u32,
         shape.scalars(),
         options,
-        mean,
+        split,
         [shape.float_dtype, shape.int_dtype],
     );
 }

@@ -6,11 +6,15 @@
 
 mod kernels;
 mod launch;
+mod split;
 
 pub use kernels::{
     GradOptions, RowOptions, RowScalars, RowScalarsLaunch, cross_entropy_backward_kernel,
-    cross_entropy_forward_grad_kernel, cross_entropy_forward_kernel, first_bad_target_kernel,
-    scale_gradient_kernel,
+    cross_entropy_forward_kernel, first_bad_target_kernel, scale_gradient_kernel,
+};
+pub use split::{
+    PARTIAL_SLOTS, SplitOptions, UNPUBLISHED, cross_entropy_split_grad_kernel,
+    split_prologue_kernel,
 };
 pub use launch::*;
 

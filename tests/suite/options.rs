@@ -294,7 +294,7 @@ fn options_on_ndarray_through_the_portable_path() {
 
 /// Each extra output alone (the others absent) x reduction, with logits rounded to
 /// integers so rows have exact ties (argmax: the first of them).
-fn check_extra_outputs<B: FusedCrossEntropyBackend>(dtypes: &[DType])
+fn check_extra_outputs<B: FusedCrossEntropyBackend>(dtypes: &[DType], gradient_in_forward: bool)
 where
     B::Device: Default,
 {
@@ -328,6 +328,7 @@ where
                             outputs,
                             z_loss_scale: if n % 2 == 0 { 1e-3 } else { 0.0 },
                             softcap: (n % 3 == 0).then_some(10.0),
+                            gradient_in_forward,
                             ..CrossEntropyOptions::new(reduction)
                         },
                         ties,
@@ -344,6 +345,7 @@ where
         check_case::<B>(Case {
             options: CrossEntropyOptions {
                 outputs: ExtraOutputs::all(),
+                gradient_in_forward,
                 ..CrossEntropyOptions::new(reduction)
             },
             confident: Some(1.0),
@@ -353,6 +355,7 @@ where
             options: CrossEntropyOptions {
                 outputs: ExtraOutputs::all(),
                 z_loss_scale: 1e-3,
+                gradient_in_forward,
                 ..CrossEntropyOptions::new(reduction)
             },
             ignore: Ignore::AllRows,
@@ -364,18 +367,20 @@ where
 #[test]
 fn extra_outputs_on_the_cube_backend() {
     poisoned();
-    check_extra_outputs::<CubeBackend>(&float_dtypes());
+    for gradient_in_forward in [false, true] {
+        check_extra_outputs::<CubeBackend>(&float_dtypes(), gradient_in_forward);
+    }
 }
 
 #[test]
 fn extra_outputs_on_the_default_fusion_backend() {
     poisoned();
-    check_extra_outputs::<DefaultBackend>(&[DType::F32]);
+    check_extra_outputs::<DefaultBackend>(&[DType::F32], true);
 }
 
 #[test]
 fn extra_outputs_on_ndarray() {
-    check_extra_outputs::<NdArray>(&[DType::F32]);
+    check_extra_outputs::<NdArray>(&[DType::F32], false);
 }
 
 /// Confident predictions (target = row max + 10) in f16 (and bf16 where the runtime has
@@ -421,4 +426,25 @@ fn confident_prediction_with_options_on_the_cube_backend() {
 fn confident_prediction_with_options_on_the_default_fusion_backend() {
     poisoned();
     check_confident_with_options::<DefaultBackend>();
+}
+
+/// The one-pass kernel with rows cut into several chunks whose cubes exchange their
+/// partial states: every option together, and the extra outputs with exact ties (the
+/// argmax's first column must win across chunks too). CUDA's plan cuts only rows longer
+/// than a chunk (16K bf16), so this forces small rows into 2, 3 and 7 chunks. Not on
+/// lavapipe: it runs fewer workgroups at once than a row has chunks (and bounds loops), so
+/// a cube there could never see its row's other chunks.
+#[cfg(feature = "cuda")]
+#[test]
+fn rows_cut_into_exchanging_chunks() {
+    poisoned();
+    for chunks in [2, 3, 7] {
+        burn_fused_ce::diagnostics::set_split_chunks(Some(chunks));
+        check_combined::<CubeBackend>(
+            &[(None, 37, 129), (Some(3), 3 * 4, 41), (None, 300, 67), (None, 16, 4096)],
+            &float_dtypes(),
+        );
+        check_extra_outputs::<CubeBackend>(&float_dtypes(), true);
+    }
+    burn_fused_ce::diagnostics::set_split_chunks(None);
 }

@@ -11,8 +11,9 @@ use burn_cubecl::{
 use cubecl::prelude::InputScalar;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
-    GradientTarget, IncomingGradient, LossSettings, RowLaunch, WeightArgs, launch_backward,
-    launch_first_bad_target, launch_forward, launch_forward_grad, launch_scale_gradient, row_stat,
+    GradientTarget, IncomingGradient, LossSettings, RowLaunch, SplitPlan, SplitScratch,
+    WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_forward_grad,
+    launch_scale_gradient, row_stat,
 };
 
 use crate::{
@@ -268,14 +269,18 @@ where
             weighted,
             options,
         );
+        let plan = split_plan(&client, &shape);
+        let scratch = split_scratch(&logits, plan.partials_len(shape.rows));
         launch_forward_grad::<R>(
             &client,
             shape,
+            plan,
             target,
             targets.into_tensor_arg(),
             weights,
             stats.clone().into_tensor_arg(),
             predicted_arg,
+            scratch,
             mean,
         );
         (
@@ -357,6 +362,37 @@ where
             dummy,
         );
         reshaped(grad, logits_shape)
+    }
+}
+
+/// The split kernel's plan for this device, with rows cut into
+/// [`diagnostics::split_chunks`] chunks when a test asks for it.
+fn split_plan<R: CubeRuntime>(
+    client: &cubecl::prelude::ComputeClient<R>,
+    shape: &RowLaunch,
+) -> SplitPlan {
+    let plan = SplitPlan::new(client, shape);
+    match diagnostics::split_chunks() {
+        Some(chunks) => plan.with_chunks(shape, chunks),
+        None => plan,
+    }
+}
+
+/// Scratch buffers of the split kernel (its prologue initialises them).
+fn split_scratch<R: CubeRuntime>(like: &CubeTensor<R>, partials_len: usize) -> SplitScratch<R> {
+    let buffer = |len: usize, dtype: DType| {
+        empty_device_contiguous_dtype::<R>(
+            like.client.clone(),
+            like.device.clone(),
+            Shape::new([len]),
+            dtype,
+        )
+        .into_tensor_arg()
+    };
+    SplitScratch {
+        denominators: buffer(2, DType::F32),
+        tickets: buffer(1, DType::I32),
+        partials: buffer(partials_len, DType::I32),
     }
 }
 

@@ -23,3 +23,21 @@ pub fn in_place_backward_count() -> usize {
 pub(crate) fn count_in_place_backward() {
     IN_PLACE_BACKWARDS.fetch_add(1, Ordering::Relaxed);
 }
+
+/// 0: the device's own plan.
+static SPLIT_CHUNKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Cut every row into `chunks` chunks in the one-pass (forward-formed gradient) kernel,
+/// whatever the device's plan (`None`: back to the plan). Tests the exchange between the
+/// cubes of a row where the plan would use one chunk; the device must run that many cubes
+/// at once.
+pub fn set_split_chunks(chunks: Option<usize>) {
+    SPLIT_CHUNKS.store(chunks.unwrap_or(0), Ordering::Relaxed);
+}
+
+pub(crate) fn split_chunks() -> Option<usize> {
+    match SPLIT_CHUNKS.load(Ordering::Relaxed) {
+        0 => None,
+        chunks => Some(chunks),
+    }
+}

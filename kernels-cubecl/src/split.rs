@@ -1,0 +1,454 @@
+//! The training step in one pass over the logits, for an incoming gradient known at
+//! forward time (`Mean`/`Sum` under `loss.backward()`; backward rescales it otherwise).
+//!
+//! Each row is cut into chunks, one cube per chunk. A cube streams its chunk into shared
+//! memory while reducing it, publishes its partial state in global memory, waits for the
+//! other chunks of its row, merges their states into the row's log-sum-exp, and writes
+//! the chunk's gradient from shared memory. The logits are read from DRAM once and the
+//! gradient written once: the training floor. (Re-reading a row from global memory
+//! instead relied on L2 and missed it: v5 and v8 in `docs/performance.md`.)
+//!
+//! The cubes of a row wait for each other, so a row's cubes must all be resident at once.
+//! A cube takes its chunk from a ticket counter when it starts, so chunks are handed out
+//! in start order: every resident cube belongs to a row whose chunks have all started,
+//! except the cubes of the one row being handed out, and that row completes as soon as
+//! the device holds as many cubes as a row has chunks. The launch cuts rows into more
+//! than one chunk only where it knows the device runs that many cubes at once (CUDA);
+//! elsewhere (lavapipe runs as many workgroups at once as it has threads) a row is one
+//! chunk, and the exchange is the cube's own.
+
+use cubecl::prelude::*;
+
+use crate::kernels::{
+    RUNNING_MAX_START, RowOptions, RowScalars, RowState, absorb, cube_merge, finish_row,
+    gradient_coefficients, gradient_vector, is_class, mean_denominators, read_target,
+    row_offset, soft_cap, stat_index, weights_vector,
+};
+use crate::row_stat;
+
+/// Where each value of a chunk's partial state lives among its `PARTIAL_SLOTS` slots of
+/// `partials` (f32 bits as i32, the column as i32).
+mod slot {
+    pub const MAX: usize = 0;
+    pub const OTHERS: usize = 1;
+    pub const TARGET_LOGIT: usize = 2;
+    pub const BEST: usize = 3;
+    pub const BEST_COL: usize = 4;
+    pub const SMOOTH: usize = 5;
+}
+
+/// Slots per chunk in the partials buffer `[rows * chunks * PARTIAL_SLOTS]` (i32).
+pub const PARTIAL_SLOTS: usize = 6;
+
+/// A slot's value until its chunk publishes. Published f32 bits are kept off it.
+pub const UNPUBLISHED: i32 = -1;
+
+/// How the split kernel runs (each combination compiles its own kernel).
+#[derive_cube_comptime]
+pub struct SplitOptions {
+    /// Divide by the mean's denominators (else the gradient of a `Sum`).
+    pub mean: bool,
+    /// Vectors of shared memory holding the chunk; 0: the gradient pass re-reads the
+    /// chunk from global memory (a chunk larger than shared memory).
+    pub staged_vectors: usize,
+    /// Loads each unit issues before using any (bytes in flight).
+    pub loads_per_step: usize,
+    /// Most chunks a row may have (sizes the exchange's shared memory).
+    pub max_chunks: usize,
+}
+
+/// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
+/// same).
+#[cube]
+fn published_bits(value: f32) -> i32 {
+    let bits = i32::reinterpret(value);
+    select(bits == UNPUBLISHED, i32::new(0x7fff_ffff), bits)
+}
+
+/// Before the split kernel: every slot of `partials` to `UNPUBLISHED`, the ticket counter
+/// to 0 and, for `Mean`, the denominators `[D, n]` from the targets (cube 0).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn split_prologue_kernel<I: Int>(
+    targets: &Tensor<I>,
+    class_weights: &Tensor<f32>,
+    denominators: &mut Tensor<f32>,
+    tickets: &mut Tensor<Atomic<i32>>,
+    partials: &mut Tensor<Atomic<i32>>,
+    vocab: u32,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[comptime] mean: bool,
+    #[define(I)] _dtype: StorageType,
+) {
+    let len = partials.len();
+    let stride = CUBE_COUNT * CUBE_DIM as usize;
+    let mut at = ABSOLUTE_POS as usize;
+    while at < len {
+        partials[at].store(i32::new(UNPUBLISHED as i64));
+        at += stride;
+    }
+    if CUBE_POS == 0 {
+        if UNIT_POS == 0 {
+            tickets[0].store(i32::new(0));
+        }
+        if comptime!(mean) {
+            let rows = targets.shape(0) * targets.shape(1);
+            let (weight_sum, count) = mean_denominators::<I>(
+                targets,
+                class_weights,
+                rows,
+                vocab as usize,
+                scalars,
+                options,
+            );
+            if UNIT_POS == 0 {
+                denominators[0] = weight_sum;
+                denominators[1] = count;
+            }
+        }
+    }
+}
+
+/// Forward that also writes the gradient for an incoming gradient of 1 (divided by the
+/// mean's denominators when `split.mean`), over the logits when `grad` aliases them:
+/// one cube per chunk of `chunk_vectors` vectors of a row (see the module's text).
+#[cube(launch, address_type = "dynamic")]
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    targets: &Tensor<I>,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    denominators: &Tensor<f32>,
+    stats: &mut Tensor<f32>,
+    predicted: &mut Tensor<I>,
+    grad: &mut Tensor<Vector<F, N>>,
+    tickets: &mut Tensor<Atomic<i32>>,
+    partials: &mut Tensor<Atomic<i32>>,
+    chunk_vectors: u32,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[comptime] split: SplitOptions,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let rows = stats.shape(1);
+    let vector_size = logits.vector_size();
+    let vectors_per_row = logits.shape(2) / vector_size;
+    let chunk_vectors = chunk_vectors as usize;
+    let chunks = (vectors_per_row + chunk_vectors - 1) / chunk_vectors;
+
+    // The chunk: the next ticket, in the order cubes start.
+    let mut shared_ticket = SharedMemory::<u32>::new(1usize);
+    if UNIT_POS == 0 {
+        shared_ticket[0] = u32::cast_from(tickets[0].fetch_add(i32::new(1)));
+    }
+    sync_cube();
+    let ticket = shared_ticket[0] as usize;
+    let row = ticket / chunks;
+    if row >= rows {
+        terminate!();
+    }
+    let chunk = ticket % chunks;
+    let first = chunk * chunk_vectors;
+    let len = usize::min(chunk_vectors, vectors_per_row - first);
+
+    let target = read_target::<I>(targets, row);
+    if target == scalars.ignore_index {
+        // Nobody waits for an ignored row's chunks: they publish nothing.
+        zero_chunk::<F, N>(grad, row, first, len, options.cube_size);
+        if chunk == 0 && UNIT_POS == 0 {
+            #[unroll]
+            for stat in 0..row_stat::COUNT {
+                stats[stat_index(stats, stat, row)] = f32::new(0.0);
+            }
+            if comptime!(options.argmax) {
+                predicted[row] = I::new(-1);
+            }
+        }
+    } else {
+        split_chunk::<F, I, N>(
+            logits,
+            class_weights,
+            weight_total,
+            denominators,
+            stats,
+            predicted,
+            grad,
+            partials,
+            row,
+            chunk,
+            chunks,
+            first,
+            len,
+            target,
+            scalars,
+            options,
+            split,
+        );
+    }
+}
+
+/// Zeros for the gradient of one chunk (the logits are not read: they may be anything).
+#[cube]
+fn zero_chunk<F: Float, N: Size>(
+    grad: &mut Tensor<Vector<F, N>>,
+    row: usize,
+    first: usize,
+    len: usize,
+    #[comptime] cube_size: usize,
+) {
+    let out_start = row_offset::<Vector<F, N>>(grad, row) / grad.vector_size() + first;
+    let mut local = UNIT_POS as usize;
+    while local < len {
+        grad[out_start + local] = Vector::new(F::new(0.0));
+        local += cube_size;
+    }
+}
+
+/// One chunk of a row that is not ignored: reduce (staging the chunk), exchange, write
+/// the gradient.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn split_chunk<F: Float, I: Int, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    denominators: &Tensor<f32>,
+    stats: &mut Tensor<f32>,
+    predicted: &mut Tensor<I>,
+    grad: &mut Tensor<Vector<F, N>>,
+    partials: &mut Tensor<Atomic<i32>>,
+    row: usize,
+    chunk: usize,
+    chunks: usize,
+    first: usize,
+    len: usize,
+    target: i32,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[comptime] split: SplitOptions,
+) {
+    let cube_size = options.cube_size;
+    let vector_size = logits.vector_size();
+    let vocab = logits.shape(2);
+    let target_is_class = is_class(target, vocab);
+    // When the target is not a class, `target_col` is one no unit reaches.
+    let target_col = select(target_is_class, usize::cast_from(target), vocab);
+    let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size + first;
+    let no_weights = Vector::<f32, N>::new(1.0);
+    let mut staged = SharedMemory::<Vector<F, N>>::new(comptime!(if split.staged_vectors > 0 {
+        split.staged_vectors
+    } else {
+        1
+    }));
+
+    // 1. Reduce the chunk, `loads_per_step` vectors per unit at a time, all loads issued
+    // before any is used; a vector past the chunk's end is loaded (from its start) but
+    // not absorbed.
+    let mut max = f32::new(RUNNING_MAX_START);
+    let mut others = f32::new(0.0);
+    let mut target_logit = f32::new(0.0);
+    let mut best = f32::new(RUNNING_MAX_START);
+    let mut best_col = u32::cast_from(vocab);
+    let mut smooth = f32::new(0.0);
+    let mut local = UNIT_POS as usize;
+    while local < len {
+        #[unroll]
+        for step in 0..split.loads_per_step {
+            let at = local + step * cube_size;
+            let in_range = at < len;
+            let safe = select(in_range, at, 0usize);
+            let raw = logits[in_start + safe];
+            if comptime!(split.staged_vectors > 0) {
+                if in_range {
+                    staged[at] = raw;
+                }
+            }
+            let mut values = Vector::<f32, N>::cast_from(raw);
+            if comptime!(options.softcap) {
+                values = soft_cap::<N>(values, scalars.softcap);
+            }
+            let first_col = (first + safe) * vector_size;
+            let mut weights = no_weights;
+            if comptime!(options.smoothing && options.weighted) {
+                weights = weights_vector::<N>(class_weights, first_col);
+            }
+            let state = RowState {
+                max,
+                others,
+                target_logit,
+                best,
+                best_col,
+                smooth,
+            };
+            let next = absorb::<N>(
+                state,
+                values,
+                weights,
+                first_col,
+                select(in_range, target_col, vocab),
+                options,
+            );
+            max = select(in_range, next.max, max);
+            others = select(in_range, next.others, others);
+            target_logit = select(in_range, next.target_logit, target_logit);
+            best = select(in_range, next.best, best);
+            best_col = select(in_range, next.best_col, best_col);
+            smooth = select(in_range, next.smooth, smooth);
+        }
+        local += split.loads_per_step * cube_size;
+    }
+    let state = RowState {
+        max,
+        others,
+        target_logit,
+        best,
+        best_col,
+        smooth,
+    };
+    let target_vector = target_col / vector_size;
+    let chunk_has_target = target_vector >= first && target_vector < first + len;
+    let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
+    let holder = select(chunk_has_target, target_vector - first, 0usize) % cube_size;
+    if chunk_has_target && holder == UNIT_POS as usize {
+        shared_target_logit[0] = state.target_logit;
+    }
+    // The merge's barriers also publish `shared_target_logit`.
+    let merged = cube_merge(state, options);
+
+    // 2. Publish the chunk's state, then gather every chunk's.
+    let row_base = row * chunks * PARTIAL_SLOTS;
+    if UNIT_POS == 0 {
+        let base = row_base + chunk * PARTIAL_SLOTS;
+        let chunk_target_logit = select(chunk_has_target, shared_target_logit[0], f32::new(0.0));
+        partials[base + slot::MAX].store(published_bits(merged.max));
+        partials[base + slot::OTHERS].store(published_bits(merged.others));
+        partials[base + slot::TARGET_LOGIT].store(published_bits(chunk_target_logit));
+        partials[base + slot::BEST].store(published_bits(merged.best));
+        partials[base + slot::BEST_COL].store(i32::cast_from(merged.best_col));
+        partials[base + slot::SMOOTH].store(published_bits(merged.smooth));
+    }
+    let mut gathered = SharedMemory::<i32>::new(comptime!(split.max_chunks * PARTIAL_SLOTS));
+    let count = chunks * PARTIAL_SLOTS;
+    let mut at = UNIT_POS as usize;
+    while at < count {
+        // Written as `loop` + `break`: a `while` re-assigning the loaded value was
+        // miscompiled (the loop never saw the published value).
+        loop {
+            let value = partials[row_base + at].load();
+            if value != i32::new(UNPUBLISHED as i64) {
+                gathered[at] = value;
+                break;
+            }
+        }
+        at += cube_size;
+    }
+    sync_cube();
+
+    // 3. Every unit merges the chunks' states in chunk order (ties of the argmax go to
+    // the first column, as within a chunk).
+    let mut row_max = f32::new(RUNNING_MAX_START);
+    let mut row_others = f32::new(0.0);
+    let mut row_target_logit = f32::new(0.0);
+    let mut row_best = f32::new(RUNNING_MAX_START);
+    let mut row_best_col = u32::cast_from(vocab);
+    let mut row_smooth = f32::new(0.0);
+    let mut index = 0usize;
+    while index < chunks {
+        let base = index * PARTIAL_SLOTS;
+        let chunk_max = f32::reinterpret(gathered[base + slot::MAX]);
+        let chunk_others = f32::reinterpret(gathered[base + slot::OTHERS]);
+        let new_max = f32::max(row_max, chunk_max);
+        row_others =
+            row_others * f32::exp(row_max - new_max) + chunk_others * f32::exp(chunk_max - new_max);
+        row_max = new_max;
+        // One chunk holds the target; the others published 0.
+        row_target_logit += f32::reinterpret(gathered[base + slot::TARGET_LOGIT]);
+        if comptime!(options.argmax) {
+            let chunk_best = f32::reinterpret(gathered[base + slot::BEST]);
+            let better = chunk_best > row_best;
+            row_best = select(better, chunk_best, row_best);
+            row_best_col = select(
+                better,
+                u32::cast_from(gathered[base + slot::BEST_COL]),
+                row_best_col,
+            );
+        }
+        if comptime!(options.smoothing) {
+            row_smooth += f32::reinterpret(gathered[base + slot::SMOOTH]);
+        }
+        index += 1;
+    }
+    let row_state = RowState {
+        max: row_max,
+        others: row_others,
+        target_logit: row_target_logit,
+        best: row_best,
+        best_col: row_best_col,
+        smooth: row_smooth,
+    };
+    let forward = finish_row::<I>(
+        row_state,
+        select(target_is_class, row_target_logit, f32::new(0.0)),
+        target,
+        vocab,
+        class_weights,
+        weight_total,
+        stats,
+        predicted,
+        row,
+        chunk == 0 && UNIT_POS == 0,
+        scalars,
+        options,
+    );
+
+    // 4. The chunk's gradient for an incoming gradient of 1.
+    let incoming = select(target_is_class, f32::new(1.0), f32::new(0.0));
+    let mut ce_scale = incoming;
+    let mut z_scale = incoming;
+    if comptime!(split.mean) {
+        ce_scale = incoming / denominators[0];
+        z_scale = incoming / denominators[1];
+    }
+    let row_grad = gradient_coefficients(
+        target_col,
+        ce_scale,
+        z_scale,
+        forward.lse,
+        forward.target_grad,
+        class_weights,
+        weight_total,
+        vocab,
+        scalars,
+        options,
+    );
+    if !target_is_class {
+        zero_chunk::<F, N>(grad, row, first, len, cube_size);
+    } else {
+        let out_start = row_offset::<Vector<F, N>>(grad, row) / vector_size + first;
+        let mut local = UNIT_POS as usize;
+        while local < len {
+            let first_col = (first + local) * vector_size;
+            let mut weights = no_weights;
+            if comptime!(options.smoothing && options.weighted) {
+                weights = weights_vector::<N>(class_weights, first_col);
+            }
+            // Each unit reads back only the vectors it staged itself: no barrier needed.
+            let raw = if comptime!(split.staged_vectors > 0) {
+                staged[local]
+            } else {
+                logits[in_start + local]
+            };
+            grad[out_start + local] = gradient_vector::<F, N>(
+                raw,
+                weights,
+                first_col,
+                row_grad,
+                scalars.softcap,
+                options,
+            );
+            local += cube_size;
+        }
+    }
+}
