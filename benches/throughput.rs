@@ -141,13 +141,18 @@ impl Bench {
         };
         // Tuning runs: `FUSED_CE_BENCH_CASE=8192x128256` keeps the cases whose label contains
         // it; `FUSED_CE_BENCH_SKIP_STOCK=1` leaves Burn's stock loss out (it is 15-60x slower).
-        // `FUSED_CE_BENCH_MODE=fwd+bwd` keeps the modes whose label is exactly that.
+        // `FUSED_CE_BENCH_MODE=fwd+bwd` keeps the modes whose label is exactly that (a
+        // comma-separated list keeps each).
         let filter = std::env::var("FUSED_CE_BENCH_CASE").unwrap_or_default();
         let mode_filter = std::env::var("FUSED_CE_BENCH_MODE").ok();
         let cases = cases
             .into_iter()
             .filter(|(rows, vocab, _, _)| format!("{rows}x{vocab}").contains(&filter))
-            .filter(|(_, _, _, mode)| mode_filter.as_deref().is_none_or(|m| m == mode.label()))
+            .filter(|(_, _, _, mode)| {
+                mode_filter
+                    .as_deref()
+                    .is_none_or(|m| m.split(',').any(|m| m == mode.label()))
+            })
             .collect();
         let device = Device::default();
         Self {

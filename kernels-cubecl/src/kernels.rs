@@ -30,6 +30,8 @@ pub struct RowOptions {
     pub argmax: bool,
     /// Units per cube, a power of two.
     pub cube_size: usize,
+    /// Vectors each unit loads before using any (bytes in flight per unit).
+    pub loads_per_step: usize,
 }
 
 /// How backward reads the incoming gradient.
@@ -226,6 +228,93 @@ pub(crate) fn absorb<N: Size>(
     }
 }
 
+/// Reduces vectors `first..first + len` of a row (`row_start`: the row's first vector) into
+/// this unit's state: unit `u` takes vectors `u, u + cube_size, ..`, `loads_per_step` of
+/// them at a time, all loads issued before any is used (a vector past the span's end is
+/// loaded from its start but not absorbed). With `stage`, each vector is also kept in
+/// `staged` at its index in the span.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reduce_span<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    first: usize,
+    len: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    softcap: f32,
+    #[comptime] options: RowOptions,
+    #[comptime] stage: bool,
+) -> RowState {
+    let cube_size = options.cube_size;
+    let vector_size = logits.vector_size();
+    let vocab = logits.shape(2);
+    let no_weights = Vector::<f32, N>::new(1.0);
+    // The running state as scalars: cubecl cannot reassign a struct variable in a loop.
+    let mut max = f32::new(RUNNING_MAX_START);
+    let mut others = f32::new(0.0);
+    let mut target_logit = f32::new(0.0);
+    let mut best = f32::new(RUNNING_MAX_START);
+    let mut best_col = u32::cast_from(vocab);
+    let mut smooth = f32::new(0.0);
+    let mut local = UNIT_POS as usize;
+    while local < len {
+        #[unroll]
+        for step in 0..options.loads_per_step {
+            let at = local + step * cube_size;
+            let in_range = at < len;
+            let safe = select(in_range, at, 0usize);
+            let raw = logits[row_start + first + safe];
+            if comptime!(stage) {
+                if in_range {
+                    staged[at] = raw;
+                }
+            }
+            let mut values = Vector::<f32, N>::cast_from(raw);
+            if comptime!(options.softcap) {
+                values = soft_cap::<N>(values, softcap);
+            }
+            let first_col = (first + safe) * vector_size;
+            let mut weights = no_weights;
+            if comptime!(options.smoothing && options.weighted) {
+                weights = weights_vector::<N>(class_weights, first_col);
+            }
+            let state = RowState {
+                max,
+                others,
+                target_logit,
+                best,
+                best_col,
+                smooth,
+            };
+            let next = absorb::<N>(
+                state,
+                values,
+                weights,
+                first_col,
+                select(in_range, target_col, vocab),
+                options,
+            );
+            max = select(in_range, next.max, max);
+            others = select(in_range, next.others, others);
+            target_logit = select(in_range, next.target_logit, target_logit);
+            best = select(in_range, next.best, best);
+            best_col = select(in_range, next.best_col, best_col);
+            smooth = select(in_range, next.smooth, smooth);
+        }
+        local += options.loads_per_step * cube_size;
+    }
+    RowState {
+        max,
+        others,
+        target_logit,
+        best,
+        best_col,
+        smooth,
+    }
+}
+
 /// Merges the units' states in shared memory; every unit gets the row's state.
 #[cube]
 pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
@@ -392,101 +481,20 @@ fn read_row<F: Float, I: Int, N: Size>(
     let vectors_per_row = vocab / vector_size;
     let target_col = select(target_is_class, usize::cast_from(target), vocab);
     let row_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
-    let no_weights = Vector::<f32, N>::new(1.0);
-
-    let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
-    // The running state as scalars: cubecl cannot reassign a struct variable in a loop.
-    let mut max = f32::new(RUNNING_MAX_START);
-    let mut others = f32::new(0.0);
-    let mut target_logit = f32::new(0.0);
-    let mut best = f32::new(RUNNING_MAX_START);
-    let mut best_col = u32::cast_from(vocab);
-    let mut smooth = f32::new(0.0);
-    // Two vectors per step: both loads are issued before either is used, which doubles
-    // the bytes each unit has in flight (the loop is latency-bound otherwise).
-    let mut index = UNIT_POS as usize;
-    while index + cube_size < vectors_per_row {
-        let second = index + cube_size;
-        let first_values =
-            load_vector::<F, N>(logits, row_start + index, scalars.softcap, options.softcap);
-        let second_values =
-            load_vector::<F, N>(logits, row_start + second, scalars.softcap, options.softcap);
-        let mut first_weights = no_weights;
-        let mut second_weights = no_weights;
-        if comptime!(options.smoothing && options.weighted) {
-            first_weights = weights_vector::<N>(class_weights, index * vector_size);
-            second_weights = weights_vector::<N>(class_weights, second * vector_size);
-        }
-        let state = RowState {
-            max,
-            others,
-            target_logit,
-            best,
-            best_col,
-            smooth,
-        };
-        let state = absorb::<N>(
-            state,
-            first_values,
-            first_weights,
-            index * vector_size,
-            target_col,
-            options,
-        );
-        let state = absorb::<N>(
-            state,
-            second_values,
-            second_weights,
-            second * vector_size,
-            target_col,
-            options,
-        );
-        max = state.max;
-        others = state.others;
-        target_logit = state.target_logit;
-        best = state.best;
-        best_col = state.best_col;
-        smooth = state.smooth;
-        index += 2 * cube_size;
-    }
-    let state = RowState {
-        max,
-        others,
-        target_logit,
-        best,
-        best_col,
-        smooth,
-    };
-    // The tail: at most one more vector (the loop's condition makes `index` uniform in
-    // meaning: a unit has either one vector left or none).
-    let has_tail = index < vectors_per_row;
-    let tail_index = select(has_tail, index, 0usize);
-    let values = load_vector::<F, N>(
+     let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
+    let mut unstaged = SharedMemory::<Vector<F, N>>::new(1usize);
+    let state = reduce_span::<F, N>(
         logits,
-        row_start + tail_index,
+        row_start,
+        0usize,
+        vectors_per_row,
+        target_col,
+        class_weights,
+        &mut unstaged,
         scalars.softcap,
-        options.softcap,
-    );
-    let mut weights = no_weights;
-    if comptime!(options.smoothing && options.weighted) {
-        weights = weights_vector::<N>(class_weights, tail_index * vector_size);
-    }
-    let with_tail = absorb::<N>(
-        state,
-        values,
-        weights,
-        tail_index * vector_size,
-        select(has_tail, target_col, vocab),
         options,
+        false,
     );
-    let state = RowState {
-        max: select(has_tail, with_tail.max, state.max),
-        others: select(has_tail, with_tail.others, state.others),
-        target_logit: select(has_tail, with_tail.target_logit, state.target_logit),
-        best: select(has_tail, with_tail.best, state.best),
-        best_col: select(has_tail, with_tail.best_col, state.best_col),
-        smooth: select(has_tail, with_tail.smooth, state.smooth),
-    };
     let target_vector = target_col / vector_size;
     let holds_target =
         target_vector % cube_size == UNIT_POS as usize && target_vector < vectors_per_row;

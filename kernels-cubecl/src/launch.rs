@@ -28,6 +28,15 @@ fn max_units_per_row() -> usize {
     })
 }
 
+/// Vectors each unit of the row kernels loads before using any: 2, or `FUSED_CE_LOADS`
+/// (1 to 8) for tuning runs.
+fn loads_per_step() -> usize {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_LOADS", &CELL)
+        .filter(|v| (1..=8).contains(v))
+        .unwrap_or(2)
+}
+
 /// The loss options as the kernels take them.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LossSettings {
@@ -81,8 +90,13 @@ impl RowLaunch {
     }
 
     fn options_with(&self, cube_size: usize) -> RowOptions {
+        self.options_with_loads(cube_size, loads_per_step())
+    }
+
+    fn options_with_loads(&self, cube_size: usize, loads_per_step: usize) -> RowOptions {
         let settings = self.settings;
         RowOptions {
+            loads_per_step,
             softcap: settings.softcap.is_some(),
             smoothing: settings.label_smoothing > 0.0,
             weighted: settings.weighted,
@@ -238,6 +252,17 @@ fn chunk_bytes() -> usize {
         .unwrap_or(32 * 1024)
 }
 
+/// A split-kernel tuning knob from the environment (read once per name), else `default`.
+fn split_knob(name: &'static str, default: usize) -> usize {
+    static UNITS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    static LOADS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let (cell, valid): (_, fn(usize) -> bool) = match name {
+        "FUSED_CE_SPLIT_UNITS" => (&UNITS, |v| v.is_power_of_two() && (32..=1024).contains(&v)),
+        _ => (&LOADS, |v| (1..=8).contains(&v)),
+    };
+    env_usize(name, cell).filter(|&v| valid(v)).unwrap_or(default)
+}
+
 /// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
 /// shared memory.
 const MAX_CHUNKS: usize = 64;
@@ -271,7 +296,7 @@ impl SplitPlan {
             .is_some();
         let (capacity, chunks, loads_per_step) = if known_device {
             let capacity = (chunk_bytes() / vector_bytes).max(1);
-            (capacity, vectors.div_ceil(capacity), 4)
+            (capacity, vectors.div_ceil(capacity), split_knob("FUSED_CE_SPLIT_LOADS", 4))
         } else {
             ((16 * 1024 / vector_bytes).max(1), 1, 2)
         };
@@ -280,6 +305,7 @@ impl SplitPlan {
 
     /// `vectors` cut into `chunks` even chunks (at most `MAX_CHUNKS`).
     fn cut(vectors: usize, chunks: usize, capacity: usize, loads_per_step: usize) -> Self {
+        let max_units = split_knob("FUSED_CE_SPLIT_UNITS", 256);
         let chunks = chunks.clamp(1, MAX_CHUNKS);
         let chunk_vectors = vectors.div_ceil(chunks);
         SplitPlan {
@@ -287,7 +313,7 @@ impl SplitPlan {
             chunks: vectors.div_ceil(chunk_vectors),
             staged_vectors: if chunk_vectors <= capacity { capacity } else { 0 },
             capacity,
-            cube_size: chunk_vectors.next_power_of_two().clamp(32, 256),
+            cube_size: chunk_vectors.next_power_of_two().clamp(32, max_units),
             loads_per_step,
         }
     }
@@ -371,13 +397,12 @@ pub fn launch_forward_grad<R: Runtime>(
         mean,
         shape.int_dtype,
     );
-    let options = shape.options_with(plan.cube_size);
     let split = SplitOptions {
         mean,
         staged_vectors: plan.staged_vectors,
-        loads_per_step: plan.loads_per_step,
         max_chunks: MAX_CHUNKS,
     };
+    let options = shape.options_with_loads(plan.cube_size, plan.loads_per_step);
     let cubes = shape.rows * plan.chunks;
     let x = cubes.clamp(1, MAX_GRID_DIM);
     let y = cubes.div_ceil(x).max(1);

@@ -20,9 +20,9 @@
 use cubecl::prelude::*;
 
 use crate::kernels::{
-    RUNNING_MAX_START, RowOptions, RowScalars, RowState, absorb, cube_merge, finish_row,
+    RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, finish_row, reduce_span,
     gradient_coefficients, gradient_vector, is_class, mean_denominators, read_target,
-    row_offset, soft_cap, stat_index, weights_vector,
+    row_offset, stat_index, weights_vector,
 };
 use crate::row_stat;
 
@@ -51,8 +51,6 @@ pub struct SplitOptions {
     /// Vectors of shared memory holding the chunk; 0: the gradient pass re-reads the
     /// chunk from global memory (a chunk larger than shared memory).
     pub staged_vectors: usize,
-    /// Loads each unit issues before using any (bytes in flight).
-    pub loads_per_step: usize,
     /// Most chunks a row may have (sizes the exchange's shared memory).
     pub max_chunks: usize,
 }
@@ -243,70 +241,19 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         1
     }));
 
-    // 1. Reduce the chunk, `loads_per_step` vectors per unit at a time, all loads issued
-    // before any is used; a vector past the chunk's end is loaded (from its start) but
-    // not absorbed.
-    let mut max = f32::new(RUNNING_MAX_START);
-    let mut others = f32::new(0.0);
-    let mut target_logit = f32::new(0.0);
-    let mut best = f32::new(RUNNING_MAX_START);
-    let mut best_col = u32::cast_from(vocab);
-    let mut smooth = f32::new(0.0);
-    let mut local = UNIT_POS as usize;
-    while local < len {
-        #[unroll]
-        for step in 0..split.loads_per_step {
-            let at = local + step * cube_size;
-            let in_range = at < len;
-            let safe = select(in_range, at, 0usize);
-            let raw = logits[in_start + safe];
-            if comptime!(split.staged_vectors > 0) {
-                if in_range {
-                    staged[at] = raw;
-                }
-            }
-            let mut values = Vector::<f32, N>::cast_from(raw);
-            if comptime!(options.softcap) {
-                values = soft_cap::<N>(values, scalars.softcap);
-            }
-            let first_col = (first + safe) * vector_size;
-            let mut weights = no_weights;
-            if comptime!(options.smoothing && options.weighted) {
-                weights = weights_vector::<N>(class_weights, first_col);
-            }
-            let state = RowState {
-                max,
-                others,
-                target_logit,
-                best,
-                best_col,
-                smooth,
-            };
-            let next = absorb::<N>(
-                state,
-                values,
-                weights,
-                first_col,
-                select(in_range, target_col, vocab),
-                options,
-            );
-            max = select(in_range, next.max, max);
-            others = select(in_range, next.others, others);
-            target_logit = select(in_range, next.target_logit, target_logit);
-            best = select(in_range, next.best, best);
-            best_col = select(in_range, next.best_col, best_col);
-            smooth = select(in_range, next.smooth, smooth);
-        }
-        local += split.loads_per_step * cube_size;
-    }
-    let state = RowState {
-        max,
-        others,
-        target_logit,
-        best,
-        best_col,
-        smooth,
-    };
+    // 1. Reduce the chunk, keeping it in shared memory when it fits.
+    let state = reduce_span::<F, N>(
+        logits,
+        row_offset::<Vector<F, N>>(logits, row) / vector_size,
+        first,
+        len,
+        target_col,
+        class_weights,
+        &mut staged,
+        scalars.softcap,
+        options,
+        comptime!(split.staged_vectors > 0),
+    );
     let target_vector = target_col / vector_size;
     let chunk_has_target = target_vector >= first && target_vector < first + len;
     let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
