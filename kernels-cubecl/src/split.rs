@@ -264,29 +264,44 @@ fn split_chunk<F: Float, I: Int, N: Size>(
     // The merge's barriers also publish `shared_target_logit`.
     let merged = cube_merge(state, options);
 
-    // 2. Publish the chunk's state, then gather every chunk's.
+    // 2. Publish the chunk's state, then gather every chunk's; each slot is checked on its
+    // own, so no ordering between the stores is assumed. Only the slots the options use
+    // are published and polled (each poll is an atomic at L2).
     let row_base = row * chunks * PARTIAL_SLOTS;
     if UNIT_POS == 0 {
         let base = row_base + chunk * PARTIAL_SLOTS;
         let chunk_target_logit = select(chunk_has_target, shared_target_logit[0], f32::new(0.0));
-        partials[base + slot::MAX].store(published_bits(merged.max));
         partials[base + slot::OTHERS].store(published_bits(merged.others));
         partials[base + slot::TARGET_LOGIT].store(published_bits(chunk_target_logit));
-        partials[base + slot::BEST].store(published_bits(merged.best));
-        partials[base + slot::BEST_COL].store(i32::cast_from(merged.best_col));
-        partials[base + slot::SMOOTH].store(published_bits(merged.smooth));
+        if comptime!(options.argmax) {
+            partials[base + slot::BEST].store(published_bits(merged.best));
+            partials[base + slot::BEST_COL].store(i32::cast_from(merged.best_col));
+        }
+        if comptime!(options.smoothing) {
+            partials[base + slot::SMOOTH].store(published_bits(merged.smooth));
+        }
+        partials[base + slot::MAX].store(published_bits(merged.max));
     }
     let mut gathered = SharedMemory::<i32>::new(comptime!(split.max_chunks * PARTIAL_SLOTS));
+    // Unit `u` waits for slot `u % PARTIAL_SLOTS` of chunk `u / PARTIAL_SLOTS` when the
+    // options use that slot. (A unit never loops over several slots: cubecl 0.10 made a
+    // `break` inside nested loops leave the outer one too.)
     let count = chunks * PARTIAL_SLOTS;
     let mut at = UNIT_POS as usize;
     while at < count {
-        // Written as `loop` + `break`: a `while` re-assigning the loaded value was
-        // miscompiled (the loop never saw the published value).
-        loop {
-            let value = partials[row_base + at].load();
-            if value != i32::new(UNPUBLISHED as i64) {
-                gathered[at] = value;
-                break;
+        let index = at % PARTIAL_SLOTS;
+        let wanted = index <= slot::TARGET_LOGIT
+            || (comptime!(options.argmax) && (index == slot::BEST || index == slot::BEST_COL))
+            || (comptime!(options.smoothing) && index == slot::SMOOTH);
+        if wanted {
+            // `loop` + `break` with the copy inside: a `while` re-assigning the loaded
+            // value never saw the published value.
+            loop {
+                let value = partials[row_base + at].load();
+                if value != i32::new(UNPUBLISHED as i64) {
+                    gathered[at] = value;
+                    break;
+                }
             }
         }
         at += cube_size;
