@@ -38,5 +38,6 @@ for line in sys.stdin:
     cp "$exe" "$bundle/$name" && strip "$bundle/$name" && gzip -9 "$bundle/$name"
   done
 cp scripts/gpu-run.sh "$bundle/run.sh"
+cp scripts/gpu-sweep.sh "$bundle/sweep.sh"
 cp scripts/torch_check.py "$bundle/torch_check.py"
 du -sh "$bundle"; ls -la "$bundle"

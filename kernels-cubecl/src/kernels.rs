@@ -183,7 +183,10 @@ pub(crate) struct RowState {
     pub(crate) smooth: f32,
 }
 
-/// Folds one vector (columns `first_col..`) into a unit's state.
+/// Folds one vector (columns `first_col..`) into a unit's state. With `with_target`, the
+/// column `target_col` (if in this vector) is kept out of the sum and its logit kept;
+/// without, the vector holds no target (the streaming loops leave the target's vector to
+/// one unit, so the per-lane compares run once per row, not per element).
 #[cube]
 pub(crate) fn absorb<N: Size>(
     state: RowState,
@@ -192,6 +195,7 @@ pub(crate) fn absorb<N: Size>(
     first_col: usize,
     target_col: usize,
     #[comptime] options: RowOptions,
+    #[comptime] with_target: bool,
 ) -> RowState {
     let new_max = f32::max(state.max, lane_max::<N>(values));
     let exps = fast_exp::<N>(values, new_max);
@@ -199,15 +203,22 @@ pub(crate) fn absorb<N: Size>(
     let mut target_logit = state.target_logit;
     let mut best = state.best;
     let mut best_col = state.best_col;
-    // The target's lane in this vector, compared in 32 bits (one compare per lane, also in
-    // 64-bit kernels); a target before `first_col` wraps to a huge value, never a lane.
-    let target_lane = u32::cast_from(target_col - first_col);
-    #[unroll]
-    for lane in 0..values.size() {
-        let is_target = target_lane == lane as u32;
-        exp_sum += select(is_target, f32::new(0.0), exps[lane]);
-        target_logit = select(is_target, values[lane], target_logit);
-        if comptime!(options.argmax) {
+    if comptime!(with_target) {
+        // The target's lane in this vector, compared in 32 bits; a target before
+        // `first_col` wraps to a huge value, never a lane.
+        let target_lane = u32::cast_from(target_col - first_col);
+        #[unroll]
+        for lane in 0..values.size() {
+            let is_target = target_lane == lane as u32;
+            exp_sum += select(is_target, f32::new(0.0), exps[lane]);
+            target_logit = select(is_target, values[lane], target_logit);
+        }
+    } else {
+        exp_sum = lane_sum::<N>(exps);
+    }
+    if comptime!(options.argmax) {
+        #[unroll]
+        for lane in 0..values.size() {
             // Strictly greater: the first column wins ties, as in `argmax`.
             let better = values[lane] > best;
             best = select(better, values[lane], best);
@@ -254,10 +265,12 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     // The running state as scalars: cubecl cannot reassign a struct variable in a loop.
     let mut max = f32::new(RUNNING_MAX_START);
     let mut others = f32::new(0.0);
-    let mut target_logit = f32::new(0.0);
+    let target_logit = f32::new(0.0);
     let mut best = f32::new(RUNNING_MAX_START);
     let mut best_col = u32::cast_from(vocab);
     let mut smooth = f32::new(0.0);
+    // `vocab / vector_size` (no vector) when the target is not a class.
+    let target_vector = target_col / vector_size;
     let mut local = UNIT_POS as usize;
     while local < len {
         #[unroll]
@@ -283,35 +296,58 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
             let state = RowState {
                 max,
                 others,
-                target_logit,
+                target_logit: f32::new(0.0),
                 best,
                 best_col,
                 smooth,
             };
-            let next = absorb::<N>(
-                state,
-                values,
-                weights,
-                first_col,
-                select(in_range, target_col, vocab),
-                options,
-            );
-            max = select(in_range, next.max, max);
-            others = select(in_range, next.others, others);
-            target_logit = select(in_range, next.target_logit, target_logit);
-            best = select(in_range, next.best, best);
-            best_col = select(in_range, next.best_col, best_col);
-            smooth = select(in_range, next.smooth, smooth);
+            let next = absorb::<N>(state, values, weights, first_col, vocab, options, false);
+            // The target's vector is absorbed after the loop.
+            let take = in_range && first + at != target_vector;
+            max = select(take, next.max, max);
+            others = select(take, next.others, others);
+            best = select(take, next.best, best);
+            best_col = select(take, next.best_col, best_col);
+            smooth = select(take, next.smooth, smooth);
         }
         local += options.loads_per_step * cube_size;
     }
-    RowState {
+    let state = RowState {
         max,
         others,
         target_logit,
         best,
         best_col,
         smooth,
+    };
+    // The target's vector, by the unit whose share it is (re-read: from L1, or from
+    // `staged`); every unit computes it, the others discard it.
+    let holds = target_vector >= first
+        && target_vector < first + len
+        && (target_vector - first) % cube_size == UNIT_POS as usize;
+    let at = select(holds, target_vector - first, 0usize);
+    let raw = if comptime!(stage) {
+        staged[at]
+    } else {
+        logits[row_start + first + at]
+    };
+    let mut values = Vector::<f32, N>::cast_from(raw);
+    if comptime!(options.softcap) {
+        values = soft_cap::<N>(values, softcap);
+    }
+    let first_col = (first + at) * vector_size;
+    let mut weights = no_weights;
+    if comptime!(options.smoothing && options.weighted) {
+        weights = weights_vector::<N>(class_weights, first_col);
+    }
+    let next = absorb::<N>(state, values, weights, first_col, target_col, options, true);
+    RowState {
+        max: select(holds, next.max, state.max),
+        others: select(holds, next.others, state.others),
+        target_logit: select(holds, next.target_logit, state.target_logit),
+        best: select(holds, next.best, state.best),
+        best_col: select(holds, next.best_col, state.best_col),
+        smooth: select(holds, next.smooth, state.smooth),
     }
 }
 
@@ -755,6 +791,7 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
     row: RowGradient,
     softcap: f32,
     #[comptime] options: RowOptions,
+    #[comptime] with_target: bool,
 ) -> Vector<F, N> {
     let mut logits = Vector::<f32, N>::cast_from(values);
     if comptime!(options.softcap) {
@@ -765,12 +802,14 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
     if comptime!(options.smoothing) {
         grad -= weights * Vector::new(row.smooth_coef);
     }
-    // As in `absorb`: the target's lane, compared in 32 bits.
-    let target_lane = u32::cast_from(row.target_col - first_col);
-    #[unroll]
-    for lane in 0..grad.size() {
-        let is_target = target_lane == lane as u32;
-        grad[lane] = select(is_target, row.target_value, grad[lane]);
+    if comptime!(with_target) {
+        // As in `absorb`: the target's lane, compared in 32 bits.
+        let target_lane = u32::cast_from(row.target_col - first_col);
+        #[unroll]
+        for lane in 0..grad.size() {
+            let is_target = target_lane == lane as u32;
+            grad[lane] = select(is_target, row.target_value, grad[lane]);
+        }
     }
     if comptime!(options.softcap) {
         // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
@@ -857,6 +896,13 @@ fn write_gradient_row<F: Float, N: Size>(
             index += cube_size;
         }
     } else {
+        // The target's vector is written twice by the unit whose share it is: in the loop
+        // as if it held no target, then fixed from its logits read before the loop (the
+        // loop may write over them when `grad` aliases `logits`).
+        let target_vector = row_grad.target_col / vector_size;
+        let holds = target_vector % cube_size == UNIT_POS as usize;
+        let target_at = select(holds, target_vector, 0usize);
+        let target_values = logits[in_start + target_at];
         // Two vectors per step, both loads issued first (more bytes in flight).
         while index + cube_size < vectors_per_row {
             let second = index + cube_size;
@@ -875,6 +921,7 @@ fn write_gradient_row<F: Float, N: Size>(
                 row_grad,
                 softcap,
                 options,
+                false,
             );
             grad[out_start + second] = gradient_vector::<F, N>(
                 second_values,
@@ -883,6 +930,7 @@ fn write_gradient_row<F: Float, N: Size>(
                 row_grad,
                 softcap,
                 options,
+                false,
             );
             index += 2 * cube_size;
         }
@@ -898,6 +946,22 @@ fn write_gradient_row<F: Float, N: Size>(
                 row_grad,
                 softcap,
                 options,
+                false,
+            );
+        }
+        if holds {
+            let mut weights = no_weights;
+            if comptime!(options.smoothing && options.weighted) {
+                weights = weights_vector::<N>(class_weights, target_at * vector_size);
+            }
+            grad[out_start + target_at] = gradient_vector::<F, N>(
+                target_values,
+                weights,
+                target_at * vector_size,
+                row_grad,
+                softcap,
+                options,
+                true,
             );
         }
     }

@@ -233,7 +233,6 @@ fn split_chunk<F: Float, I: Int, N: Size>(
     let target_is_class = is_class(target, vocab);
     // When the target is not a class, `target_col` is one no unit reaches.
     let target_col = select(target_is_class, usize::cast_from(target), vocab);
-    let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size + first;
     let no_weights = Vector::<f32, N>::new(1.0);
     let mut staged = SharedMemory::<Vector<F, N>>::new(comptime!(if split.staged_vectors > 0 {
         split.staged_vectors
@@ -389,6 +388,19 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         zero_chunk::<F, N>(grad, row, first, len, cube_size);
     } else {
         let out_start = row_offset::<Vector<F, N>>(grad, row) / vector_size + first;
+        let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size + first;
+        // As in `write_gradient_row`: the target's vector is written as if it held no
+        // target, then fixed from its logits read before the loop.
+        let target_vector = target_col / vector_size;
+        let holds = target_vector >= first
+            && target_vector < first + len
+            && (target_vector - first) % cube_size == UNIT_POS as usize;
+        let target_at = select(holds, target_vector - first, 0usize);
+        let target_values = if comptime!(split.staged_vectors > 0) {
+            staged[target_at]
+        } else {
+            logits[in_start + target_at]
+        };
         let mut local = UNIT_POS as usize;
         while local < len {
             let first_col = (first + local) * vector_size;
@@ -409,8 +421,25 @@ fn split_chunk<F: Float, I: Int, N: Size>(
                 row_grad,
                 scalars.softcap,
                 options,
+                false,
             );
             local += cube_size;
+        }
+        if holds {
+            let first_col = (first + target_at) * vector_size;
+            let mut weights = no_weights;
+            if comptime!(options.smoothing && options.weighted) {
+                weights = weights_vector::<N>(class_weights, first_col);
+            }
+            grad[out_start + target_at] = gradient_vector::<F, N>(
+                target_values,
+                weights,
+                first_col,
+                row_grad,
+                scalars.softcap,
+                options,
+                true,
+            );
         }
     }
 }
