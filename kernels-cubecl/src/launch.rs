@@ -141,22 +141,27 @@ pub fn launch_forward<R: Runtime>(
         return;
     }
     let options = shape.options();
-    cross_entropy_forward_kernel::launch::<R>(
-        client,
-        shape.cube_count(),
-        CubeDim::new_1d(options.cube_size as u32),
-        shape.address_type,
-        shape.vector_size,
-        logits,
-        targets,
-        weights.weights,
-        weights.total,
-        stats,
-        predicted,
-        shape.scalars(),
-        options,
-        [shape.float_dtype, shape.int_dtype],
-    );
+    // Unchecked: every index is in bounds by construction (clamped or masked in the
+    // kernel), and the checked launch's per-lane selects cost about one instruction per
+    // element.
+    unsafe {
+        cross_entropy_forward_kernel::launch_unchecked::<R>(
+            client,
+            shape.cube_count(),
+            CubeDim::new_1d(options.cube_size as u32),
+            shape.address_type,
+            shape.vector_size,
+            logits,
+            targets,
+            weights.weights,
+            weights.total,
+            stats,
+            predicted,
+            shape.scalars(),
+            options,
+            [shape.float_dtype, shape.int_dtype],
+        );
+    }
 }
 
 /// Where backward writes the gradient.
@@ -218,25 +223,30 @@ pub fn launch_backward<R: Runtime>(
         mean: incoming.denominators.is_some(),
     };
     let (logits, grad) = target.into_args();
-    cross_entropy_backward_kernel::launch::<R>(
-        client,
-        shape.cube_count(),
-        CubeDim::new_1d(options.cube_size as u32),
-        shape.address_type,
-        shape.vector_size,
-        logits,
-        targets,
-        weights.weights,
-        weights.total,
-        stats,
-        incoming.grad,
-        incoming.denominators.unwrap_or(dummy),
-        grad,
-        shape.scalars(),
-        options,
-        grad_options,
-        [shape.float_dtype, shape.int_dtype, incoming.dtype],
-    );
+    // Unchecked: every index is in bounds by construction (clamped or masked in the
+    // kernel), and the checked launch's per-lane selects cost about one instruction per
+    // element.
+    unsafe {
+        cross_entropy_backward_kernel::launch_unchecked::<R>(
+            client,
+            shape.cube_count(),
+            CubeDim::new_1d(options.cube_size as u32),
+            shape.address_type,
+            shape.vector_size,
+            logits,
+            targets,
+            weights.weights,
+            weights.total,
+            stats,
+            incoming.grad,
+            incoming.denominators.unwrap_or(dummy),
+            grad,
+            shape.scalars(),
+            options,
+            grad_options,
+            [shape.float_dtype, shape.int_dtype, incoming.dtype],
+        );
+    }
 }
 
 /// A tuning knob read once from the environment (`None` when unset or unparsable).
@@ -261,7 +271,9 @@ fn split_knob(name: &'static str, default: usize) -> usize {
         "FUSED_CE_SPLIT_UNITS" => (&UNITS, |v| v.is_power_of_two() && (32..=1024).contains(&v)),
         _ => (&LOADS, |v| (1..=8).contains(&v)),
     };
-    env_usize(name, cell).filter(|&v| valid(v)).unwrap_or(default)
+    env_usize(name, cell)
+        .filter(|&v| valid(v))
+        .unwrap_or(default)
 }
 
 /// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
@@ -297,7 +309,11 @@ impl SplitPlan {
             .is_some();
         let (capacity, chunks, loads_per_step) = if known_device {
             let capacity = (chunk_bytes() / vector_bytes).max(1);
-            (capacity, vectors.div_ceil(capacity), split_knob("FUSED_CE_SPLIT_LOADS", 4))
+            (
+                capacity,
+                vectors.div_ceil(capacity),
+                split_knob("FUSED_CE_SPLIT_LOADS", 4),
+            )
         } else {
             ((16 * 1024 / vector_bytes).max(1), 1, 2)
         };
@@ -312,7 +328,11 @@ impl SplitPlan {
         SplitPlan {
             chunk_vectors,
             chunks: vectors.div_ceil(chunk_vectors),
-            staged_vectors: if chunk_vectors <= capacity { capacity } else { 0 },
+            staged_vectors: if chunk_vectors <= capacity {
+                capacity
+            } else {
+                0
+            },
             capacity,
             cube_size: chunk_vectors.next_power_of_two().clamp(32, max_units),
             loads_per_step,
@@ -408,28 +428,33 @@ pub fn launch_forward_grad<R: Runtime>(
     let x = cubes.clamp(1, MAX_GRID_DIM);
     let y = cubes.div_ceil(x).max(1);
     let (logits, grad) = target.into_args();
-    cross_entropy_split_grad_kernel::launch::<R>(
-        client,
-        CubeCount::Static(x as u32, y as u32, 1),
-        CubeDim::new_1d(plan.cube_size as u32),
-        shape.address_type,
-        shape.vector_size,
-        logits,
-        targets,
-        weights.weights,
-        weights.total,
-        scratch.denominators,
-        stats,
-        predicted,
-        grad,
-        scratch.tickets,
-        scratch.partials,
-        plan.chunk_vectors as u32,
-        shape.scalars(),
-        options,
-        split,
-        [shape.float_dtype, shape.int_dtype],
-    );
+    // Unchecked: every index is in bounds by construction (clamped or masked in the
+    // kernel), and the checked launch's per-lane selects cost about one instruction per
+    // element.
+    unsafe {
+        cross_entropy_split_grad_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(x as u32, y as u32, 1),
+            CubeDim::new_1d(plan.cube_size as u32),
+            shape.address_type,
+            shape.vector_size,
+            logits,
+            targets,
+            weights.weights,
+            weights.total,
+            scratch.denominators,
+            stats,
+            predicted,
+            grad,
+            scratch.tickets,
+            scratch.partials,
+            plan.chunk_vectors as u32,
+            shape.scalars(),
+            options,
+            split,
+            [shape.float_dtype, shape.int_dtype],
+        );
+    }
 }
 
 /// `grad *= g` in place for a scalar incoming gradient `g` (`[1]`, any float type
@@ -445,17 +470,22 @@ pub fn launch_scale_gradient<R: Runtime>(
         return;
     }
     let cube_size = shape.cube_size();
-    scale_gradient_kernel::launch::<R>(
-        client,
-        shape.cube_count(),
-        CubeDim::new_1d(cube_size as u32),
-        shape.address_type,
-        shape.vector_size,
-        grad,
-        grad_output,
-        cube_size,
-        [shape.float_dtype, grad_dtype],
-    );
+    // Unchecked: every index is in bounds by construction (clamped or masked in the
+    // kernel), and the checked launch's per-lane selects cost about one instruction per
+    // element.
+    unsafe {
+        scale_gradient_kernel::launch_unchecked::<R>(
+            client,
+            shape.cube_count(),
+            CubeDim::new_1d(cube_size as u32),
+            shape.address_type,
+            shape.vector_size,
+            grad,
+            grad_output,
+            cube_size,
+            [shape.float_dtype, grad_dtype],
+        );
+    }
 }
 
 /// Writes `[first bad row, its target]` of `targets` (`[B, T]`) into `result` (`[2]`, the

@@ -12,11 +12,11 @@ pub use kernels::{
     GradOptions, RowOptions, RowScalars, RowScalarsLaunch, cross_entropy_backward_kernel,
     cross_entropy_forward_kernel, first_bad_target_kernel, scale_gradient_kernel,
 };
+pub use launch::*;
 pub use split::{
     PARTIAL_SLOTS, SplitOptions, UNPUBLISHED, cross_entropy_split_grad_kernel,
     split_prologue_kernel,
 };
-pub use launch::*;
 
 /// Rows of the per-row statistics matrix `[COUNT, N]` (f32) that forward writes; each row
 /// of it is contiguous. Ignored rows are 0 in every statistic.

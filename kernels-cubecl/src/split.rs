@@ -20,8 +20,8 @@
 use cubecl::prelude::*;
 
 use crate::kernels::{
-    RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, finish_row, reduce_span,
-    gradient_coefficients, gradient_vector, is_class, mean_denominators, read_target,
+    RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, finish_row,
+    gradient_coefficients, gradient_vector, is_class, mean_denominators, read_target, reduce_span,
     row_offset, stat_index, weights_vector,
 };
 use crate::row_stat;
@@ -111,7 +111,7 @@ pub fn split_prologue_kernel<I: Int>(
 /// Forward that also writes the gradient for an incoming gradient of 1 (divided by the
 /// mean's denominators when `split.mean`), over the logits when `grad` aliases them:
 /// one cube per chunk of `chunk_vectors` vectors of a row (see the module's text).
-#[cube(launch, address_type = "dynamic")]
+#[cube(launch_unchecked, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
     logits: &Tensor<Vector<F, N>>,

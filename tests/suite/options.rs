@@ -441,7 +441,12 @@ fn rows_cut_into_exchanging_chunks() {
     for chunks in [2, 3, 7] {
         burn_fused_ce::diagnostics::set_split_chunks(Some(chunks));
         check_combined::<CubeBackend>(
-            &[(None, 37, 129), (Some(3), 3 * 4, 41), (None, 300, 67), (None, 16, 4096)],
+            &[
+                (None, 37, 129),
+                (Some(3), 3 * 4, 41),
+                (None, 300, 67),
+                (None, 16, 4096),
+            ],
             &float_dtypes(),
         );
         check_extra_outputs::<CubeBackend>(&float_dtypes(), true);

@@ -11,8 +11,8 @@ use burn_cubecl::{
 use cubecl::prelude::InputScalar;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
-    GradientTarget, IncomingGradient, LossSettings, RowLaunch, SplitPlan, SplitScratch,
-    WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_forward_grad,
+    GradientTarget, IncomingGradient, LossSettings, RowLaunch, SplitPlan, SplitScratch, WeightArgs,
+    launch_backward, launch_first_bad_target, launch_forward, launch_forward_grad,
     launch_scale_gradient, row_stat,
 };
 
