@@ -914,51 +914,72 @@ fn write_gradient_row<F: Float, N: Size>(
         let holds = target_vector % cube_size == UNIT_POS as usize;
         let target_at = select(holds, target_vector, 0usize);
         let target_values = logits[in_start + target_at];
-        // Two vectors per step, both loads issued first (more bytes in flight).
-        while index + cube_size < vectors_per_row {
-            let second = index + cube_size;
-            let first_values = logits[in_start + index];
-            let second_values = logits[in_start + second];
-            let mut first_weights = no_weights;
-            let mut second_weights = no_weights;
-            if comptime!(options.smoothing && options.weighted) {
-                first_weights = weights_vector::<N>(class_weights, index * vector_size);
-                second_weights = weights_vector::<N>(class_weights, second * vector_size);
-            }
-            grad[out_start + index] = gradient_vector::<F, N>(
-                first_values,
-                first_weights,
-                index * vector_size,
+        // Four vectors per step, all loads issued before any store (the stores may alias
+        // the loads, so the compiler would not move a load above them).
+        while index + 3 * cube_size < vectors_per_row {
+            let values_0 = logits[in_start + index];
+            let values_1 = logits[in_start + index + cube_size];
+            let values_2 = logits[in_start + index + 2 * cube_size];
+            let values_3 = logits[in_start + index + 3 * cube_size];
+            let mut at = index;
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                at,
+                values_0,
+                class_weights,
                 row_grad,
                 softcap,
                 options,
-                false,
             );
-            grad[out_start + second] = gradient_vector::<F, N>(
-                second_values,
-                second_weights,
-                second * vector_size,
+            at += cube_size;
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                at,
+                values_1,
+                class_weights,
                 row_grad,
                 softcap,
                 options,
-                false,
             );
-            index += 2 * cube_size;
+            at += cube_size;
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                at,
+                values_2,
+                class_weights,
+                row_grad,
+                softcap,
+                options,
+            );
+            at += cube_size;
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                at,
+                values_3,
+                class_weights,
+                row_grad,
+                softcap,
+                options,
+            );
+            index += 4 * cube_size;
         }
-        if index < vectors_per_row {
-            let mut weights = no_weights;
-            if comptime!(options.smoothing && options.weighted) {
-                weights = weights_vector::<N>(class_weights, index * vector_size);
-            }
-            grad[out_start + index] = gradient_vector::<F, N>(
-                logits[in_start + index],
-                weights,
-                index * vector_size,
+        while index < vectors_per_row {
+            let values = logits[in_start + index];
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                index,
+                values,
+                class_weights,
                 row_grad,
                 softcap,
                 options,
-                false,
             );
+            index += cube_size;
         }
         if holds {
             let mut weights = no_weights;
@@ -976,6 +997,36 @@ fn write_gradient_row<F: Float, N: Size>(
             );
         }
     }
+}
+
+/// Writes the gradient of vector `index` of a row (`values`: its logits) at
+/// `out_start + index`, as if it held no target (see `write_gradient_row`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_gradient_vector<F: Float, N: Size>(
+    grad: &mut Tensor<Vector<F, N>>,
+    out_start: usize,
+    index: usize,
+    values: Vector<F, N>,
+    class_weights: &Tensor<f32>,
+    row_grad: RowGradient,
+    softcap: f32,
+    #[comptime] options: RowOptions,
+) {
+    let vector_size = grad.vector_size();
+    let mut weights = Vector::<f32, N>::new(1.0);
+    if comptime!(options.smoothing && options.weighted) {
+        weights = weights_vector::<N>(class_weights, index * vector_size);
+    }
+    grad[out_start + index] = gradient_vector::<F, N>(
+        values,
+        weights,
+        index * vector_size,
+        row_grad,
+        softcap,
+        options,
+        false,
+    );
 }
 
 /// The mean's denominators from the targets alone, as forward's statistics would sum
