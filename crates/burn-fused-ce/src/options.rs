@@ -72,8 +72,8 @@ pub struct CrossEntropyOptions {
     /// incoming gradient of 1, in one pass over the logits (rows cut into chunks kept in
     /// shared memory; over the logits when nothing else holds them); backward then only
     /// rescales it, and does nothing at all when the incoming gradient is 1
-    /// (`loss.backward()`). On the H200 (bf16 8192 x 128256) 1.80 ms against 1.96 for the
-    /// default plan, f32 2.93 against 3.45, but an incoming gradient other than 1 pays a
+    /// (`loss.backward()`). On the H200 (bf16 8192 x 128256) 1.69 ms against 1.82 for the
+    /// default plan, f32 2.83 against 3.37, but an incoming gradient other than 1 pays a
     /// rescaling pass (2.89 against 1.96 ms; see docs/performance.md). Off (the default):
     /// forward keeps per-row statistics and backward writes the gradient.
     /// `Reduction::None` always uses the latter.
