@@ -143,21 +143,6 @@ fn ln_one_plus(x: f32) -> f32 {
     )
 }
 
-/// One vector of a row in f32, soft-capped when the options say so.
-#[cube]
-pub(crate) fn load_vector<F: Float, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    at: usize,
-    softcap: f32,
-    #[comptime] capped: bool,
-) -> Vector<f32, N> {
-    let mut values = Vector::<f32, N>::cast_from(logits[at]);
-    if comptime!(capped) {
-        values = soft_cap::<N>(values, softcap);
-    }
-    values
-}
-
 /// `c * tanh(x / c)`.
 #[cube]
 pub(crate) fn soft_cap<N: Size>(values: Vector<f32, N>, cap: f32) -> Vector<f32, N> {
@@ -250,6 +235,55 @@ pub(crate) fn absorb<N: Size>(
     }
 }
 
+/// [`absorb`] of one vector as loaded (`raw`, columns `first_col..`): in f32,
+/// soft-capped and with its class weights when the options say so.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn absorb_vector<F: Float, N: Size>(
+    state: RowState,
+    raw: Vector<F, N>,
+    first_col: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    softcap: f32,
+    #[comptime] options: RowOptions,
+    #[comptime] with_target: bool,
+) -> RowState {
+    let mut values = Vector::<f32, N>::cast_from(raw);
+    if comptime!(options.softcap) {
+        values = soft_cap::<N>(values, softcap);
+    }
+    let mut weights = Vector::<f32, N>::new(1.0);
+    if comptime!(options.smoothing && options.weighted) {
+        weights = weights_vector::<N>(class_weights, first_col);
+    }
+    absorb::<N>(
+        state,
+        values,
+        weights,
+        first_col,
+        target_col,
+        options,
+        with_target,
+    )
+}
+
+/// Whether this unit's share of vectors `first..first + len` (vectors `first + u,
+/// first + u + cube_size, ..` for unit `u`) holds `target_vector`, and its index in the
+/// span (0 when not).
+#[cube]
+pub(crate) fn target_share(
+    target_vector: usize,
+    first: usize,
+    len: usize,
+    #[comptime] cube_size: usize,
+) -> (bool, usize) {
+    let holds = target_vector >= first
+        && target_vector < first + len
+        && (target_vector - first) % cube_size == UNIT_POS as usize;
+    (holds, select(holds, target_vector - first, 0usize))
+}
+
 /// Reduces vectors `first..first + len` of a row (`row_start`: the row's first vector) into
 /// this unit's state: unit `u` takes vectors `u, u + cube_size, ..`, `loads_per_step` of
 /// them at a time, all loads issued before any is used (a vector past the span's end is
@@ -272,7 +306,6 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     let cube_size = options.cube_size;
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
-    let no_weights = Vector::<f32, N>::new(1.0);
     // The running state as scalars: cubecl cannot reassign a struct variable in a loop.
     let mut max = f32::new(RUNNING_MAX_START);
     let mut others = f32::new(0.0);
@@ -295,15 +328,6 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
                     staged[at] = raw;
                 }
             }
-            let mut values = Vector::<f32, N>::cast_from(raw);
-            if comptime!(options.softcap) {
-                values = soft_cap::<N>(values, softcap);
-            }
-            let first_col = (first + safe) * vector_size;
-            let mut weights = no_weights;
-            if comptime!(options.smoothing && options.weighted) {
-                weights = weights_vector::<N>(class_weights, first_col);
-            }
             let state = RowState {
                 max,
                 others,
@@ -312,7 +336,16 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
                 best_col,
                 smooth,
             };
-            let next = absorb::<N>(state, values, weights, first_col, vocab, options, false);
+            let next = absorb_vector::<F, N>(
+                state,
+                raw,
+                (first + safe) * vector_size,
+                vocab,
+                class_weights,
+                softcap,
+                options,
+                false,
+            );
             // The target's vector is absorbed after the loop.
             let take = in_range && first + at != target_vector;
             max = select(take, next.max, max);
@@ -333,25 +366,22 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     };
     // The target's vector, by the unit whose share it is (re-read: from L1, or from
     // `staged`); every unit computes it, the others discard it.
-    let holds = target_vector >= first
-        && target_vector < first + len
-        && (target_vector - first) % cube_size == UNIT_POS as usize;
-    let at = select(holds, target_vector - first, 0usize);
+    let (holds, at) = target_share(target_vector, first, len, cube_size);
     let raw = if comptime!(stage) {
         staged[at]
     } else {
         logits[row_start + first + at]
     };
-    let mut values = Vector::<f32, N>::cast_from(raw);
-    if comptime!(options.softcap) {
-        values = soft_cap::<N>(values, softcap);
-    }
-    let first_col = (first + at) * vector_size;
-    let mut weights = no_weights;
-    if comptime!(options.smoothing && options.weighted) {
-        weights = weights_vector::<N>(class_weights, first_col);
-    }
-    let next = absorb::<N>(state, values, weights, first_col, target_col, options, true);
+    let next = absorb_vector::<F, N>(
+        state,
+        raw,
+        (first + at) * vector_size,
+        target_col,
+        class_weights,
+        softcap,
+        options,
+        true,
+    );
     RowState {
         max: select(holds, next.max, state.max),
         others: select(holds, next.others, state.others),
@@ -468,13 +498,7 @@ fn forward_row<F: Float, I: Int, N: Size>(
     let mut shared_row = SharedMemory::<f32>::new(2usize);
     if target == scalars.ignore_index {
         if UNIT_POS == 0 {
-            #[unroll]
-            for stat in 0..row_stat::COUNT {
-                stats[stat_index(stats, stat, row)] = f32::new(0.0);
-            }
-            if comptime!(options.argmax) {
-                predicted[row] = I::new(-1);
-            }
+            write_ignored_row::<I>(stats, predicted, row, options);
             shared_row[0] = f32::new(0.0);
             shared_row[1] = f32::new(0.0);
         }
@@ -502,6 +526,23 @@ fn forward_row<F: Float, I: Int, N: Size>(
     };
     sync_cube();
     result
+}
+
+/// An ignored row's statistics (all 0) and prediction (-1).
+#[cube]
+pub(crate) fn write_ignored_row<I: Int>(
+    stats: &mut Tensor<f32>,
+    predicted: &mut Tensor<I>,
+    row: usize,
+    #[comptime] options: RowOptions,
+) {
+    #[unroll]
+    for stat in 0..row_stat::COUNT {
+        stats[stat_index(stats, stat, row)] = f32::new(0.0);
+    }
+    if comptime!(options.argmax) {
+        predicted[row] = I::new(-1);
+    }
 }
 
 /// The work of [`forward_row`] for a row that is not ignored.
@@ -898,21 +939,20 @@ fn write_gradient_row<F: Float, N: Size>(
     let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
     let out_start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
     let vectors_per_row = vocab / vector_size;
-    let no_weights = Vector::<f32, N>::new(1.0);
     let mut index = UNIT_POS as usize;
     if row_grad.target_col == vocab {
         // Zero row: the logits are not read (they may be anything, NaN included).
-        while index < vectors_per_row {
-            grad[out_start + index] = Vector::new(F::new(0.0));
-            index += cube_size;
-        }
+        zero_vectors::<F, N>(grad, out_start, vectors_per_row, cube_size);
     } else {
         // The target's vector is written twice by the unit whose share it is: in the loop
         // as if it held no target, then fixed from its logits read before the loop (the
         // loop may write over them when `grad` aliases `logits`).
-        let target_vector = row_grad.target_col / vector_size;
-        let holds = target_vector % cube_size == UNIT_POS as usize;
-        let target_at = select(holds, target_vector, 0usize);
+        let (holds, target_at) = target_share(
+            row_grad.target_col / vector_size,
+            0usize,
+            vectors_per_row,
+            cube_size,
+        );
         let target_values = logits[in_start + target_at];
         // Four vectors per step, all loads issued before any store (the stores may alias
         // the loads, so the compiler would not move a load above them).
@@ -931,6 +971,7 @@ fn write_gradient_row<F: Float, N: Size>(
                 row_grad,
                 softcap,
                 options,
+                false,
             );
             at += cube_size;
             store_gradient_vector::<F, N>(
@@ -942,6 +983,7 @@ fn write_gradient_row<F: Float, N: Size>(
                 row_grad,
                 softcap,
                 options,
+                false,
             );
             at += cube_size;
             store_gradient_vector::<F, N>(
@@ -953,6 +995,7 @@ fn write_gradient_row<F: Float, N: Size>(
                 row_grad,
                 softcap,
                 options,
+                false,
             );
             at += cube_size;
             store_gradient_vector::<F, N>(
@@ -964,6 +1007,7 @@ fn write_gradient_row<F: Float, N: Size>(
                 row_grad,
                 softcap,
                 options,
+                false,
             );
             index += 4 * cube_size;
         }
@@ -978,18 +1022,17 @@ fn write_gradient_row<F: Float, N: Size>(
                 row_grad,
                 softcap,
                 options,
+                false,
             );
             index += cube_size;
         }
         if holds {
-            let mut weights = no_weights;
-            if comptime!(options.smoothing && options.weighted) {
-                weights = weights_vector::<N>(class_weights, target_at * vector_size);
-            }
-            grad[out_start + target_at] = gradient_vector::<F, N>(
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                target_at,
                 target_values,
-                weights,
-                target_at * vector_size,
+                class_weights,
                 row_grad,
                 softcap,
                 options,
@@ -999,11 +1042,12 @@ fn write_gradient_row<F: Float, N: Size>(
     }
 }
 
-/// Writes the gradient of vector `index` of a row (`values`: its logits) at
-/// `out_start + index`, as if it held no target (see `write_gradient_row`).
+/// Writes the gradient of vector `index` of a row (`values`: its logits; `out_start`:
+/// the row's first vector in `grad`) at `out_start + index`; without `with_target` as if
+/// it held no target (see `write_gradient_row`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_gradient_vector<F: Float, N: Size>(
+pub(crate) fn store_gradient_vector<F: Float, N: Size>(
     grad: &mut Tensor<Vector<F, N>>,
     out_start: usize,
     index: usize,
@@ -1012,6 +1056,7 @@ fn store_gradient_vector<F: Float, N: Size>(
     row_grad: RowGradient,
     softcap: f32,
     #[comptime] options: RowOptions,
+    #[comptime] with_target: bool,
 ) {
     let vector_size = grad.vector_size();
     let mut weights = Vector::<f32, N>::new(1.0);
@@ -1025,8 +1070,24 @@ fn store_gradient_vector<F: Float, N: Size>(
         row_grad,
         softcap,
         options,
-        false,
+        with_target,
     );
+}
+
+/// Zeros over `len` vectors of a row's gradient from `out_start` (unit `u` writes
+/// `out_start + u, out_start + u + cube_size, ..`).
+#[cube]
+pub(crate) fn zero_vectors<F: Float, N: Size>(
+    grad: &mut Tensor<Vector<F, N>>,
+    out_start: usize,
+    len: usize,
+    #[comptime] cube_size: usize,
+) {
+    let mut local = UNIT_POS as usize;
+    while local < len {
+        grad[out_start + local] = Vector::new(F::new(0.0));
+        local += cube_size;
+    }
 }
 
 /// The mean's denominators from the targets alone, as forward's statistics would sum

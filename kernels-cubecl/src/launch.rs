@@ -263,17 +263,22 @@ fn chunk_bytes() -> usize {
         .unwrap_or(32 * 1024)
 }
 
-/// A split-kernel tuning knob from the environment (read once per name), else `default`.
-fn split_knob(name: &'static str, default: usize) -> usize {
-    static UNITS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    static LOADS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let (cell, valid): (_, fn(usize) -> bool) = match name {
-        "FUSED_CE_SPLIT_UNITS" => (&UNITS, |v| v.is_power_of_two() && (32..=1024).contains(&v)),
-        _ => (&LOADS, |v| (1..=8).contains(&v)),
-    };
-    env_usize(name, cell)
-        .filter(|&v| valid(v))
-        .unwrap_or(default)
+/// Most units per cube of the split kernel: 256, or `FUSED_CE_SPLIT_UNITS` (a power of
+/// two, 32 to 1024) for tuning runs.
+fn split_units() -> usize {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_SPLIT_UNITS", &CELL)
+        .filter(|v| v.is_power_of_two() && (32..=1024).contains(v))
+        .unwrap_or(256)
+}
+
+/// Vectors each unit of the split kernel loads before using any on CUDA: 4, or
+/// `FUSED_CE_SPLIT_LOADS` (1 to 8) for tuning runs.
+fn split_loads() -> usize {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_SPLIT_LOADS", &CELL)
+        .filter(|v| (1..=8).contains(v))
+        .unwrap_or(4)
 }
 
 /// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
@@ -309,11 +314,7 @@ impl SplitPlan {
             .is_some();
         let (capacity, chunks, loads_per_step) = if known_device {
             let capacity = (chunk_bytes() / vector_bytes).max(1);
-            (
-                capacity,
-                vectors.div_ceil(capacity),
-                split_knob("FUSED_CE_SPLIT_LOADS", 4),
-            )
+            (capacity, vectors.div_ceil(capacity), split_loads())
         } else {
             ((16 * 1024 / vector_bytes).max(1), 1, 2)
         };
@@ -322,7 +323,7 @@ impl SplitPlan {
 
     /// `vectors` cut into `chunks` even chunks (at most `MAX_CHUNKS`).
     fn cut(vectors: usize, chunks: usize, capacity: usize, loads_per_step: usize) -> Self {
-        let max_units = split_knob("FUSED_CE_SPLIT_UNITS", 256);
+        let max_units = split_units();
         let chunks = chunks.clamp(1, MAX_CHUNKS);
         let chunk_vectors = vectors.div_ceil(chunks);
         SplitPlan {

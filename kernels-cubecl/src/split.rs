@@ -21,10 +21,9 @@ use cubecl::prelude::*;
 
 use crate::kernels::{
     RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, finish_row,
-    gradient_coefficients, gradient_vector, is_class, mean_denominators, read_target, reduce_span,
-    row_offset, stat_index, weights_vector,
+    gradient_coefficients, is_class, mean_denominators, read_target, reduce_span, row_offset,
+    store_gradient_vector, target_share, write_ignored_row, zero_vectors,
 };
-use crate::row_stat;
 
 /// Where each value of a chunk's partial state lives among its `PARTIAL_SLOTS` slots of
 /// `partials` (f32 bits as i32, the column as i32).
@@ -154,15 +153,10 @@ pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
     let target = read_target::<I>(targets, row);
     if target == scalars.ignore_index {
         // Nobody waits for an ignored row's chunks: they publish nothing.
-        zero_chunk::<F, N>(grad, row, first, len, options.cube_size);
+        let out_start = row_offset::<Vector<F, N>>(grad, row) / grad.vector_size() + first;
+        zero_vectors::<F, N>(grad, out_start, len, options.cube_size);
         if chunk == 0 && UNIT_POS == 0 {
-            #[unroll]
-            for stat in 0..row_stat::COUNT {
-                stats[stat_index(stats, stat, row)] = f32::new(0.0);
-            }
-            if comptime!(options.argmax) {
-                predicted[row] = I::new(-1);
-            }
+            write_ignored_row::<I>(stats, predicted, row, options);
         }
     } else {
         split_chunk::<F, I, N>(
@@ -184,23 +178,6 @@ pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
             options,
             split,
         );
-    }
-}
-
-/// Zeros for the gradient of one chunk (the logits are not read: they may be anything).
-#[cube]
-fn zero_chunk<F: Float, N: Size>(
-    grad: &mut Tensor<Vector<F, N>>,
-    row: usize,
-    first: usize,
-    len: usize,
-    #[comptime] cube_size: usize,
-) {
-    let out_start = row_offset::<Vector<F, N>>(grad, row) / grad.vector_size() + first;
-    let mut local = UNIT_POS as usize;
-    while local < len {
-        grad[out_start + local] = Vector::new(F::new(0.0));
-        local += cube_size;
     }
 }
 
@@ -233,7 +210,6 @@ fn split_chunk<F: Float, I: Int, N: Size>(
     let target_is_class = is_class(target, vocab);
     // When the target is not a class, `target_col` is one no unit reaches.
     let target_col = select(target_is_class, usize::cast_from(target), vocab);
-    let no_weights = Vector::<f32, N>::new(1.0);
     let mut staged = SharedMemory::<Vector<F, N>>::new(comptime!(if split.staged_vectors > 0 {
         split.staged_vectors
     } else {
@@ -255,9 +231,9 @@ fn split_chunk<F: Float, I: Int, N: Size>(
     );
     let target_vector = target_col / vector_size;
     let chunk_has_target = target_vector >= first && target_vector < first + len;
+    let (holds_target, target_at) = target_share(target_vector, first, len, cube_size);
     let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
-    let holder = select(chunk_has_target, target_vector - first, 0usize) % cube_size;
-    if chunk_has_target && holder == UNIT_POS as usize {
+    if holds_target {
         shared_target_logit[0] = state.target_logit;
     }
     // The merge's barriers also publish `shared_target_logit`.
@@ -384,18 +360,13 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         scalars,
         options,
     );
+    let out_start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
     if !target_is_class {
-        zero_chunk::<F, N>(grad, row, first, len, cube_size);
+        zero_vectors::<F, N>(grad, out_start + first, len, cube_size);
     } else {
-        let out_start = row_offset::<Vector<F, N>>(grad, row) / vector_size + first;
         let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size + first;
         // As in `write_gradient_row`: the target's vector is written as if it held no
         // target, then fixed from its logits read before the loop.
-        let target_vector = target_col / vector_size;
-        let holds = target_vector >= first
-            && target_vector < first + len
-            && (target_vector - first) % cube_size == UNIT_POS as usize;
-        let target_at = select(holds, target_vector - first, 0usize);
         let target_values = if comptime!(split.staged_vectors > 0) {
             staged[target_at]
         } else {
@@ -403,21 +374,18 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         };
         let mut local = UNIT_POS as usize;
         while local < len {
-            let first_col = (first + local) * vector_size;
-            let mut weights = no_weights;
-            if comptime!(options.smoothing && options.weighted) {
-                weights = weights_vector::<N>(class_weights, first_col);
-            }
             // Each unit reads back only the vectors it staged itself: no barrier needed.
             let raw = if comptime!(split.staged_vectors > 0) {
                 staged[local]
             } else {
                 logits[in_start + local]
             };
-            grad[out_start + local] = gradient_vector::<F, N>(
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                first + local,
                 raw,
-                weights,
-                first_col,
+                class_weights,
                 row_grad,
                 scalars.softcap,
                 options,
@@ -425,16 +393,13 @@ fn split_chunk<F: Float, I: Int, N: Size>(
             );
             local += cube_size;
         }
-        if holds {
-            let first_col = (first + target_at) * vector_size;
-            let mut weights = no_weights;
-            if comptime!(options.smoothing && options.weighted) {
-                weights = weights_vector::<N>(class_weights, first_col);
-            }
-            grad[out_start + target_at] = gradient_vector::<F, N>(
+        if holds_target {
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                first + target_at,
                 target_values,
-                weights,
-                first_col,
+                class_weights,
                 row_grad,
                 scalars.softcap,
                 options,
