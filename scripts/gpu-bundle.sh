@@ -39,5 +39,7 @@ for line in sys.stdin:
   done
 cp scripts/gpu-run.sh "$bundle/run.sh"
 cp scripts/gpu-sweep.sh "$bundle/sweep.sh"
+cp scripts/gpu-ab.sh "$bundle/ab.sh"
 cp scripts/torch_check.py "$bundle/torch_check.py"
+cp scripts/kernel_registers.py "$bundle/kernel_registers.py"
 du -sh "$bundle"; ls -la "$bundle"

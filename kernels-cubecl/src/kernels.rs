@@ -287,8 +287,8 @@ pub(crate) fn target_share(
 /// Reduces vectors `first..first + len` of a row (`row_start`: the row's first vector) into
 /// this unit's state: unit `u` takes vectors `u, u + cube_size, ..`, `loads_per_step` of
 /// them at a time, all loads issued before any is used (a vector past the span's end is
-/// loaded from its start but not absorbed). With `stage`, each vector is also kept in
-/// `staged` at its index in the span.
+/// loaded from its start but not absorbed). The span's first `staged_limit` vectors are
+/// also kept in `staged` at their index in the span (0: none).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce_span<F: Float, N: Size>(
@@ -301,7 +301,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     staged: &mut SharedMemory<Vector<F, N>>,
     softcap: f32,
     #[comptime] options: RowOptions,
-    #[comptime] stage: bool,
+    #[comptime] staged_limit: usize,
 ) -> RowState {
     let cube_size = options.cube_size;
     let vector_size = logits.vector_size();
@@ -316,15 +316,24 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     // `vocab / vector_size` (no vector) when the target is not a class.
     let target_vector = target_col / vector_size;
     let mut local = UNIT_POS as usize;
+    // Every load of a step issued before any is used, in registers: left interleaved,
+    // NVCC kept only two or three of four in flight.
+    let mut loaded = Array::<Vector<F, N>>::new(options.loads_per_step);
     while local < len {
+        #[unroll]
+        for step in 0..options.loads_per_step {
+            let at = local + step * cube_size;
+            let safe = select(at < len, at, 0usize);
+            loaded[step] = logits[row_start + first + safe];
+        }
         #[unroll]
         for step in 0..options.loads_per_step {
             let at = local + step * cube_size;
             let in_range = at < len;
             let safe = select(in_range, at, 0usize);
-            let raw = logits[row_start + first + safe];
-            if comptime!(stage) {
-                if in_range {
+            let raw = loaded[step];
+            if comptime!(staged_limit > 0) {
+                if in_range && at < staged_limit {
                     staged[at] = raw;
                 }
             }
@@ -367,11 +376,11 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     // The target's vector, by the unit whose share it is (re-read: from L1, or from
     // `staged`); every unit computes it, the others discard it.
     let (holds, at) = target_share(target_vector, first, len, cube_size);
-    let raw = if comptime!(stage) {
-        staged[at]
-    } else {
-        logits[row_start + first + at]
-    };
+    let mut raw = logits[row_start + first + at];
+    if comptime!(staged_limit > 0) {
+        let from_stage = at < staged_limit;
+        raw = select(from_stage, staged[select(from_stage, at, 0usize)], raw);
+    }
     let next = absorb_vector::<F, N>(
         state,
         raw,
@@ -581,7 +590,7 @@ fn read_row<F: Float, I: Int, N: Size>(
         &mut unstaged,
         scalars.softcap,
         options,
-        false,
+        0usize,
     );
     let target_vector = target_col / vector_size;
     let holds_target =
@@ -939,7 +948,6 @@ fn write_gradient_row<F: Float, N: Size>(
     let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
     let out_start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
     let vectors_per_row = vocab / vector_size;
-    let mut index = UNIT_POS as usize;
     if row_grad.target_col == vocab {
         // Zero row: the logits are not read (they may be anything, NaN included).
         zero_vectors::<F, N>(grad, out_start, vectors_per_row, cube_size);
@@ -954,78 +962,18 @@ fn write_gradient_row<F: Float, N: Size>(
             cube_size,
         );
         let target_values = logits[in_start + target_at];
-        // Four vectors per step, all loads issued before any store (the stores may alias
-        // the loads, so the compiler would not move a load above them).
-        while index + 3 * cube_size < vectors_per_row {
-            let values_0 = logits[in_start + index];
-            let values_1 = logits[in_start + index + cube_size];
-            let values_2 = logits[in_start + index + 2 * cube_size];
-            let values_3 = logits[in_start + index + 3 * cube_size];
-            let mut at = index;
-            store_gradient_vector::<F, N>(
-                grad,
-                out_start,
-                at,
-                values_0,
-                class_weights,
-                row_grad,
-                softcap,
-                options,
-                false,
-            );
-            at += cube_size;
-            store_gradient_vector::<F, N>(
-                grad,
-                out_start,
-                at,
-                values_1,
-                class_weights,
-                row_grad,
-                softcap,
-                options,
-                false,
-            );
-            at += cube_size;
-            store_gradient_vector::<F, N>(
-                grad,
-                out_start,
-                at,
-                values_2,
-                class_weights,
-                row_grad,
-                softcap,
-                options,
-                false,
-            );
-            at += cube_size;
-            store_gradient_vector::<F, N>(
-                grad,
-                out_start,
-                at,
-                values_3,
-                class_weights,
-                row_grad,
-                softcap,
-                options,
-                false,
-            );
-            index += 4 * cube_size;
-        }
-        while index < vectors_per_row {
-            let values = logits[in_start + index];
-            store_gradient_vector::<F, N>(
-                grad,
-                out_start,
-                index,
-                values,
-                class_weights,
-                row_grad,
-                softcap,
-                options,
-                false,
-            );
-            index += cube_size;
-        }
+        write_gradient_span::<F, N>(
+            logits,
+            grad,
+            in_start,
+            out_start,
+            0usize,
+            vectors_per_row,
+            row_grad,
+            class_weights,
+            softcap,
+            options,
+        );
         if holds {
             store_gradient_vector::<F, N>(
                 grad,
@@ -1039,6 +987,67 @@ fn write_gradient_row<F: Float, N: Size>(
                 true,
             );
         }
+    }
+}
+
+/// Writes the gradient of vectors `first..first + len` of a row (`in_start`/`out_start`:
+/// the row's first vector in `logits`/`grad`) as if none held the target: unit `u` takes
+/// vectors `first + u, first + u + cube_size, ..`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_gradient_span<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    grad: &mut Tensor<Vector<F, N>>,
+    in_start: usize,
+    out_start: usize,
+    first: usize,
+    len: usize,
+    row_grad: RowGradient,
+    class_weights: &Tensor<f32>,
+    softcap: f32,
+    #[comptime] options: RowOptions,
+) {
+    let cube_size = options.cube_size;
+    let in_row = in_start + first;
+    let mut index = UNIT_POS as usize;
+    // Four vectors per step, all loads issued before any store (the stores may alias
+    // the loads, so the compiler would not move a load above them).
+    let mut loaded = Array::<Vector<F, N>>::new(4usize);
+    while index + 3 * cube_size < len {
+        #[unroll]
+        for step in 0..4usize {
+            loaded[step] = logits[in_row + index + step * cube_size];
+        }
+        #[unroll]
+        for step in 0..4usize {
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                first + index + step * cube_size,
+                loaded[step],
+                class_weights,
+                row_grad,
+                softcap,
+                options,
+                false,
+            );
+        }
+        index += 4 * cube_size;
+    }
+    while index < len {
+        let values = logits[in_row + index];
+        store_gradient_vector::<F, N>(
+            grad,
+            out_start,
+            first + index,
+            values,
+            class_weights,
+            row_grad,
+            softcap,
+            options,
+            false,
+        );
+        index += cube_size;
     }
 }
 

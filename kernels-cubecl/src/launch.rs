@@ -254,12 +254,26 @@ fn env_usize(name: &str, cell: &'static std::sync::OnceLock<Option<usize>>) -> O
     *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()))
 }
 
-/// Bytes of shared memory a chunk of the split kernel stages: 32 KB (a few cubes per SM
-/// with room for their merge buffers), or `FUSED_CE_CHUNK_BYTES` for tuning runs.
-fn chunk_bytes() -> usize {
+/// Bytes of a row each cube of the split kernel takes on CUDA, or `FUSED_CE_CHUNK_BYTES`
+/// (1 KB to 1 MB) for tuning runs. 64 KB for the plain loss (half staged, half re-read
+/// from L2: 1.6-1.7 ms against 1.9 for 32 KB all staged, bf16 8192 x 128256, v16); 32 KB
+/// (all staged) when softcap or label smoothing add work per element (ls + z + softcap:
+/// 5.2 ms against 6.2-6.5 for 64 KB, v17).
+fn chunk_bytes(settings: &LossSettings) -> usize {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let per_element_work = settings.softcap.is_some() || settings.label_smoothing > 0.0;
     env_usize("FUSED_CE_CHUNK_BYTES", &CELL)
-        .filter(|&bytes| (1024..=40 * 1024).contains(&bytes))
+        .filter(|&bytes| (1024..=1024 * 1024).contains(&bytes))
+        .unwrap_or(if per_element_work { 32 * 1024 } else { 64 * 1024 })
+}
+
+/// Most bytes of its chunk a cube of the split kernel stages in shared memory on CUDA (the
+/// rest is re-read from L2): 32 KB (a few cubes per SM with room for their merge
+/// buffers), or `FUSED_CE_STAGE_BYTES` (0 to 40 KB) for tuning runs.
+fn stage_bytes() -> usize {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_STAGE_BYTES", &CELL)
+        .filter(|&bytes| bytes <= 40 * 1024)
         .unwrap_or(32 * 1024)
 }
 
@@ -292,18 +306,18 @@ pub struct SplitPlan {
     pub chunk_vectors: usize,
     /// Chunks per row.
     pub chunks: usize,
-    /// Shared memory per cube for the chunk, in vectors (0: not staged).
+    /// Vectors of a chunk staged in shared memory (the first ones; 0: none).
     staged_vectors: usize,
-    /// What `staged_vectors` is when a chunk fits.
+    /// Most vectors a cube may stage.
     capacity: usize,
     cube_size: usize,
     loads_per_step: usize,
 }
 
 impl SplitPlan {
-    /// On a device with a known SM count (CUDA), chunks of at most `chunk_bytes()` staged
-    /// in shared memory, rows cut evenly; elsewhere one chunk per row (cubes cannot be
-    /// known to run at once), staged when it fits in 16 KB.
+    /// On a device with a known SM count (CUDA), chunks of at most `chunk_bytes(..)`, rows
+    /// cut evenly, at most `stage_bytes()` of each staged in shared memory; elsewhere one
+    /// chunk per row (cubes cannot be known to run at once), its first 16 KB staged.
     pub fn new<R: Runtime>(client: &ComputeClient<R>, shape: &RowLaunch) -> Self {
         let vectors = (shape.vocab / shape.vector_size).max(1);
         let vector_bytes = shape.vector_size * shape.float_dtype.size();
@@ -313,8 +327,12 @@ impl SplitPlan {
             .num_streaming_multiprocessors
             .is_some();
         let (capacity, chunks, loads_per_step) = if known_device {
-            let capacity = (chunk_bytes() / vector_bytes).max(1);
-            (capacity, vectors.div_ceil(capacity), split_loads())
+            let chunk_vectors = (chunk_bytes(&shape.settings) / vector_bytes).max(1);
+            (
+                stage_bytes() / vector_bytes,
+                vectors.div_ceil(chunk_vectors),
+                split_loads(),
+            )
         } else {
             ((16 * 1024 / vector_bytes).max(1), 1, 2)
         };
@@ -329,11 +347,9 @@ impl SplitPlan {
         SplitPlan {
             chunk_vectors,
             chunks: vectors.div_ceil(chunk_vectors),
-            staged_vectors: if chunk_vectors <= capacity {
-                capacity
-            } else {
-                0
-            },
+            // The whole capacity even for a shorter chunk: one kernel per dtype and
+            // options, not one per vocabulary and chunk count.
+            staged_vectors: capacity,
             capacity,
             cube_size: chunk_vectors.next_power_of_two().clamp(32, max_units),
             loads_per_step,

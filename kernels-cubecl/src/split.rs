@@ -22,7 +22,7 @@ use cubecl::prelude::*;
 use crate::kernels::{
     RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, finish_row,
     gradient_coefficients, is_class, mean_denominators, read_target, reduce_span, row_offset,
-    store_gradient_vector, target_share, write_ignored_row, zero_vectors,
+    store_gradient_vector, target_share, write_gradient_span, write_ignored_row, zero_vectors,
 };
 
 /// Where each value of a chunk's partial state lives among its `PARTIAL_SLOTS` slots of
@@ -47,8 +47,9 @@ pub const UNPUBLISHED: i32 = -1;
 pub struct SplitOptions {
     /// Divide by the mean's denominators (else the gradient of a `Sum`).
     pub mean: bool,
-    /// Vectors of shared memory holding the chunk; 0: the gradient pass re-reads the
-    /// chunk from global memory (a chunk larger than shared memory).
+    /// Vectors of shared memory holding a chunk's first vectors; the gradient pass
+    /// re-reads the rest from global memory (L2, having just been read), the most
+    /// recently read first. 0: nothing staged.
     pub staged_vectors: usize,
     /// Most chunks a row may have (sizes the exchange's shared memory).
     pub max_chunks: usize,
@@ -227,7 +228,7 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         &mut staged,
         scalars.softcap,
         options,
-        comptime!(split.staged_vectors > 0),
+        split.staged_vectors,
     );
     let target_vector = target_col / vector_size;
     let chunk_has_target = target_vector >= first && target_vector < first + len;
@@ -364,27 +365,39 @@ fn split_chunk<F: Float, I: Int, N: Size>(
     if !target_is_class {
         zero_vectors::<F, N>(grad, out_start + first, len, cube_size);
     } else {
-        let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size + first;
+        let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
+        // A select, not `min`: cubecl 0.10 types the constant as 32 bits, and NVRTC finds
+        // `min(uint64, uint32)` ambiguous in a 64-bit-indexed kernel.
+        let staged_len = select(len < split.staged_vectors, len, split.staged_vectors);
         // As in `write_gradient_row`: the target's vector is written as if it held no
         // target, then fixed from its logits read before the loop.
-        let target_values = if comptime!(split.staged_vectors > 0) {
-            staged[target_at]
-        } else {
-            logits[in_start + target_at]
-        };
+        let target_staged = target_at < staged_len;
+        let target_values = select(
+            target_staged,
+            staged[select(target_staged, target_at, 0usize)],
+            logits[in_start + first + target_at],
+        );
+        // The part not staged first: it was read last, so it is the likeliest in L2.
+        write_gradient_span::<F, N>(
+            logits,
+            grad,
+            in_start,
+            out_start,
+            first + staged_len,
+            len - staged_len,
+            row_grad,
+            class_weights,
+            scalars.softcap,
+            options,
+        );
         let mut local = UNIT_POS as usize;
-        while local < len {
-            // Each unit reads back only the vectors it staged itself: no barrier needed.
-            let raw = if comptime!(split.staged_vectors > 0) {
-                staged[local]
-            } else {
-                logits[in_start + local]
-            };
+        while local < staged_len {
+            // Each unit reads back only the vectors it staged itself.
             store_gradient_vector::<F, N>(
                 grad,
                 out_start,
                 first + local,
-                raw,
+                staged[local],
                 class_weights,
                 row_grad,
                 scalars.softcap,
