@@ -69,14 +69,16 @@ pub struct CrossEntropyOptions {
     /// out-of-bounds access.
     pub check_targets: bool,
     /// Under autodiff with `Mean` or `Sum`, write the gradient during forward, for an
-    /// incoming gradient of 1, in one pass over the logits (rows cut into chunks kept in
-    /// shared memory; over the logits when nothing else holds them); backward then only
-    /// rescales it, and does nothing at all when the incoming gradient is 1
-    /// (`loss.backward()`). On the H200 (bf16 8192 x 128256) 1.69 ms against 1.82 for the
-    /// default plan, f32 2.83 against 3.37, but an incoming gradient other than 1 pays a
-    /// rescaling pass (2.89 against 1.96 ms; see docs/performance.md). Off (the default):
-    /// forward keeps per-row statistics and backward writes the gradient.
-    /// `Reduction::None` always uses the latter.
+    /// incoming gradient of 1, in one pass over the logits (rows cut into chunks, each
+    /// held on chip while its row's chunks exchange their statistics; over the logits
+    /// when nothing else holds them); backward then only rescales it, and does nothing at
+    /// all when the incoming gradient is 1 (`loss.backward()`). On the H200, bf16: 1.66
+    /// ms against 1.83 for the default plan at 8192 x 128256, 1.61 against 2.00 at 4096 x
+    /// 256000, 0.53 against 0.80 at 8192 x 32000; f32 8192 x 128256 2.75-2.90 against
+    /// 3.45. But an incoming gradient other than 1 pays a rescaling pass (2.72 against
+    /// 2.03 ms), and softcap + label smoothing run slower (5.14 against 4.52 ms); see
+    /// docs/performance.md. Off (the default): forward keeps per-row statistics and
+    /// backward writes the gradient. `Reduction::None` always uses the latter.
     pub gradient_in_forward: bool,
     /// Extra outputs computed in the same pass.
     pub outputs: ExtraOutputs,
