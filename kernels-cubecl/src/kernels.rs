@@ -973,6 +973,7 @@ fn write_gradient_row<F: Float, N: Size>(
             class_weights,
             softcap,
             options,
+            4usize,
         );
         if holds {
             store_gradient_vector::<F, N>(
@@ -1006,20 +1007,21 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
     class_weights: &Tensor<f32>,
     softcap: f32,
     #[comptime] options: RowOptions,
+    #[comptime] loads: usize,
 ) {
     let cube_size = options.cube_size;
     let in_row = in_start + first;
     let mut index = UNIT_POS as usize;
     // Four vectors per step, all loads issued before any store (the stores may alias
     // the loads, so the compiler would not move a load above them).
-    let mut loaded = Array::<Vector<F, N>>::new(4usize);
-    while index + 3 * cube_size < len {
+    let mut loaded = Array::<Vector<F, N>>::new(loads);
+    while index + (loads - 1) * cube_size < len {
         #[unroll]
-        for step in 0..4usize {
+        for step in 0..loads {
             loaded[step] = logits[in_row + index + step * cube_size];
         }
         #[unroll]
-        for step in 0..4usize {
+        for step in 0..loads {
             store_gradient_vector::<F, N>(
                 grad,
                 out_start,
@@ -1032,7 +1034,7 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
                 false,
             );
         }
-        index += 4 * cube_size;
+        index += loads * cube_size;
     }
     while index < len {
         let values = logits[in_row + index];

@@ -94,7 +94,7 @@ impl RowLaunch {
         self.options_with_loads(cube_size, loads_per_step())
     }
 
-    fn options_with_loads(&self, cube_size: usize, loads_per_step: usize) -> RowOptions {
+    pub(crate) fn options_with_loads(&self, cube_size: usize, loads_per_step: usize) -> RowOptions {
         let settings = self.settings;
         RowOptions {
             loads_per_step,
@@ -107,7 +107,7 @@ impl RowLaunch {
         }
     }
 
-    fn scalars<R: Runtime>(&self) -> RowScalarsLaunch<R> {
+    pub(crate) fn scalars<R: Runtime>(&self) -> RowScalarsLaunch<R> {
         let settings = self.settings;
         RowScalarsLaunch::new(
             settings.ignore_index,
@@ -178,7 +178,7 @@ pub enum GradientTarget<R: Runtime> {
 impl<R: Runtime> GradientTarget<R> {
     /// The `(logits, grad)` launch arguments. Every gradient-writing kernel takes the
     /// logits as its first input, so an in-place gradient is an alias of input 0.
-    fn into_args(self) -> (TensorArg<R>, TensorArg<R>) {
+    pub(crate) fn into_args(self) -> (TensorArg<R>, TensorArg<R>) {
         match self {
             GradientTarget::InPlace(logits) => {
                 let grad = TensorArg::Alias {
@@ -264,7 +264,11 @@ fn chunk_bytes(settings: &LossSettings) -> usize {
     let per_element_work = settings.softcap.is_some() || settings.label_smoothing > 0.0;
     env_usize("FUSED_CE_CHUNK_BYTES", &CELL)
         .filter(|&bytes| (1024..=1024 * 1024).contains(&bytes))
-        .unwrap_or(if per_element_work { 32 * 1024 } else { 64 * 1024 })
+        .unwrap_or(if per_element_work {
+            32 * 1024
+        } else {
+            64 * 1024
+        })
 }
 
 /// Most bytes of its chunk a cube of the split kernel stages in shared memory on CUDA (the
@@ -295,9 +299,20 @@ fn split_loads() -> usize {
         .unwrap_or(4)
 }
 
+/// Vectors each unit of the split kernel's re-reading loop loads before storing any: 4,
+/// or `FUSED_CE_SPLIT_GRAD_LOADS` (1, 2 or 4) for tuning runs. Fewer loads, fewer
+/// registers, more cubes per SM (bf16 over the logits: 63 registers with 4, 46 with 2,
+/// 38 with 1, counted offline); not yet timed.
+fn split_reread_loads() -> usize {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_SPLIT_GRAD_LOADS", &CELL)
+        .filter(|v| [1, 2, 4].contains(v))
+        .unwrap_or(4)
+}
+
 /// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
 /// shared memory.
-const MAX_CHUNKS: usize = 64;
+pub(crate) const MAX_CHUNKS: usize = 64;
 
 /// How the split kernel cuts the rows of one launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,11 +322,11 @@ pub struct SplitPlan {
     /// Chunks per row.
     pub chunks: usize,
     /// Vectors of a chunk staged in shared memory (the first ones; 0: none).
-    staged_vectors: usize,
+    pub(crate) staged_vectors: usize,
     /// Most vectors a cube may stage.
     capacity: usize,
-    cube_size: usize,
-    loads_per_step: usize,
+    pub(crate) cube_size: usize,
+    pub(crate) loads_per_step: usize,
 }
 
 impl SplitPlan {
@@ -319,13 +334,19 @@ impl SplitPlan {
     /// cut evenly, at most `stage_bytes()` of each staged in shared memory; elsewhere one
     /// chunk per row (cubes cannot be known to run at once), its first 16 KB staged.
     pub fn new<R: Runtime>(client: &ComputeClient<R>, shape: &RowLaunch) -> Self {
-        let vectors = (shape.vocab / shape.vector_size).max(1);
-        let vector_bytes = shape.vector_size * shape.float_dtype.size();
         let known_device = client
             .properties()
             .hardware
             .num_streaming_multiprocessors
             .is_some();
+        Self::for_device(shape, known_device)
+    }
+
+    /// [`SplitPlan::new`] for a device that reports its SM count (`known_device`: CUDA) or
+    /// not.
+    pub(crate) fn for_device(shape: &RowLaunch, known_device: bool) -> Self {
+        let vectors = (shape.vocab / shape.vector_size).max(1);
+        let vector_bytes = shape.vector_size * shape.float_dtype.size();
         let (capacity, chunks, loads_per_step) = if known_device {
             let chunk_vectors = (chunk_bytes(&shape.settings) / vector_bytes).max(1);
             (
@@ -361,6 +382,17 @@ impl SplitPlan {
     pub fn with_chunks(self, shape: &RowLaunch, chunks: usize) -> Self {
         let vectors = (shape.vocab / shape.vector_size).max(1);
         Self::cut(vectors, chunks, self.capacity, self.loads_per_step)
+    }
+
+    /// The split kernel's comptime options for this plan.
+    pub(crate) fn options(&self, mean: bool) -> SplitOptions {
+        SplitOptions {
+            mean,
+            staged_vectors: self.staged_vectors,
+            max_chunks: MAX_CHUNKS,
+            reread: self.chunk_vectors > self.staged_vectors,
+            reread_loads: split_reread_loads(),
+        }
     }
 
     /// Length of the partials buffer (i32) for `rows` rows.
@@ -435,11 +467,7 @@ pub fn launch_forward_grad<R: Runtime>(
         mean,
         shape.int_dtype,
     );
-    let split = SplitOptions {
-        mean,
-        staged_vectors: plan.staged_vectors,
-        max_chunks: MAX_CHUNKS,
-    };
+    let split = plan.options(mean);
     let options = shape.options_with_loads(plan.cube_size, plan.loads_per_step);
     let cubes = shape.rows * plan.chunks;
     let x = cubes.clamp(1, MAX_GRID_DIM);

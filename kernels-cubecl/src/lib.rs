@@ -4,6 +4,8 @@
 //! This crate knows cubecl handles only: no Burn types. `burn-fused-ce` turns Burn tensors
 //! into launch arguments and does the reductions.
 
+#[cfg(feature = "cuda-source")]
+pub mod cuda_source;
 mod kernels;
 mod launch;
 mod split;

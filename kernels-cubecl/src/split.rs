@@ -53,6 +53,12 @@ pub struct SplitOptions {
     pub staged_vectors: usize,
     /// Most chunks a row may have (sizes the exchange's shared memory).
     pub max_chunks: usize,
+    /// Some chunk is longer than `staged_vectors`: the re-reading loop is compiled in
+    /// (when every chunk is staged it would never run, but would still hold registers).
+    pub reread: bool,
+    /// Vectors each unit of the re-reading loop loads before storing any. Its registers
+    /// set the kernel's (bf16, over the logits: 63 with 4, 46 with 2, 38 with 1).
+    pub reread_loads: usize,
 }
 
 /// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
@@ -378,18 +384,21 @@ fn split_chunk<F: Float, I: Int, N: Size>(
             logits[in_start + first + target_at],
         );
         // The part not staged first: it was read last, so it is the likeliest in L2.
-        write_gradient_span::<F, N>(
-            logits,
-            grad,
-            in_start,
-            out_start,
-            first + staged_len,
-            len - staged_len,
-            row_grad,
-            class_weights,
-            scalars.softcap,
-            options,
-        );
+        if comptime!(split.reread) {
+            write_gradient_span::<F, N>(
+                logits,
+                grad,
+                in_start,
+                out_start,
+                first + staged_len,
+                len - staged_len,
+                row_grad,
+                class_weights,
+                scalars.softcap,
+                options,
+                split.reread_loads,
+            );
+        }
         let mut local = UNIT_POS as usize;
         while local < staged_len {
             // Each unit reads back only the vectors it staged itself.

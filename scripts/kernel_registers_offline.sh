@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Registers of the one-pass kernel as it would be compiled on an H200, on a machine with
+# no GPU: `examples/cuda_source.rs` (fused-ce-kernels, feature `cuda-source`) writes the
+# kernels' CUDA C++ (IR built through lavapipe), then NVRTC and ptxas from NVIDIA's pip
+# wheels (CUDA 13.0, fetched once into ~/.cache/fused-ce-nvidia) compile them for sm_90a.
+# Registers decide how many cubes an SM holds (docs/performance.md, v16-v18).
+#
+#   scripts/kernel_registers_offline.sh [out-dir]      (knobs such as
+#   FUSED_CE_SPLIT_GRAD_LOADS=2 apply as in a run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-target/cuda-source}"
+cache="${HOME}/.cache/fused-ce-nvidia"
+root="$cache/nvidia/cu13"
+if [ ! -x "$root/bin/ptxas" ] || [ ! -e "$root/lib/libnvrtc.so.13" ]; then
+  mkdir -p "$cache/wheels"
+  python3 -m pip download --no-deps -q -d "$cache/wheels" \
+    "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-runtime==13.0.*" \
+    "nvidia-cuda-cccl==13.0.*"
+  for wheel in "$cache"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$cache"; done
+  chmod +x "$root"/bin/*
+fi
+scripts/with-vulkan.sh cargo run -q -p fused-ce-kernels --features cuda-source \
+  --example cuda_source -- "$out" > /dev/null
+LD_LIBRARY_PATH="$root/lib" NVIDIA_ROOT="$root" python3 scripts/nvrtc_registers.py "$out"/*.cu
