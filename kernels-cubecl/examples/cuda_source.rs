@@ -34,6 +34,7 @@ fn main() {
         ("bf16_128256", bf16, 8, 128256, plain),
         ("f32_128256", f32_, 4, 128256, plain),
         ("bf16_32000", bf16, 8, 32000, plain),
+        ("bf16_128256_4_lanes", bf16, 4, 128256, plain),
         ("bf16_128256_ls_z_cap", bf16, 8, 128256, options),
     ];
     for (name, dtype, vector_size, vocab, settings) in cases {
@@ -46,7 +47,7 @@ fn main() {
             int_dtype: i32_,
             settings,
         };
-        let source = split_grad_kernel_source(&client, shape, true);
+        let source = split_grad_kernel_source(&client, shape.for_split(), true);
         let path = format!("{out}/split_{name}.cu");
         std::fs::write(&path, source).expect("write source");
         println!("{path}");

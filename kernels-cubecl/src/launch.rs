@@ -86,6 +86,21 @@ impl RowLaunch {
         CubeCount::Static(x as u32, y as u32, 1)
     }
 
+    /// The shape the split kernel runs on: the same, or narrower vectors when
+    /// `FUSED_CE_SPLIT_VECTOR` (a power of two dividing the chosen width) is set, for
+    /// tuning runs (bf16 over the logits with 4 lanes: 40 registers against 63 with 8,
+    /// counted offline; not yet timed).
+    pub fn for_split(self) -> Self {
+        static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        match env_usize("FUSED_CE_SPLIT_VECTOR", &CELL) {
+            Some(width) if width.is_power_of_two() && self.vector_size % width == 0 => Self {
+                vector_size: width,
+                ..self
+            },
+            _ => self,
+        }
+    }
+
     fn options(&self) -> RowOptions {
         self.options_with(self.cube_size())
     }

@@ -268,7 +268,8 @@ where
             vector_size(&[&logits, &grad]),
             weighted,
             options,
-        );
+        )
+        .for_split();
         let plan = split_plan(&client, &shape);
         let scratch = split_scratch(&logits, plan.partials_len(shape.rows));
         launch_forward_grad::<R>(
