@@ -336,10 +336,10 @@ pub struct SplitPlan {
     pub chunk_vectors: usize,
     /// Chunks per row.
     pub chunks: usize,
-    /// Vectors of a chunk staged in shared memory (the first ones; 0: none).
+    /// Vectors of shared memory a cube stages its chunk's first vectors in (0: none); the
+    /// whole capacity even for a shorter chunk: one kernel per dtype and options, not one
+    /// per vocabulary and chunk count.
     pub(crate) staged_vectors: usize,
-    /// Most vectors a cube may stage.
-    capacity: usize,
     pub(crate) cube_size: usize,
     pub(crate) loads_per_step: usize,
 }
@@ -383,10 +383,7 @@ impl SplitPlan {
         SplitPlan {
             chunk_vectors,
             chunks: vectors.div_ceil(chunk_vectors),
-            // The whole capacity even for a shorter chunk: one kernel per dtype and
-            // options, not one per vocabulary and chunk count.
             staged_vectors: capacity,
-            capacity,
             cube_size: chunk_vectors.next_power_of_two().clamp(32, max_units),
             loads_per_step,
         }
@@ -396,7 +393,7 @@ impl SplitPlan {
     /// the exchange, on a device known to run that many cubes at once.
     pub fn with_chunks(self, shape: &RowLaunch, chunks: usize) -> Self {
         let vectors = (shape.vocab / shape.vector_size).max(1);
-        Self::cut(vectors, chunks, self.capacity, self.loads_per_step)
+        Self::cut(vectors, chunks, self.staged_vectors, self.loads_per_step)
     }
 
     /// The split kernel's comptime options for this plan.

@@ -48,8 +48,8 @@ pub struct SplitOptions {
     /// Divide by the mean's denominators (else the gradient of a `Sum`).
     pub mean: bool,
     /// Vectors of shared memory holding a chunk's first vectors; the gradient pass
-    /// re-reads the rest from global memory (L2, having just been read), the most
-    /// recently read first. 0: nothing staged.
+    /// re-reads the rest from global memory (L2: they were read last) before it writes the
+    /// staged part. 0: nothing staged.
     pub staged_vectors: usize,
     /// Most chunks a row may have (sizes the exchange's shared memory).
     pub max_chunks: usize,
