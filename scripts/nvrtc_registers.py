@@ -38,5 +38,26 @@ def registers(path):
                     if "registers" in l or "spill" in l or "rror" in l)
 
 
+def occupancy(path, info):
+    """Cubes an H200 SM can hold: by registers (64K, allocated per warp in units of 256),
+    shared memory (228 KB, 1 KB reserved per cube), threads (2048) and the 32-cube cap."""
+    import re
+    source = open(path).read()
+    units = re.search(r"__launch_bounds__\((\d+)\)", source)
+    used = re.search(r"Used (\d+) registers", info)
+    if not units or not used:
+        return ""
+    units, regs = int(units.group(1)), int(used.group(1))
+    shared = sum(int(b) for b in re.findall(r"Shared array size: \d+, (\d+) bytes", source))
+    warps = (units + 31) // 32
+    per_warp = ((regs * 32 + 255) // 256) * 256
+    by_regs = 65536 // (per_warp * warps)
+    by_shared = (228 * 1024) // (shared + 1024)
+    cubes = min(by_regs, by_shared, 2048 // units, 32)
+    return (f" | {units} units, {shared // 1024} KB shared: {cubes} cubes per SM "
+            f"(registers {by_regs}, shared memory {by_shared}, threads {2048 // units})")
+
+
 for path in sys.argv[1:]:
-    print(f"{os.path.basename(path)}: {registers(path)}")
+    info = registers(path)
+    print(f"{os.path.basename(path)}: {info}{occupancy(path, info)}")
