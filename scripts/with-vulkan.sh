@@ -4,7 +4,12 @@
 # mesa-vulkan-drivers) first. Usage: scripts/with-vulkan.sh cargo test
 set -euo pipefail
 has_vulkan_driver() {
-  ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1
+  # Either folder may be missing: one manifest in either is enough.
+  local dir
+  for dir in /usr/share/vulkan/icd.d /etc/vulkan/icd.d; do
+    ls "$dir"/*.json >/dev/null 2>&1 && return 0
+  done
+  return 1
 }
 if ! has_vulkan_driver; then
   echo "no Vulkan driver found: installing lavapipe (mesa-vulkan-drivers)" >&2
