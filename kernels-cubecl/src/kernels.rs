@@ -747,6 +747,23 @@ pub(crate) struct RowGradient {
     pub(crate) target_value: f32,
 }
 
+/// `(sc, sz)` of [`gradient_coefficients`] for a row's incoming gradient `g`: `g / D` and
+/// `g / n` with the mean's denominators `[D, n]` when `mean`, else `g` for both.
+#[cube]
+pub(crate) fn incoming_scales(
+    incoming: f32,
+    denominators: &Tensor<f32>,
+    #[comptime] mean: bool,
+) -> (f32, f32) {
+    let mut ce_scale = incoming;
+    let mut z_scale = incoming;
+    if comptime!(mean) {
+        ce_scale = incoming / denominators[0];
+        z_scale = incoming / denominators[1];
+    }
+    (ce_scale, z_scale)
+}
+
 /// A row's gradient coefficients (spec, "Gradient"): with `sc = g / N_ce`, `sz = g / N_z`,
 /// `grad_c = sc ((1 - ls) w_y (p_c - [c = y]) + (ls / V)(W p_c - w_c)) + 2 s sz lse p_c`.
 /// At the target, `(1 - ls) w_y sc (p_y - 1)` uses forward's cancellation-free `p_y - 1`.
@@ -823,12 +840,7 @@ fn row_gradient<I: Int, G: Float>(
         incoming = f32::cast_from(grad_output[row * grad_output.stride(0)]);
     }
     let incoming = select(counted, incoming, f32::new(0.0));
-    let mut ce_scale = incoming;
-    let mut z_scale = incoming;
-    if comptime!(grad_options.mean) {
-        ce_scale = incoming / denominators[0];
-        z_scale = incoming / denominators[1];
-    }
+    let (ce_scale, z_scale) = incoming_scales(incoming, denominators, grad_options.mean);
     gradient_coefficients(
         target_col,
         ce_scale,

@@ -21,8 +21,9 @@ use cubecl::prelude::*;
 
 use crate::kernels::{
     RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, finish_row,
-    gradient_coefficients, is_class, mean_denominators, read_target, reduce_span, row_offset,
-    store_gradient_vector, target_share, write_gradient_span, write_ignored_row, zero_vectors,
+    gradient_coefficients, incoming_scales, is_class, mean_denominators, read_target, reduce_span,
+    row_offset, store_gradient_vector, target_share, write_gradient_span, write_ignored_row,
+    zero_vectors,
 };
 
 /// Where each value of a chunk's partial state lives among its `PARTIAL_SLOTS` slots of
@@ -349,12 +350,7 @@ fn split_chunk<F: Float, I: Int, N: Size>(
 
     // 4. The chunk's gradient for an incoming gradient of 1.
     let incoming = select(target_is_class, f32::new(1.0), f32::new(0.0));
-    let mut ce_scale = incoming;
-    let mut z_scale = incoming;
-    if comptime!(split.mean) {
-        ce_scale = incoming / denominators[0];
-        z_scale = incoming / denominators[1];
-    }
+    let (ce_scale, z_scale) = incoming_scales(incoming, denominators, split.mean);
     let row_grad = gradient_coefficients(
         target_col,
         ce_scale,
