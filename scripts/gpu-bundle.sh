@@ -3,7 +3,8 @@
 # are loaded at run time, no toolkit needed here) into gpu-bundle/, stripped, with
 # gpu-bundle/run.sh that runs what is there on a GPU host and logs to $OUT.
 #
-#   scripts/gpu-bundle.sh [suite] [bench] [oracle] [train_lm]    (default: suite bench oracle)
+#   scripts/gpu-bundle.sh [suite] [bench] [oracle] [train_lm] [host_overhead]
+#                                                  (default: suite bench oracle)
 #
 # A device call carries at most 64 MiB: the executables travel gzipped (run.sh unpacks
 # them), which fits the default three (about 25 MiB); all four may not fit.
@@ -21,6 +22,7 @@ for part in "${parts[@]}"; do
     bench) build+=(--bench throughput) ;;
     oracle) build+=(--example torch_oracle) ;;
     train_lm) build+=(--example train_lm) ;;
+    host_overhead) build+=(--example host_overhead) ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac
 done

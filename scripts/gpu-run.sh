@@ -14,7 +14,7 @@ cat "$out/gpu.txt"
 status=0
 for test in "$here"/*; do
   name="$(basename "$test")"
-  case "$name" in logs|throughput|torch_oracle|train_lm|*.sh|*.py|*.txt|*.gz) continue ;; esac
+  case "$name" in logs|throughput|torch_oracle|train_lm|host_overhead|*.sh|*.py|*.txt|*.gz) continue ;; esac
   echo "== test $name"
   # One test thread: the LLM-sized cases each hold several GB of device memory.
   "$test" --test-threads=1 ${1:-} > "$out/test-$name.log" 2>&1

@@ -88,7 +88,7 @@ pub(crate) fn is_class(target: i32, vocab: usize) -> bool {
 
 /// Largest lane of a vector.
 #[cube]
-fn lane_max<N: Size>(values: Vector<f32, N>) -> f32 {
+pub(crate) fn lane_max<N: Size>(values: Vector<f32, N>) -> f32 {
     let mut max = values[0];
     #[unroll]
     for lane in 1..values.size() {
@@ -99,7 +99,7 @@ fn lane_max<N: Size>(values: Vector<f32, N>) -> f32 {
 
 /// Sum of the lanes.
 #[cube]
-fn lane_sum<N: Size>(values: Vector<f32, N>) -> f32 {
+pub(crate) fn lane_sum<N: Size>(values: Vector<f32, N>) -> f32 {
     let mut sum = values[0];
     #[unroll]
     for lane in 1..values.size() {
@@ -119,7 +119,7 @@ pub(crate) fn fast_exp<N: Size>(values: Vector<f32, N>, shift: f32) -> Vector<f3
 
 /// `exp(x)` as the hardware's fast exponential, for a rescaling factor (`x <= 0`).
 #[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
-fn fast_exp_scalar(x: f32) -> f32 {
+pub(crate) fn fast_exp_scalar(x: f32) -> f32 {
     f32::exp(x)
 }
 
@@ -239,7 +239,7 @@ pub(crate) fn absorb<N: Size>(
 /// soft-capped and with its class weights when the options say so.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn absorb_vector<F: Float, N: Size>(
+pub(crate) fn absorb_vector<F: Float, N: Size>(
     state: RowState,
     raw: Vector<F, N>,
     first_col: usize,
@@ -871,7 +871,37 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
         logits = soft_cap::<N>(logits, softcap);
     }
     let probs = fast_exp::<N>(logits, row.lse);
-    let mut grad = probs * Vector::new(row.prob_coef);
+    let mut grad = gradient_from_probs::<N>(
+        probs,
+        row.prob_coef,
+        weights,
+        first_col,
+        row,
+        options,
+        with_target,
+    );
+    if comptime!(options.softcap) {
+        // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
+        let capped = logits / Vector::new(softcap);
+        grad *= Vector::new(1.0) - capped * capped;
+    }
+    Vector::cast_from(grad)
+}
+
+/// The gradient of one vector (before softcap's derivative) from its `probs` scaled by
+/// `prob_coef` (the row's, or the row's times a factor the probabilities still lack):
+/// label smoothing's term subtracted, and with `with_target` the target's lane set.
+#[cube]
+pub(crate) fn gradient_from_probs<N: Size>(
+    probs: Vector<f32, N>,
+    prob_coef: f32,
+    weights: Vector<f32, N>,
+    first_col: usize,
+    row: RowGradient,
+    #[comptime] options: RowOptions,
+    #[comptime] with_target: bool,
+) -> Vector<f32, N> {
+    let mut grad = probs * Vector::new(prob_coef);
     if comptime!(options.smoothing) {
         grad -= weights * Vector::new(row.smooth_coef);
     }
@@ -884,12 +914,7 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
             grad[lane] = select(is_target, row.target_value, grad[lane]);
         }
     }
-    if comptime!(options.softcap) {
-        // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
-        let capped = logits / Vector::new(softcap);
-        grad *= Vector::new(1.0) - capped * capped;
-    }
-    Vector::cast_from(grad)
+    grad
 }
 
 /// Backward: reads `logits`, writes `grad` (same shape). When nothing else holds the

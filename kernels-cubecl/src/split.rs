@@ -20,10 +20,11 @@
 use cubecl::prelude::*;
 
 use crate::kernels::{
-    RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, finish_row,
-    gradient_coefficients, incoming_scales, is_class, mean_denominators, read_target, reduce_span,
-    row_offset, store_gradient_vector, target_share, write_gradient_span, write_ignored_row,
-    zero_vectors,
+    RUNNING_MAX_START, RowGradient, RowOptions, RowScalars, RowState, absorb_vector, cube_merge,
+    fast_exp, fast_exp_scalar, finish_row, gradient_coefficients, gradient_from_probs,
+    incoming_scales, is_class, lane_max, lane_sum, mean_denominators, read_target, reduce_span,
+    row_offset, store_gradient_vector, target_share, weights_vector, write_gradient_span,
+    write_ignored_row, zero_vectors,
 };
 
 /// Where each value of a chunk's partial state lives among its `PARTIAL_SLOTS` slots of
@@ -60,6 +61,10 @@ pub struct SplitOptions {
     /// Vectors each unit of the re-reading loop loads before storing any. Its registers
     /// set the kernel's (bf16, over the logits: 63 with 4, 46 with 2, 38 with 1).
     pub reread_loads: usize,
+    /// The staged vectors are kept as `exp(x - m)` (in the logits' type) with `m` a
+    /// reference maximum per unit and step, so their gradient is one multiply per element
+    /// instead of an exponential (not with softcap, whose derivative needs the logits).
+    pub staged_exps: bool,
 }
 
 /// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
@@ -225,18 +230,35 @@ fn split_chunk<F: Float, I: Int, N: Size>(
     }));
 
     // 1. Reduce the chunk, keeping it in shared memory when it fits.
-    let state = reduce_span::<F, N>(
-        logits,
-        row_offset::<Vector<F, N>>(logits, row) / vector_size,
-        first,
-        len,
-        target_col,
-        class_weights,
-        &mut staged,
-        scalars.softcap,
-        options,
-        split.staged_vectors,
-    );
+    let row_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
+    // With `staged_exps`, the unit's staged vectors are kept as `exp(x - reference)`.
+    let (state, reference) = if comptime!(split.staged_exps) {
+        reduce_chunk_staging_exps::<F, N>(
+            logits,
+            row_start,
+            first,
+            len,
+            target_col,
+            class_weights,
+            &mut staged,
+            options,
+            split.staged_vectors,
+        )
+    } else {
+        let state = reduce_span::<F, N>(
+            logits,
+            row_start,
+            first,
+            len,
+            target_col,
+            class_weights,
+            &mut staged,
+            scalars.softcap,
+            options,
+            split.staged_vectors,
+        );
+        (state, f32::new(0.0))
+    };
     let target_vector = target_col / vector_size;
     let chunk_has_target = target_vector >= first && target_vector < first + len;
     let (holds_target, target_at) = target_share(target_vector, first, len, cube_size);
@@ -374,10 +396,12 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         // As in `write_gradient_row`: the target's vector is written as if it held no
         // target, then fixed from its logits read before the loop.
         let target_staged = target_at < staged_len;
+        let target_in_stage = staged[select(target_staged, target_at, 0usize)];
+        let target_logits = logits[in_start + first + target_at];
         let target_values = select(
-            target_staged,
-            staged[select(target_staged, target_at, 0usize)],
-            logits[in_start + first + target_at],
+            target_staged && comptime!(!split.staged_exps),
+            target_in_stage,
+            target_logits,
         );
         // The part not staged first: it was read last, so it is the likeliest in L2.
         if comptime!(split.reread) {
@@ -395,23 +419,58 @@ fn split_chunk<F: Float, I: Int, N: Size>(
                 split.reread_loads,
             );
         }
-        let mut local = UNIT_POS as usize;
-        while local < staged_len {
-            // Each unit reads back only the vectors it staged itself.
-            store_gradient_vector::<F, N>(
+        if comptime!(split.staged_exps) {
+            write_staged_exps_gradient::<F, N>(
                 grad,
                 out_start,
-                first + local,
-                staged[local],
+                first,
+                staged_len,
+                &staged,
+                reference,
                 class_weights,
                 row_grad,
-                scalars.softcap,
                 options,
-                false,
             );
-            local += cube_size;
+        } else {
+            let mut local = UNIT_POS as usize;
+            while local < staged_len {
+                // Each unit reads back only the vectors it staged itself.
+                store_gradient_vector::<F, N>(
+                    grad,
+                    out_start,
+                    first + local,
+                    staged[local],
+                    class_weights,
+                    row_grad,
+                    scalars.softcap,
+                    options,
+                    false,
+                );
+                local += cube_size;
+            }
         }
-        if holds_target {
+        // The target's vector: from its kept exponentials when staged as such, else from
+        // its logits.
+        let from_exps = holds_target && target_staged && comptime!(split.staged_exps);
+        if comptime!(split.staged_exps) {
+            if from_exps {
+                let factor = fast_exp_scalar(reference - row_grad.lse);
+                let mut weights = Vector::<f32, N>::new(1.0);
+                if comptime!(options.smoothing && options.weighted) {
+                    weights = weights_vector::<N>(class_weights, (first + target_at) * vector_size);
+                }
+                grad[out_start + first + target_at] = Vector::cast_from(gradient_from_probs::<N>(
+                    Vector::<f32, N>::cast_from(target_in_stage),
+                    factor * row_grad.prob_coef,
+                    weights,
+                    (first + target_at) * vector_size,
+                    row_grad,
+                    options,
+                    true,
+                ));
+            }
+        }
+        if holds_target && !from_exps {
             store_gradient_vector::<F, N>(
                 grad,
                 out_start,
@@ -424,5 +483,238 @@ fn split_chunk<F: Float, I: Int, N: Size>(
                 true,
             );
         }
+    }
+}
+
+/// [`reduce_span`] for the one pass with `staged_exps` (no softcap), and the reference
+/// maximum `m` of the unit's kept exponentials. Three loops, with no barrier (a unit reads
+/// back only what it staged): the unit's staged vectors (the chunk's first
+/// `staged_limit`) go to shared memory as loaded, only their maximum kept (per lane, two
+/// bf16 lanes per instruction); then they are turned into `exp(x - m)` in place (in the
+/// logits' type) and summed, so their gradient is `exp(x - m) * exp(m - lse) *
+/// coefficient`, a multiply per element instead of an exponential
+/// (`write_staged_exps_gradient`); last the rest of the chunk is reduced as it streams by
+/// (one maximum per step of `loads_per_step` vectors, so one rescale per step), so that
+/// the part the gradient pass re-reads from L2 is the part read last. In bf16 the kept
+/// `exp(x - m)` is rounded once more than a recomputed one (relative 2^-9), well within
+/// the spec's 2e-2 for bf16.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn reduce_chunk_staging_exps<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    first: usize,
+    len: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    #[comptime] options: RowOptions,
+    #[comptime] staged_limit: usize,
+) -> (RowState, f32) {
+    let cube_size = options.cube_size;
+    let loads = options.loads_per_step;
+    let vector_size = logits.vector_size();
+    let vocab = logits.shape(2);
+    let target_vector = target_col / vector_size;
+    let staged_len = select(len < staged_limit, len, staged_limit);
+    let mut loaded = Array::<Vector<F, N>>::new(loads);
+
+    // The staged vectors: into shared memory, their maximum per lane.
+    let mut top = Vector::<F, N>::new(F::min_value());
+    let mut local = UNIT_POS as usize;
+    while local < staged_len {
+        #[unroll]
+        for step in 0..loads {
+            let at = local + step * cube_size;
+            loaded[step] = logits[row_start + first + select(at < staged_len, at, 0usize)];
+        }
+        #[unroll]
+        for step in 0..loads {
+            let at = local + step * cube_size;
+            // A vector past the end is one of the chunk's: it may raise the reference,
+            // never past the row's maximum.
+            top = max(top, loaded[step]);
+            if at < staged_len {
+                staged[at] = loaded[step];
+            }
+        }
+        local += loads * cube_size;
+    }
+
+    // The staged vectors again, from shared memory: kept as exponentials of their
+    // maximum (before the rest streams by, so the rest is the part read last: the
+    // gradient pass re-reads it from L2).
+    let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
+    let mut others = f32::new(0.0);
+    let mut best = f32::new(RUNNING_MAX_START);
+    let mut best_col = u32::cast_from(vocab);
+    let mut smooth = f32::new(0.0);
+    let mut local = UNIT_POS as usize;
+    while local < staged_len {
+        let values = Vector::<f32, N>::cast_from(staged[local]);
+        let exps = fast_exp::<N>(values, reference);
+        staged[local] = Vector::cast_from(exps);
+        let take = first + local != target_vector;
+        let next = absorb_extras::<N>(
+            best,
+            best_col,
+            smooth,
+            values,
+            (first + local) * vector_size,
+            class_weights,
+            take,
+            options,
+        );
+        others += select(take, lane_sum::<N>(exps), f32::new(0.0));
+        best = next.0;
+        best_col = next.1;
+        smooth = next.2;
+        local += cube_size;
+    }
+
+    // The rest, reduced as it streams by.
+    let mut running_max = reference;
+    let rest = len - staged_len;
+    let mut local = UNIT_POS as usize;
+    while local < rest {
+        #[unroll]
+        for step in 0..loads {
+            let at = local + step * cube_size;
+            loaded[step] = logits[row_start + first + staged_len + select(at < rest, at, 0usize)];
+        }
+        let mut step_top = loaded[0];
+        #[unroll]
+        for step in 1..loads {
+            step_top = max(step_top, loaded[step]);
+        }
+        let step_max = f32::max(
+            running_max,
+            lane_max::<N>(Vector::<f32, N>::cast_from(step_top)),
+        );
+        others *= fast_exp_scalar(running_max - step_max);
+        running_max = step_max;
+        #[unroll]
+        for step in 0..loads {
+            let at = local + step * cube_size;
+            let in_range = at < rest;
+            let values = Vector::<f32, N>::cast_from(loaded[step]);
+            let exps = fast_exp::<N>(values, step_max);
+            // The target's vector is absorbed at the end.
+            let take = in_range && first + staged_len + at != target_vector;
+            let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
+            let next = absorb_extras::<N>(
+                best, best_col, smooth, values, first_col, class_weights, take, options,
+            );
+            others += select(take, lane_sum::<N>(exps), f32::new(0.0));
+            best = next.0;
+            best_col = next.1;
+            smooth = next.2;
+        }
+        local += loads * cube_size;
+    }
+
+    let state = RowState {
+        max: running_max,
+        others,
+        target_logit: f32::new(0.0),
+        best,
+        best_col,
+        smooth,
+    };
+    // The target's vector, by the unit whose share it is, from its logits (the stage
+    // holds exponentials); every unit computes it, the others discard it.
+    let (holds, at) = target_share(target_vector, first, len, cube_size);
+    let next = absorb_vector::<F, N>(
+        state,
+        logits[row_start + first + at],
+        (first + at) * vector_size,
+        target_col,
+        class_weights,
+        f32::new(0.0),
+        options,
+        true,
+    );
+    let state = RowState {
+        max: select(holds, next.max, state.max),
+        others: select(holds, next.others, state.others),
+        target_logit: select(holds, next.target_logit, state.target_logit),
+        best: select(holds, next.best, state.best),
+        best_col: select(holds, next.best_col, state.best_col),
+        smooth: select(holds, next.smooth, state.smooth),
+    };
+    (state, reference)
+}
+
+/// The argmax and label smoothing's weighted sum of one vector (`values`, columns
+/// `first_col..`) folded into `(best, best_col, smooth)` when `take`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn absorb_extras<N: Size>(
+    best: f32,
+    best_col: u32,
+    smooth: f32,
+    values: Vector<f32, N>,
+    first_col: usize,
+    class_weights: &Tensor<f32>,
+    take: bool,
+    #[comptime] options: RowOptions,
+) -> (f32, u32, f32) {
+    let mut best = best;
+    let mut best_col = best_col;
+    let mut smooth = smooth;
+    if comptime!(options.argmax) {
+        #[unroll]
+        for lane in 0..values.size() {
+            // Strictly greater: the first column wins ties, as in `argmax`.
+            let better = take && values[lane] > best;
+            best = select(better, values[lane], best);
+            best_col = select(better, u32::cast_from(first_col + lane), best_col);
+        }
+    }
+    if comptime!(options.smoothing) {
+        let mut weights = Vector::<f32, N>::new(1.0);
+        if comptime!(options.weighted) {
+            weights = weights_vector::<N>(class_weights, first_col);
+        }
+        smooth += select(take, lane_sum::<N>(values * weights), f32::new(0.0));
+    }
+    (best, best_col, smooth)
+}
+
+/// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
+/// from the exponentials [`reduce_chunk_staging_exps`] kept, as if none held the target:
+/// one factor `exp(m - lse) * coefficient` per unit, then a multiply per element.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_staged_exps_gradient<F: Float, N: Size>(
+    grad: &mut Tensor<Vector<F, N>>,
+    out_start: usize,
+    first: usize,
+    staged_len: usize,
+    staged: &SharedMemory<Vector<F, N>>,
+    reference: f32,
+    class_weights: &Tensor<f32>,
+    row_grad: RowGradient,
+    #[comptime] options: RowOptions,
+) {
+    let cube_size = options.cube_size;
+    let vector_size = grad.vector_size();
+    let coefficient = fast_exp_scalar(reference - row_grad.lse) * row_grad.prob_coef;
+    let mut local = UNIT_POS as usize;
+    while local < staged_len {
+        let mut weights = Vector::<f32, N>::new(1.0);
+        if comptime!(options.smoothing && options.weighted) {
+            weights = weights_vector::<N>(class_weights, (first + local) * vector_size);
+        }
+        grad[out_start + first + local] = Vector::cast_from(gradient_from_probs::<N>(
+            Vector::<f32, N>::cast_from(staged[local]),
+            coefficient,
+            weights,
+            (first + local) * vector_size,
+            row_grad,
+            options,
+            false,
+        ));
+        local += cube_size;
     }
 }
