@@ -7,6 +7,7 @@ use crate::kernels::{
     GradOptions, RowOptions, RowScalarsLaunch, cross_entropy_backward_kernel,
     cross_entropy_forward_kernel, first_bad_target_kernel, scale_gradient_kernel,
 };
+use crate::reduce::{ReduceOptions, reduce_stats_kernel};
 use crate::split::{
     PARTIAL_SLOTS, SplitOptions, cross_entropy_split_grad_kernel, split_prologue_kernel,
 };
@@ -588,4 +589,43 @@ pub fn launch_first_bad_target<R: Runtime>(
         cube_size,
         int_dtype,
     );
+}
+
+/// The reduced outputs of `N > 0` rows' statistics in one launch (`reduce_stats_kernel`):
+/// `loss [1]` in `float_dtype`, f32 `z_loss [1]`, `accuracy [1]`, `denominators [2]`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_reduce_stats<R: Runtime>(
+    client: &ComputeClient<R>,
+    stats: TensorArg<R>,
+    loss: TensorArg<R>,
+    z_loss: TensorArg<R>,
+    accuracy: TensorArg<R>,
+    denominators: TensorArg<R>,
+    float_dtype: StorageType,
+    mean: bool,
+    z_loss_on: bool,
+    weighted: bool,
+) {
+    let cube_size = 256;
+    // SAFETY: every index is a row below `stats.shape(1)` or 0/1 of the outputs, which
+    // the caller allocates with one and two elements.
+    unsafe {
+        reduce_stats_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(cube_size as u32),
+            stats,
+            loss,
+            z_loss,
+            accuracy,
+            denominators,
+            ReduceOptions {
+                mean,
+                z_loss: z_loss_on,
+                weighted,
+                cube_size,
+            },
+            float_dtype,
+        );
+    }
 }

@@ -8,6 +8,7 @@
 pub mod cuda_source;
 mod kernels;
 mod launch;
+mod reduce;
 mod split;
 
 pub use kernels::{
@@ -15,6 +16,7 @@ pub use kernels::{
     cross_entropy_forward_kernel, first_bad_target_kernel, scale_gradient_kernel,
 };
 pub use launch::*;
+pub use reduce::{ReduceOptions, reduce_stats_kernel};
 pub use split::{
     PARTIAL_SLOTS, SplitOptions, UNPUBLISHED, cross_entropy_split_grad_kernel,
     split_prologue_kernel,

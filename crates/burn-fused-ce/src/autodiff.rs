@@ -21,7 +21,7 @@ use burn_autodiff::{
 };
 
 use crate::{
-    backend::{ClassWeights, FusedCrossEntropyBackend, LossParts, RowStats, reduce_stats},
+    backend::{ClassWeights, FusedCrossEntropyBackend, LossParts, RowStats},
     options::{CrossEntropyOptions, Reduction},
 };
 
@@ -174,7 +174,7 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                     class_weights,
                     options,
                 );
-                let parts = reduce_stats::<B>(rows, options, dtype, false).parts;
+                let parts = B::reduce_row_stats(rows, options, dtype, false).parts;
                 let state = CrossEntropyState::Formed { grad };
                 (prep.finish(state, parts.loss.clone()), parts)
             }
@@ -189,7 +189,7 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                     options,
                 );
                 let stats = rows.stats.clone();
-                let reduced = reduce_stats::<B>(rows, options, dtype, true);
+                let reduced = B::reduce_row_stats(rows, options, dtype, true);
                 let state = CrossEntropyState::Rows {
                     logits,
                     targets,

@@ -130,6 +130,18 @@ pub trait FusedCrossEntropyBackend: Backend {
         Tensor::cat(vec![first, value], 0).into_primitive()
     }
 
+    /// The loss and extra outputs from forward's statistics (see [`Reduced`]), on the
+    /// device. The default uses tensor ops (about eight small launches for `Mean`); cube
+    /// backends run one kernel.
+    fn reduce_row_stats(
+        rows: RowStats<Self>,
+        options: &CrossEntropyOptions,
+        dtype: DType,
+        keep_denominators: bool,
+    ) -> Reduced<Self> {
+        reduce_stats::<Self>(rows, options, dtype, keep_denominators)
+    }
+
     /// The loss (`[N]` for `Reduction::None`, `[1]` otherwise, in the logits' dtype) and
     /// the extra outputs asked for. Backends with autodiff override this to register the
     /// backward step.
@@ -141,7 +153,7 @@ pub trait FusedCrossEntropyBackend: Backend {
     ) -> LossParts<Self> {
         let dtype = logits.dtype();
         let rows = Self::cross_entropy_rows(logits, targets, class_weights, options);
-        reduce_stats::<Self>(rows, options, dtype, false).parts
+        Self::reduce_row_stats(rows, options, dtype, false).parts
     }
 }
 
@@ -161,8 +173,11 @@ pub struct LossParts<B: Backend> {
 }
 
 /// The reduced outputs and, for `Mean`, the denominators backward divides by.
-pub(crate) struct Reduced<B: Backend> {
+pub struct Reduced<B: Backend> {
+    /// The loss (in the logits' dtype) and the extra outputs asked for.
     pub parts: LossParts<B>,
+    /// f32 `[2]`: `max(D, MIN_POSITIVE)` and `max(n, 1)`, when asked for (a tracked
+    /// `Mean`).
     pub denominators: Option<FloatTensor<B>>,
 }
 
@@ -181,6 +196,11 @@ fn stat_row<B: Backend>(stats: &Tensor<B, 2>, stat: usize) -> Tensor<B, 1> {
         .clone()
         .slice([stat..stat + 1, 0..rows])
         .reshape([rows])
+}
+
+/// The log-sum-exp row of forward's statistics, f32 `[N]` (a view).
+pub(crate) fn lse_row<B: Backend>(stats: FloatTensor<B>) -> FloatTensor<B> {
+    primitive(stat_row(&float::<B, 2>(stats), row_stat::LSE))
 }
 
 /// Reduces the per-row statistics on the device, in f32; the loss is cast to `dtype`

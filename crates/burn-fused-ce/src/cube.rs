@@ -13,11 +13,14 @@ use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
     GradientTarget, IncomingGradient, LossSettings, RowLaunch, SplitPlan, SplitScratch, WeightArgs,
     launch_backward, launch_first_bad_target, launch_forward, launch_forward_grad,
-    launch_scale_gradient, row_stat,
+    launch_reduce_stats, launch_scale_gradient, row_stat,
 };
 
 use crate::{
-    backend::{ClassWeights, FusedCrossEntropyBackend, RowStats},
+    backend::{
+        ClassWeights, FusedCrossEntropyBackend, LossParts, Reduced, RowStats, lse_row,
+        reduce_stats,
+    },
     diagnostics,
     options::{CrossEntropyOptions, Reduction},
 };
@@ -224,6 +227,58 @@ where
             stats,
             predicted,
             weighted,
+        }
+    }
+
+    fn reduce_row_stats(
+        rows: RowStats<Self>,
+        options: &CrossEntropyOptions,
+        dtype: DType,
+        keep_denominators: bool,
+    ) -> Reduced<Self> {
+        let n_rows = rows.stats.meta.shape()[1];
+        if n_rows == 0 || options.reduction == Reduction::None {
+            // Per-row losses need no reduction (an accuracy asked for alongside is summed
+            // by tensor ops); N = 0 launches nothing.
+            return reduce_stats::<Self>(rows, options, dtype, keep_denominators);
+        }
+        let stats = rows.stats;
+        let loss = poison(empty_device_contiguous_dtype::<R>(
+            stats.client.clone(),
+            stats.device.clone(),
+            Shape::new([1]),
+            dtype,
+        ));
+        let z_loss = f32_buffer(&stats, Shape::new([1]));
+        let accuracy = f32_buffer(&stats, Shape::new([1]));
+        let denominators = f32_buffer(&stats, Shape::new([2]));
+        let mean = options.reduction == Reduction::Mean;
+        launch_reduce_stats::<R>(
+            &stats.client.clone(),
+            stats.clone().into_tensor_arg(),
+            loss.clone().into_tensor_arg(),
+            z_loss.clone().into_tensor_arg(),
+            accuracy.clone().into_tensor_arg(),
+            denominators.clone().into_tensor_arg(),
+            dtype.into(),
+            mean,
+            options.z_loss_scale > 0.0,
+            rows.weighted,
+        );
+        let wanted = options.outputs;
+        Reduced {
+            parts: LossParts {
+                loss,
+                z_loss: wanted.z_loss.then_some(z_loss),
+                accuracy: wanted.accuracy.then_some(accuracy),
+                predicted: if wanted.predicted {
+                    rows.predicted
+                } else {
+                    None
+                },
+                lse: wanted.lse.then(|| lse_row::<Self>(stats)),
+            },
+            denominators: (mean && keep_denominators).then_some(denominators),
         }
     }
 
