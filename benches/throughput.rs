@@ -213,7 +213,6 @@ impl Bench {
                 .map(|_| timed(prepare()))
                 .collect::<Option<Vec<_>>>()?;
             times.sort_by(f64::total_cmp);
-            drop(timed);
 
             let mut steady = Vec::with_capacity(STEADY_RUNS);
             if last_ms <= 200.0 {

@@ -42,6 +42,7 @@ for line in sys.stdin:
 cp scripts/gpu-run.sh "$bundle/run.sh"
 cp scripts/gpu-sweep.sh "$bundle/sweep.sh"
 cp scripts/gpu-ab.sh "$bundle/ab.sh"
+cp scripts/gpu-ncu.sh "$bundle/ncu.sh"
 cp scripts/torch_check.py "$bundle/torch_check.py"
 cp scripts/kernel_registers.py "$bundle/kernel_registers.py"
 cp scripts/sweeps/*.txt "$bundle/"

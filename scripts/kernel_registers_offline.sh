@@ -7,6 +7,8 @@
 #
 #   scripts/kernel_registers_offline.sh [out-dir]      (knobs such as
 #   FUSED_CE_SPLIT_GRAD_LOADS=2 apply as in a run)
+#   SASS=1 scripts/kernel_registers_offline.sh        (also each kernel's loops, from its
+#   SASS: cuobjdump and nvdisasm 13.2 wheels, fetched once; scripts/sass_loops.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-target/cuda-source}"
@@ -23,3 +25,18 @@ fi
 scripts/with-vulkan.sh cargo run -q -p fused-ce-kernels --features cuda-source \
   --example cuda_source -- "$out" > /dev/null
 LD_LIBRARY_PATH="$root/lib" NVIDIA_ROOT="$root" python3 scripts/nvrtc_registers.py "$out"/*.cu
+if [ -n "${SASS:-}" ]; then
+  if [ ! -x "$root/bin/cuobjdump" ] || [ ! -x "$root/bin/nvdisasm" ]; then
+    python3 -m pip download --no-deps -q -d "$cache/wheels" \
+      "nvidia-cuda-cuobjdump==13.2.*" "nvidia-cuda-nvdisasm==13.2.*"
+    for wheel in "$cache"/wheels/nvidia_cuda_cuobjdump-*.whl "$cache"/wheels/nvidia_cuda_nvdisasm-*.whl; do
+      python3 -m zipfile -e "$wheel" "$cache"
+    done
+    chmod +x "$root"/bin/*
+  fi
+  for cubin in "$out"/*.cubin; do
+    echo "== $(basename "$cubin" .cubin)"
+    PATH="$root/bin:$PATH" cuobjdump -sass "$cubin" > "${cubin%.cubin}.sass"
+    python3 scripts/sass_loops.py "${cubin%.cubin}.sass"
+  done
+fi

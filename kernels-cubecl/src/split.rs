@@ -454,20 +454,16 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         let from_exps = holds_target && target_staged && comptime!(split.staged_exps);
         if comptime!(split.staged_exps) {
             if from_exps {
-                let factor = fast_exp_scalar(reference - row_grad.lse);
-                let mut weights = Vector::<f32, N>::new(1.0);
-                if comptime!(options.smoothing && options.weighted) {
-                    weights = weights_vector::<N>(class_weights, (first + target_at) * vector_size);
-                }
-                grad[out_start + first + target_at] = Vector::cast_from(gradient_from_probs::<N>(
-                    Vector::<f32, N>::cast_from(target_in_stage),
-                    factor * row_grad.prob_coef,
-                    weights,
+                let coefficient = fast_exp_scalar(reference - row_grad.lse) * row_grad.prob_coef;
+                grad[out_start + first + target_at] = gradient_from_staged_exps::<F, N>(
+                    target_in_stage,
+                    coefficient,
+                    class_weights,
                     (first + target_at) * vector_size,
                     row_grad,
                     options,
                     true,
-                ));
+                );
             }
         }
         if holds_target && !from_exps {
@@ -702,19 +698,43 @@ fn write_staged_exps_gradient<F: Float, N: Size>(
     let coefficient = fast_exp_scalar(reference - row_grad.lse) * row_grad.prob_coef;
     let mut local = UNIT_POS as usize;
     while local < staged_len {
-        let mut weights = Vector::<f32, N>::new(1.0);
-        if comptime!(options.smoothing && options.weighted) {
-            weights = weights_vector::<N>(class_weights, (first + local) * vector_size);
-        }
-        grad[out_start + first + local] = Vector::cast_from(gradient_from_probs::<N>(
-            Vector::<f32, N>::cast_from(staged[local]),
+        grad[out_start + first + local] = gradient_from_staged_exps::<F, N>(
+            staged[local],
             coefficient,
-            weights,
+            class_weights,
             (first + local) * vector_size,
             row_grad,
             options,
             false,
-        ));
+        );
         local += cube_size;
     }
+}
+
+/// The gradient of one staged vector (columns `first_col..`) from its kept
+/// `exps = exp(x - m)` and `coefficient = exp(m - lse) * prob_coef`; with `with_target`
+/// the target's lane set.
+#[cube]
+fn gradient_from_staged_exps<F: Float, N: Size>(
+    exps: Vector<F, N>,
+    coefficient: f32,
+    class_weights: &Tensor<f32>,
+    first_col: usize,
+    row_grad: RowGradient,
+    #[comptime] options: RowOptions,
+    #[comptime] with_target: bool,
+) -> Vector<F, N> {
+    let mut weights = Vector::<f32, N>::new(1.0);
+    if comptime!(options.smoothing && options.weighted) {
+        weights = weights_vector::<N>(class_weights, first_col);
+    }
+    Vector::cast_from(gradient_from_probs::<N>(
+        Vector::<f32, N>::cast_from(exps),
+        coefficient,
+        weights,
+        first_col,
+        row_grad,
+        options,
+        with_target,
+    ))
 }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Kernel-only figures on the GPU host with Nsight Compute (the H200 host has
+# /usr/local/cuda/bin/ncu): for each line of a configs file (environment knobs, as
+# sweep.sh), the bench runs one case and mode while ncu reads the chosen kernel's
+# duration, DRAM bytes and instructions at the clocks the bench runs at
+# (`--clock-control none`; ncu's default locks them at base, 1.5 GHz on the H200).
+# Repeatable to 0.01 ms, where the bench's wall times drift 3-7% between runs: time
+# kernel changes here, the whole step with the bench.
+#
+#   gpu-bundle/ncu.sh configs.txt     KERNEL (regex, default split_grad), CASE, MODES
+#   KERNEL=. LAUNCHES=40 gpu-bundle/ncu.sh list.txt   (every kernel of the first launches)
+cd "$(dirname "$0")"
+for f in *.gz; do [ -e "$f" ] && gunzip -f "$f"; done; chmod +x throughput
+export PATH="$PATH:/usr/local/cuda/bin"
+export FUSED_CE_BENCH_SKIP_STOCK=1 FUSED_CE_BENCH_CASE=${CASE:-8192x128256}
+export FUSED_CE_BENCH_MODE=${MODES:-"fwd+bwd other-plan"}
+metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__inst_executed.sum
+while read -r config; do
+  [ -z "$config" ] && continue
+  echo "== $config"
+  env $config timeout 120 ncu --clock-control none --kernel-name "regex:${KERNEL:-split_grad}" \
+    --launch-skip "${SKIP:-2}" --launch-count "${LAUNCHES:-1}" --metrics "$metrics" \
+    ./throughput --bench 2>&1 \
+    | awk '/^  [a-zA-Z_]/ {name = $1} /gpu__time|dram__bytes|inst_executed/ \
+           {printf "%s %s %s %s\n", name, $1, $(NF-1), $NF}'
+done < "${1:-configs.txt}"
