@@ -24,7 +24,9 @@ pub fn split_grad_kernel_source<R: Runtime>(
     shape: RowLaunch,
     mean: bool,
 ) -> String {
-    let plan = SplitPlan::for_device(&shape, true);
+    // As on an H200, where barriers exist: `FUSED_CE_ASYNC_STAGE=1` stages asynchronously.
+    let plan = SplitPlan::for_device(&shape, true)
+        .with_async_staging(std::env::var("FUSED_CE_ASYNC_STAGE").as_deref() == Ok("1"));
     let settings = KernelSettings::default()
         .cube_dim(CubeDim::new_1d(plan.cube_size as u32))
         .address_type(shape.address_type);

@@ -2,6 +2,7 @@
 //! Callers hand in launch arguments already bound to buffers; nothing here allocates.
 
 use cubecl::prelude::*;
+use cubecl::ir::{BarrierLevel, OpaqueType};
 
 use crate::kernels::{
     GradOptions, RowOptions, RowScalarsLaunch, cross_entropy_backward_kernel,
@@ -335,6 +336,14 @@ fn staged_exps(settings: &LossSettings) -> bool {
     settings.softcap.is_none() && env_usize("FUSED_CE_STAGED_EXPS", &CELL) != Some(0)
 }
 
+/// Whether the split kernel may stage through asynchronous copies where the runtime has
+/// them (`SplitOptions::async_staging`): only with `FUSED_CE_ASYNC_STAGE=1`, until a run
+/// on the H200 has timed it (docs/performance.md, "What would close the gap").
+fn async_staging() -> bool {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_ASYNC_STAGE", &CELL) == Some(1)
+}
+
 /// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
 /// shared memory.
 pub(crate) const MAX_CHUNKS: usize = 64;
@@ -354,6 +363,7 @@ pub struct SplitPlan {
     pub(crate) loads_per_step: usize,
     pub(crate) reread_loads: usize,
     pub(crate) staged_exps: bool,
+    pub(crate) async_staging: bool,
 }
 
 impl SplitPlan {
@@ -361,12 +371,19 @@ impl SplitPlan {
     /// cut evenly, at most `stage_bytes()` of each staged in shared memory; elsewhere one
     /// chunk per row (cubes cannot be known to run at once), its first 16 KB staged.
     pub fn new<R: Runtime>(client: &ComputeClient<R>, shape: &RowLaunch) -> Self {
-        let known_device = client
-            .properties()
-            .hardware
-            .num_streaming_multiprocessors
-            .is_some();
-        Self::for_device(shape, known_device)
+        let properties = client.properties();
+        let known_device = properties.hardware.num_streaming_multiprocessors.is_some();
+        let barriers = properties.supports_type(OpaqueType::Barrier(BarrierLevel::Cube));
+        Self::for_device(shape, known_device).with_async_staging(barriers && async_staging())
+    }
+
+    /// This plan staging through asynchronous copies (`SplitOptions::async_staging`) or
+    /// not; only for a runtime with cube-level barriers (CUDA).
+    pub fn with_async_staging(self, on: bool) -> Self {
+        SplitPlan {
+            async_staging: on,
+            ..self
+        }
     }
 
     /// [`SplitPlan::new`] for a device that reports its SM count (`known_device`: CUDA) or
@@ -392,6 +409,7 @@ impl SplitPlan {
             loads_per_step,
             reread_loads: split_reread_loads(),
             staged_exps: staged_exps(&shape.settings),
+            async_staging: false,
         };
         plan.cut(vectors, chunks)
     }
@@ -425,6 +443,7 @@ impl SplitPlan {
             reread: self.chunk_vectors > self.staged_vectors,
             reread_loads: self.reread_loads,
             staged_exps: self.staged_exps && self.staged_vectors > 0,
+            async_staging: self.async_staging && self.staged_exps && self.staged_vectors > 0,
         }
     }
 

@@ -18,6 +18,7 @@
 //! chunk, and the exchange is the cube's own.
 
 use cubecl::prelude::*;
+use cubecl::prelude::barrier::{Barrier, copy_async};
 
 use crate::kernels::{
     RUNNING_MAX_START, RowGradient, RowOptions, RowScalars, RowState, absorb_vector, cube_merge,
@@ -65,6 +66,10 @@ pub struct SplitOptions {
     /// reference maximum per unit and step, so their gradient is one multiply per element
     /// instead of an exponential (not with softcap, whose derivative needs the logits).
     pub staged_exps: bool,
+    /// With `staged_exps`: stage through CUDA's `cp.async` (shared-memory barrier), the
+    /// rest of the chunk streaming by while the copies land. Only where the runtime has
+    /// barriers (CUDA); off by default until timed.
+    pub async_staging: bool,
 }
 
 /// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
@@ -243,6 +248,7 @@ fn split_chunk<F: Float, I: Int, N: Size>(
             &mut staged,
             options,
             split.staged_vectors,
+            split.async_staging,
         )
     } else {
         let state = reduce_span::<F, N>(
@@ -483,17 +489,21 @@ fn split_chunk<F: Float, I: Int, N: Size>(
 }
 
 /// [`reduce_span`] for the one pass with `staged_exps` (no softcap), and the reference
-/// maximum `m` of the unit's kept exponentials. Three loops, with no barrier (a unit reads
-/// back only what it staged): the unit's staged vectors (the chunk's first
-/// `staged_limit`) go to shared memory as loaded, only their maximum kept (per lane, two
-/// bf16 lanes per instruction); then they are turned into `exp(x - m)` in place (in the
-/// logits' type) and summed, so their gradient is `exp(x - m) * exp(m - lse) *
-/// coefficient`, a multiply per element instead of an exponential
-/// (`write_staged_exps_gradient`); last the rest of the chunk is reduced as it streams by
-/// (one maximum per step of `loads_per_step` vectors, so one rescale per step), so that
-/// the part the gradient pass re-reads from L2 is the part read last. In bf16 the kept
-/// `exp(x - m)` is rounded once more than a recomputed one (relative 2^-9), well within
-/// the spec's 2e-2 for bf16.
+/// maximum `m` of the unit's kept exponentials. No barrier: a unit reads back only what
+/// it staged. The unit's staged vectors (the chunk's first `staged_limit`) go to shared
+/// memory; then they are turned into `exp(x - m)` in place (in the logits' type) and
+/// summed, so their gradient is `exp(x - m) * exp(m - lse) * coefficient`, a multiply per
+/// element instead of an exponential (`write_staged_exps_gradient`); the rest of the
+/// chunk is reduced as it streams by (one maximum per step of `loads_per_step` vectors, so
+/// one rescale per step). In bf16 the kept `exp(x - m)` is rounded once more than a
+/// recomputed one (relative 2^-9), well within the spec's 2e-2 for bf16.
+///
+/// Staging through registers (`async_staging` off): the staged part first, only its
+/// maximum kept as it passes (per lane, two bf16 lanes per instruction), then its
+/// exponentials, then the rest, so that the part the gradient pass re-reads from L2 is
+/// the part read last. With `async_staging` (CUDA's `cp.async`, no registers held while
+/// the copies fly): the staged part's copies are issued first, the rest streams by while
+/// they land, then the staged part's maximum and exponentials.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn reduce_chunk_staging_exps<F: Float, N: Size>(
@@ -506,16 +516,111 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
     staged: &mut SharedMemory<Vector<F, N>>,
     #[comptime] options: RowOptions,
     #[comptime] staged_limit: usize,
+    #[comptime] async_staging: bool,
 ) -> (RowState, f32) {
-    let cube_size = options.cube_size;
-    let loads = options.loads_per_step;
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
-    let target_vector = target_col / vector_size;
     let staged_len = select(len < staged_limit, len, staged_limit);
-    let mut loaded = Array::<Vector<F, N>>::new(loads);
+    let empty = RowState {
+        max: f32::new(RUNNING_MAX_START),
+        others: f32::new(0.0),
+        target_logit: f32::new(0.0),
+        best: f32::new(RUNNING_MAX_START),
+        best_col: u32::cast_from(vocab),
+        smooth: f32::new(0.0),
+    };
+    let (state, reference) = if comptime!(async_staging) {
+        let barrier = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
+        sync_cube();
+        let mut local = UNIT_POS as usize;
+        while local < staged_len {
+            let at = row_start + first + local;
+            copy_async(
+                &logits.slice(at, at + 1),
+                &mut staged.slice_mut(local, local + 1),
+                comptime!(vector_size as u32),
+            );
+            local += options.cube_size;
+        }
+        barrier.commit_copy_async();
+        let rest = reduce_rest::<F, N>(
+            logits, row_start, first, staged_len, len, target_col, class_weights, empty,
+            options,
+        );
+        barrier.arrive_and_wait();
+        let mut top = Vector::<F, N>::new(F::min_value());
+        let mut local = UNIT_POS as usize;
+        while local < staged_len {
+            top = max(top, staged[local]);
+            local += options.cube_size;
+        }
+        let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
+        let kept = staged_to_exps::<F, N>(
+            staged, first, staged_len, target_col, class_weights, reference, empty, options,
+        );
+        // The two parts' sums on one maximum.
+        let merged_max = f32::max(rest.max, kept.max);
+        let merged = RowState {
+            max: merged_max,
+            others: rest.others * fast_exp_scalar(rest.max - merged_max)
+                + kept.others * fast_exp_scalar(kept.max - merged_max),
+            target_logit: f32::new(0.0),
+            best: select(kept.best >= rest.best, kept.best, rest.best),
+            best_col: select(kept.best >= rest.best, kept.best_col, rest.best_col),
+            smooth: rest.smooth + kept.smooth,
+        };
+        (merged, reference)
+    } else {
+        let top = stage_logits::<F, N>(logits, row_start, first, staged_len, staged, options);
+        let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
+        let kept = staged_to_exps::<F, N>(
+            staged, first, staged_len, target_col, class_weights, reference, empty, options,
+        );
+        let state = reduce_rest::<F, N>(
+            logits, row_start, first, staged_len, len, target_col, class_weights, kept,
+            options,
+        );
+        (state, reference)
+    };
+    // The target's vector, by the unit whose share it is, from its logits (the stage
+    // holds exponentials); every unit computes it, the others discard it.
+    let target_vector = target_col / vector_size;
+    let (holds, at) = target_share(target_vector, first, len, options.cube_size);
+    let next = absorb_vector::<F, N>(
+        state,
+        logits[row_start + first + at],
+        (first + at) * vector_size,
+        target_col,
+        class_weights,
+        f32::new(0.0),
+        options,
+        true,
+    );
+    let state = RowState {
+        max: select(holds, next.max, state.max),
+        others: select(holds, next.others, state.others),
+        target_logit: select(holds, next.target_logit, state.target_logit),
+        best: select(holds, next.best, state.best),
+        best_col: select(holds, next.best_col, state.best_col),
+        smooth: select(holds, next.smooth, state.smooth),
+    };
+    (state, reference)
+}
 
-    // The staged vectors: into shared memory, their maximum per lane.
+/// The unit's vectors `0..staged_len` of the chunk into `staged` through registers
+/// (`loads_per_step` loads in flight), and their maximum per lane.
+#[cube]
+fn stage_logits<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    first: usize,
+    staged_len: usize,
+    staged: &mut SharedMemory<Vector<F, N>>,
+    #[comptime] options: RowOptions,
+) -> Vector<F, N> {
+    let cube_size = options.cube_size;
+    let loads = options.loads_per_step;
+    let mut loaded = Array::<Vector<F, N>>::new(loads);
     let mut top = Vector::<F, N>::new(F::min_value());
     let mut local = UNIT_POS as usize;
     while local < staged_len {
@@ -536,15 +641,31 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         }
         local += loads * cube_size;
     }
+    top
+}
 
-    // The staged vectors again, from shared memory: kept as exponentials of their
-    // maximum (before the rest streams by, so the rest is the part read last: the
-    // gradient pass re-reads it from L2).
-    let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
-    let mut others = f32::new(0.0);
-    let mut best = f32::new(RUNNING_MAX_START);
-    let mut best_col = u32::cast_from(vocab);
-    let mut smooth = f32::new(0.0);
+/// The unit's staged vectors turned into `exp(x - reference)` in place and folded into
+/// `state` (whose maximum becomes `reference`; `state` holds nothing yet): the sum, and
+/// the argmax and smoothing sum of the logits they were. The target's vector is left out
+/// of the sums (absorbed at the end).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn staged_to_exps<F: Float, N: Size>(
+    staged: &mut SharedMemory<Vector<F, N>>,
+    first: usize,
+    staged_len: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    reference: f32,
+    state: RowState,
+    #[comptime] options: RowOptions,
+) -> RowState {
+    let vector_size = staged.vector_size();
+    let target_vector = target_col / vector_size;
+    let mut others = state.others;
+    let mut best = state.best;
+    let mut best_col = state.best_col;
+    let mut smooth = state.smooth;
     let mut local = UNIT_POS as usize;
     while local < staged_len {
         let values = Vector::<f32, N>::cast_from(staged[local]);
@@ -565,11 +686,44 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         best = next.0;
         best_col = next.1;
         smooth = next.2;
-        local += cube_size;
+        local += options.cube_size;
     }
+    RowState {
+        max: reference,
+        others,
+        target_logit: f32::new(0.0),
+        best,
+        best_col,
+        smooth,
+    }
+}
 
-    // The rest, reduced as it streams by.
-    let mut running_max = reference;
+/// The chunk's vectors `staged_len..len` folded into `state` as they stream by: one
+/// maximum per step of `loads_per_step` vectors, so one rescale of the sum per step. The
+/// target's vector is left out (absorbed at the end).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn reduce_rest<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    first: usize,
+    staged_len: usize,
+    len: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    state: RowState,
+    #[comptime] options: RowOptions,
+) -> RowState {
+    let cube_size = options.cube_size;
+    let loads = options.loads_per_step;
+    let vector_size = logits.vector_size();
+    let target_vector = target_col / vector_size;
+    let mut running_max = state.max;
+    let mut others = state.others;
+    let mut best = state.best;
+    let mut best_col = state.best_col;
+    let mut smooth = state.smooth;
+    let mut loaded = Array::<Vector<F, N>>::new(loads);
     let rest = len - staged_len;
     let mut local = UNIT_POS as usize;
     while local < rest {
@@ -595,7 +749,6 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
             let in_range = at < rest;
             let values = Vector::<f32, N>::cast_from(loaded[step]);
             let exps = fast_exp::<N>(values, step_max);
-            // The target's vector is absorbed at the end.
             let take = in_range && first + staged_len + at != target_vector;
             let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
             let next = absorb_extras::<N>(
@@ -608,37 +761,14 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         }
         local += loads * cube_size;
     }
-
-    let state = RowState {
+    RowState {
         max: running_max,
         others,
         target_logit: f32::new(0.0),
         best,
         best_col,
         smooth,
-    };
-    // The target's vector, by the unit whose share it is, from its logits (the stage
-    // holds exponentials); every unit computes it, the others discard it.
-    let (holds, at) = target_share(target_vector, first, len, cube_size);
-    let next = absorb_vector::<F, N>(
-        state,
-        logits[row_start + first + at],
-        (first + at) * vector_size,
-        target_col,
-        class_weights,
-        f32::new(0.0),
-        options,
-        true,
-    );
-    let state = RowState {
-        max: select(holds, next.max, state.max),
-        others: select(holds, next.others, state.others),
-        target_logit: select(holds, next.target_logit, state.target_logit),
-        best: select(holds, next.best, state.best),
-        best_col: select(holds, next.best_col, state.best_col),
-        smooth: select(holds, next.smooth, state.smooth),
-    };
-    (state, reference)
+    }
 }
 
 /// The argmax and label smoothing's weighted sum of one vector (`values`, columns
