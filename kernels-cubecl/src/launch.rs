@@ -374,7 +374,11 @@ impl SplitPlan {
         let properties = client.properties();
         let known_device = properties.hardware.num_streaming_multiprocessors.is_some();
         let barriers = properties.supports_type(OpaqueType::Barrier(BarrierLevel::Cube));
-        Self::for_device(shape, known_device).with_async_staging(barriers && async_staging())
+        // `cp.async` copies 4, 8 or 16 bytes.
+        let vector_bytes = shape.vector_size * shape.float_dtype.size();
+        let copyable = [4, 8, 16].contains(&vector_bytes);
+        Self::for_device(shape, known_device)
+            .with_async_staging(barriers && copyable && async_staging())
     }
 
     /// This plan staging through asynchronous copies (`SplitOptions::async_staging`) or
