@@ -53,19 +53,19 @@ fn phases<S>(
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let (rows, vocab) = match args[..] {
         [rows, vocab] => (rows, vocab),
         _ => (256, 32000),
     };
     println!("{rows} x {vocab} bf16, host microseconds (medians of {REPS})");
     let device = Device::default();
-    let logits = Tensor::<CubeBackend, 2>::random(
-        [rows, vocab],
-        Distribution::Uniform(-6.0, 6.0),
-        &device,
-    )
-    .cast(DType::BF16);
+    let logits =
+        Tensor::<CubeBackend, 2>::random([rows, vocab], Distribution::Uniform(-6.0, 6.0), &device)
+            .cast(DType::BF16);
     let targets = Tensor::<CubeBackend, 1, Int>::random(
         [rows],
         Distribution::Uniform(0.0, vocab as f64),
@@ -84,18 +84,26 @@ fn main() {
     print(
         "burn: x.sum()",
         &["call", "wait"],
-        phases(&device, || (), |_| {
-            let _ = logits.clone().sum();
-            vec![Instant::now()]
-        }),
+        phases(
+            &device,
+            || (),
+            |_| {
+                let _ = logits.clone().sum();
+                vec![Instant::now()]
+            },
+        ),
     );
     print(
         "burn: x * 2",
         &["call", "wait"],
-        phases(&device, || (), |_| {
-            let _ = logits.clone() * 2.0;
-            vec![Instant::now()]
-        }),
+        phases(
+            &device,
+            || (),
+            |_| {
+                let _ = logits.clone() * 2.0;
+                vec![Instant::now()]
+            },
+        ),
     );
     for (name, gradient_in_forward, check_targets) in [
         ("fused fwd (default options)", false, true),
@@ -109,10 +117,14 @@ fn main() {
         print(
             name,
             &["call", "wait"],
-            phases(&device, || (), |_| {
-                let _ = fused_cross_entropy(logits.clone(), targets.clone(), &options);
-                vec![Instant::now()]
-            }),
+            phases(
+                &device,
+                || (),
+                |_| {
+                    let _ = fused_cross_entropy(logits.clone(), targets.clone(), &options);
+                    vec![Instant::now()]
+                },
+            ),
         );
     }
     for (name, gradient_in_forward) in [
@@ -124,9 +136,8 @@ fn main() {
             check_targets: false,
             ..Default::default()
         };
-        let owned = || {
-            Tensor::<AutodiffCube, 2>::from_inner(logits.clone().mul_scalar(1.0)).require_grad()
-        };
+        let owned =
+            || Tensor::<AutodiffCube, 2>::from_inner(logits.clone().mul_scalar(1.0)).require_grad();
         let targets_ad = || Tensor::<AutodiffCube, 1, Int>::from_inner(targets.clone());
         print(
             name,

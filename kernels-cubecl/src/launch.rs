@@ -1,8 +1,8 @@
 //! Thin launch functions: pick the cube shape for a row-per-cube kernel and launch it.
 //! Callers hand in launch arguments already bound to buffers; nothing here allocates.
 
-use cubecl::prelude::*;
 use cubecl::ir::{BarrierLevel, OpaqueType};
+use cubecl::prelude::*;
 
 use crate::kernels::{
     GradOptions, RowOptions, RowScalarsLaunch, cross_entropy_backward_kernel,

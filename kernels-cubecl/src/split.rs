@@ -17,8 +17,8 @@
 //! elsewhere (lavapipe runs as many workgroups at once as it has threads) a row is one
 //! chunk, and the exchange is the cube's own.
 
-use cubecl::prelude::*;
 use cubecl::prelude::barrier::{Barrier, copy_async};
+use cubecl::prelude::*;
 
 use crate::kernels::{
     RUNNING_MAX_START, RowGradient, RowOptions, RowScalars, RowState, absorb_vector, cube_merge,
@@ -544,7 +544,14 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         }
         barrier.commit_copy_async();
         let rest = reduce_rest::<F, N>(
-            logits, row_start, first, staged_len, len, target_col, class_weights, empty,
+            logits,
+            row_start,
+            first,
+            staged_len,
+            len,
+            target_col,
+            class_weights,
+            empty,
             options,
         );
         barrier.arrive_and_wait();
@@ -556,7 +563,14 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         }
         let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
         let kept = staged_to_exps::<F, N>(
-            staged, first, staged_len, target_col, class_weights, reference, empty, options,
+            staged,
+            first,
+            staged_len,
+            target_col,
+            class_weights,
+            reference,
+            empty,
+            options,
         );
         // The two parts' sums on one maximum.
         let merged_max = f32::max(rest.max, kept.max);
@@ -574,10 +588,24 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         let top = stage_logits::<F, N>(logits, row_start, first, staged_len, staged, options);
         let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
         let kept = staged_to_exps::<F, N>(
-            staged, first, staged_len, target_col, class_weights, reference, empty, options,
+            staged,
+            first,
+            staged_len,
+            target_col,
+            class_weights,
+            reference,
+            empty,
+            options,
         );
         let state = reduce_rest::<F, N>(
-            logits, row_start, first, staged_len, len, target_col, class_weights, kept,
+            logits,
+            row_start,
+            first,
+            staged_len,
+            len,
+            target_col,
+            class_weights,
+            kept,
             options,
         );
         (state, reference)
@@ -752,7 +780,14 @@ fn reduce_rest<F: Float, N: Size>(
             let take = in_range && first + staged_len + at != target_vector;
             let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
             let next = absorb_extras::<N>(
-                best, best_col, smooth, values, first_col, class_weights, take, options,
+                best,
+                best_col,
+                smooth,
+                values,
+                first_col,
+                class_weights,
+                take,
+                options,
             );
             others += select(take, lane_sum::<N>(exps), f32::new(0.0));
             best = next.0;

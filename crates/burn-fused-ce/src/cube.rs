@@ -18,8 +18,7 @@ use fused_ce_kernels::{
 
 use crate::{
     backend::{
-        ClassWeights, FusedCrossEntropyBackend, LossParts, Reduced, RowStats, lse_row,
-        reduce_stats,
+        ClassWeights, FusedCrossEntropyBackend, LossParts, Reduced, RowStats, lse_row, reduce_stats,
     },
     diagnostics,
     options::{CrossEntropyOptions, Reduction},

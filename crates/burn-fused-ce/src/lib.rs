@@ -22,8 +22,6 @@ mod options;
 pub mod portable;
 
 pub use api::{CrossEntropyOutput, fused_cross_entropy, try_fused_cross_entropy};
-pub use backend::{
-    ClassWeights, FusedCrossEntropyBackend, LossParts, Reduced, RowStats, row_stat,
-};
+pub use backend::{ClassWeights, FusedCrossEntropyBackend, LossParts, Reduced, RowStats, row_stat};
 pub use loss::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
 pub use options::{CrossEntropyError, CrossEntropyOptions, ExtraOutputs, Reduction};
