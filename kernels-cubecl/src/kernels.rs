@@ -239,7 +239,7 @@ pub(crate) fn absorb<N: Size>(
 /// soft-capped and with its class weights when the options say so.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn absorb_vector<F: Float, N: Size>(
+fn absorb_vector<F: Float, N: Size>(
     state: RowState,
     raw: Vector<F, N>,
     first_col: usize,
@@ -381,10 +381,37 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
         let from_stage = at < staged_limit;
         raw = select(from_stage, staged[select(from_stage, at, 0usize)], raw);
     }
+    absorb_held_target::<F, N>(
+        state,
+        holds,
+        raw,
+        (first + at) * vector_size,
+        target_col,
+        class_weights,
+        softcap,
+        options,
+    )
+}
+
+/// The target's vector (`raw`, columns `first_col..`) folded into a unit's `state` when
+/// the unit `holds` it (see [`target_share`]); every unit computes it, the others keep
+/// their state: the target's lane out of the sum, its logit kept.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn absorb_held_target<F: Float, N: Size>(
+    state: RowState,
+    holds: bool,
+    raw: Vector<F, N>,
+    first_col: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    softcap: f32,
+    #[comptime] options: RowOptions,
+) -> RowState {
     let next = absorb_vector::<F, N>(
         state,
         raw,
-        (first + at) * vector_size,
+        first_col,
         target_col,
         class_weights,
         softcap,

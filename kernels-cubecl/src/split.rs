@@ -21,8 +21,8 @@ use cubecl::prelude::barrier::{Barrier, copy_async};
 use cubecl::prelude::*;
 
 use crate::kernels::{
-    RUNNING_MAX_START, RowGradient, RowOptions, RowScalars, RowState, absorb_vector, cube_merge,
-    fast_exp, fast_exp_scalar, finish_row, gradient_coefficients, gradient_from_probs,
+    RUNNING_MAX_START, RowGradient, RowOptions, RowScalars, RowState, absorb_held_target,
+    cube_merge, fast_exp, fast_exp_scalar, finish_row, gradient_coefficients, gradient_from_probs,
     incoming_scales, is_class, lane_max, lane_sum, mean_denominators, read_target, reduce_span,
     row_offset, store_gradient_vector, target_share, weights_vector, write_gradient_span,
     write_ignored_row, zero_vectors,
@@ -614,24 +614,16 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
     // holds exponentials); every unit computes it, the others discard it.
     let target_vector = target_col / vector_size;
     let (holds, at) = target_share(target_vector, first, len, options.cube_size);
-    let next = absorb_vector::<F, N>(
+    let state = absorb_held_target::<F, N>(
         state,
+        holds,
         logits[row_start + first + at],
         (first + at) * vector_size,
         target_col,
         class_weights,
         f32::new(0.0),
         options,
-        true,
     );
-    let state = RowState {
-        max: select(holds, next.max, state.max),
-        others: select(holds, next.others, state.others),
-        target_logit: select(holds, next.target_logit, state.target_logit),
-        best: select(holds, next.best, state.best),
-        best_col: select(holds, next.best_col, state.best_col),
-        smooth: select(holds, next.smooth, state.smooth),
-    };
     (state, reference)
 }
 
@@ -700,20 +692,22 @@ fn staged_to_exps<F: Float, N: Size>(
         let exps = fast_exp::<N>(values, reference);
         staged[local] = Vector::cast_from(exps);
         let take = first + local != target_vector;
-        let next = absorb_extras::<N>(
+        let next = absorb_exps::<N>(
+            others,
             best,
             best_col,
             smooth,
             values,
+            exps,
             (first + local) * vector_size,
             class_weights,
             take,
             options,
         );
-        others += select(take, lane_sum::<N>(exps), f32::new(0.0));
-        best = next.0;
-        best_col = next.1;
-        smooth = next.2;
+        others = next.0;
+        best = next.1;
+        best_col = next.2;
+        smooth = next.3;
         local += options.cube_size;
     }
     RowState {
@@ -779,20 +773,22 @@ fn reduce_rest<F: Float, N: Size>(
             let exps = fast_exp::<N>(values, step_max);
             let take = in_range && first + staged_len + at != target_vector;
             let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
-            let next = absorb_extras::<N>(
+            let next = absorb_exps::<N>(
+                others,
                 best,
                 best_col,
                 smooth,
                 values,
+                exps,
                 first_col,
                 class_weights,
                 take,
                 options,
             );
-            others += select(take, lane_sum::<N>(exps), f32::new(0.0));
-            best = next.0;
-            best_col = next.1;
-            smooth = next.2;
+            others = next.0;
+            best = next.1;
+            best_col = next.2;
+            smooth = next.3;
         }
         local += loads * cube_size;
     }
@@ -806,20 +802,24 @@ fn reduce_rest<F: Float, N: Size>(
     }
 }
 
-/// The argmax and label smoothing's weighted sum of one vector (`values`, columns
-/// `first_col..`) folded into `(best, best_col, smooth)` when `take`.
+/// One vector (`values`, columns `first_col..`, with `exps` their exponentials on the
+/// running maximum) folded, when `take`, into `(others, best, best_col, smooth)`: the sum
+/// of exponentials, the argmax and label smoothing's weighted sum.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn absorb_extras<N: Size>(
+fn absorb_exps<N: Size>(
+    others: f32,
     best: f32,
     best_col: u32,
     smooth: f32,
     values: Vector<f32, N>,
+    exps: Vector<f32, N>,
     first_col: usize,
     class_weights: &Tensor<f32>,
     take: bool,
     #[comptime] options: RowOptions,
-) -> (f32, u32, f32) {
+) -> (f32, f32, u32, f32) {
+    let others = others + select(take, lane_sum::<N>(exps), f32::new(0.0));
     let mut best = best;
     let mut best_col = best_col;
     let mut smooth = smooth;
@@ -839,7 +839,7 @@ fn absorb_extras<N: Size>(
         }
         smooth += select(take, lane_sum::<N>(values * weights), f32::new(0.0));
     }
-    (best, best_col, smooth)
+    (others, best, best_col, smooth)
 }
 
 /// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
