@@ -24,9 +24,7 @@ pub fn split_grad_kernel_source<R: Runtime>(
     shape: RowLaunch,
     mean: bool,
 ) -> String {
-    // As on an H200, where barriers exist: `FUSED_CE_ASYNC_STAGE=1` stages asynchronously.
-    let plan = SplitPlan::for_device(&shape, true)
-        .with_async_staging(std::env::var("FUSED_CE_ASYNC_STAGE").as_deref() == Ok("1"));
+    let plan = SplitPlan::for_device(&shape, true);
     let settings = KernelSettings::default()
         .cube_dim(CubeDim::new_1d(plan.cube_size as u32))
         .address_type(shape.address_type);
@@ -61,7 +59,11 @@ pub fn split_grad_kernel_source<R: Runtime>(
     <u32 as LaunchArg>::register(plan.chunk_vectors as u32, &mut launcher);
     let scalars = <crate::RowScalars as LaunchArg>::register(shape.scalars(), &mut launcher);
     let split = plan.options(mean);
-    let options = shape.options_with_loads(plan.cube_size, plan.loads_per_step);
+    // As the CUDA runtime launches it (`FUSED_CE_FTZ_EXP=0` turns the fast exponential off).
+    let options = crate::RowOptions {
+        cuda_ftz_exp: std::env::var("FUSED_CE_FTZ_EXP").as_deref() != Ok("0"),
+        ..shape.options_with_loads(plan.cube_size, plan.loads_per_step)
+    };
     let kernel = CrossEntropySplitGradKernel::<R>::new(
         settings,
         client.clone(),

@@ -32,6 +32,8 @@ pub struct RowOptions {
     pub cube_size: usize,
     /// Vectors each unit loads before using any (bytes in flight per unit).
     pub loads_per_step: usize,
+    /// CUDA only: the fast exponential as `ex2.approx.ftz.f32` (see `redefine_cuda_fast_exp`).
+    pub cuda_ftz_exp: bool,
 }
 
 /// How backward reads the incoming gradient.
@@ -115,6 +117,24 @@ pub(crate) fn lane_sum<N: Size>(values: Vector<f32, N>) -> f32 {
 #[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(crate) fn fast_exp<N: Size>(values: Vector<f32, N>, shift: f32) -> Vector<f32, N> {
     Vector::exp(values - Vector::new(shift))
+}
+
+/// On CUDA, makes the rest of the kernel's `__expf` (the fast exponential above) two
+/// instructions instead of six: a multiply by log2(e) and `ex2.approx.ftz.f32`. Without
+/// `-ftz` (cubecl 0.10 passes NVRTC fixed options) `__expf` also scales denormal results
+/// (a range test and two predicated multiplies); flushing them to zero changes only
+/// results below 2^-126 (probabilities under 1.2e-38) and the hot loops are near
+/// issue-bound on the H200. cubecl has no such intrinsic, so the definition travels as a
+/// comment that closes itself and leaves a preprocessor macro in the CUDA C++ source
+/// (the CUDA compiler emits comments as they are); the SPIR-V compiler drops comments,
+/// and the launch enables this only on the CUDA runtime. Call it first in a kernel.
+#[cube]
+pub(crate) fn redefine_cuda_fast_exp(#[comptime] enabled: bool) {
+    if comptime!(enabled) {
+        comment!(
+            "fast exponential:\n*/\n#define __expf(x) ([](float fce_x) { float fce_y; asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(fce_y) : \"f\"(fce_x * 1.44269504088896341f)); return fce_y; }(x))\n/*"
+        );
+    }
 }
 
 /// `exp(x)` as the hardware's fast exponential, for a rescaling factor (`x <= 0`).
@@ -744,6 +764,7 @@ pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
     #[comptime] options: RowOptions,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
+    redefine_cuda_fast_exp(options.cuda_ftz_exp);
     let row = row_of_cube();
     if row >= stats.shape(1) {
         terminate!();
@@ -964,6 +985,7 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
     #[comptime] grad_options: GradOptions,
     #[define(F, I, G)] _dtypes: [StorageType; 3],
 ) {
+    redefine_cuda_fast_exp(options.cuda_ftz_exp);
     let row = row_of_cube();
     if row >= stats.shape(1) {
         terminate!();
@@ -1221,8 +1243,9 @@ pub(crate) fn mean_denominators<I: Int>(
 }
 
 /// Backward of the forward-formed gradient: `grad *= g` in place for a scalar incoming
-/// gradient `g`, one cube per row; every cube returns at once when `g` is 1 (the usual
-/// `loss.backward()`), so that case costs one near-empty launch and no host read.
+/// gradient `g`, each cube taking rows in turn; every cube returns at once when `g` is 1
+/// (the usual `loss.backward()`), so that case costs one near-empty launch and no host
+/// read.
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn scale_gradient_kernel<F: Float, G: Float, N: Size>(
     grad: &mut Tensor<Vector<F, N>>,
@@ -1230,20 +1253,25 @@ pub fn scale_gradient_kernel<F: Float, G: Float, N: Size>(
     #[comptime] cube_size: usize,
     #[define(F, G)] _dtypes: [StorageType; 2],
 ) {
-    let row = row_of_cube();
-    let rows = grad.shape(0) * grad.shape(1);
     let scale = f32::cast_from(grad_output[0]);
-    if row >= rows || scale == f32::new(1.0) {
+    if scale == f32::new(1.0) {
         terminate!();
     }
+    // The grid may hold fewer cubes than rows: each cube takes every `cubes`-th row.
+    let cubes = (CUBE_COUNT_X * CUBE_COUNT_Y) as usize;
+    let rows = grad.shape(0) * grad.shape(1);
     let vector_size = grad.vector_size();
-    let start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
     let vectors_per_row = grad.shape(2) / vector_size;
-    let mut index = UNIT_POS as usize;
-    while index < vectors_per_row {
-        let values = Vector::<f32, N>::cast_from(grad[start + index]);
-        grad[start + index] = Vector::cast_from(values * Vector::new(scale));
-        index += cube_size;
+    let mut row = row_of_cube();
+    while row < rows {
+        let start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
+        let mut index = UNIT_POS as usize;
+        while index < vectors_per_row {
+            let values = Vector::<f32, N>::cast_from(grad[start + index]);
+            grad[start + index] = Vector::cast_from(values * Vector::new(scale));
+            index += cube_size;
+        }
+        row += cubes;
     }
 }
 

@@ -1,7 +1,6 @@
 //! Thin launch functions: pick the cube shape for a row-per-cube kernel and launch it.
 //! Callers hand in launch arguments already bound to buffers; nothing here allocates.
 
-use cubecl::ir::{BarrierLevel, OpaqueType};
 use cubecl::prelude::*;
 
 use crate::kernels::{
@@ -28,6 +27,23 @@ fn max_units_per_row() -> usize {
             .filter(|v| v.is_power_of_two() && (32..=1024).contains(v))
             .unwrap_or(256)
     })
+}
+
+/// A grid of `cubes` cubes (at least one), 2-D because wgpu caps each dimension at 65535;
+/// kernels number them with `row_of_cube`.
+fn grid_of(cubes: usize) -> CubeCount {
+    let x = cubes.clamp(1, MAX_GRID_DIM);
+    let y = cubes.div_ceil(x).max(1);
+    CubeCount::Static(x as u32, y as u32, 1)
+}
+
+/// Units of a one-cube reduction over the rows (the prologue's target count, the reduced
+/// statistics): the most a cube holds, up to 1024, as a power of two. Their loops are
+/// latency-bound chains of loads (one row per unit per step), so more units mean fewer
+/// steps: 256 units took 12 us over 8192 rows on the H200.
+fn reduction_units<R: Runtime>(client: &ComputeClient<R>) -> usize {
+    let most = (client.properties().hardware.max_units_per_cube as usize).clamp(32, 1024);
+    1 << most.ilog2()
 }
 
 /// Vectors each unit of the row kernels loads before using any: 8 (on the H200 forward 0.77
@@ -83,9 +99,7 @@ impl RowLaunch {
     }
 
     fn cube_count(&self) -> CubeCount {
-        let x = self.rows.clamp(1, MAX_GRID_DIM);
-        let y = self.rows.div_ceil(x).max(1);
-        CubeCount::Static(x as u32, y as u32, 1)
+        grid_of(self.rows)
     }
 
     /// The shape the split kernel runs on: the same, or narrower vectors when
@@ -103,10 +117,6 @@ impl RowLaunch {
         }
     }
 
-    fn options(&self) -> RowOptions {
-        self.options_with(self.cube_size())
-    }
-
     fn options_with(&self, cube_size: usize) -> RowOptions {
         self.options_with_loads(cube_size, loads_per_step())
     }
@@ -121,6 +131,21 @@ impl RowLaunch {
             z_loss: settings.z_loss_scale > 0.0,
             argmax: settings.argmax,
             cube_size,
+            cuda_ftz_exp: false,
+        }
+    }
+
+    /// The row kernels' options for a launch through `client`: as `options_with_loads`,
+    /// with the CUDA-only fast exponential where the runtime is CUDA.
+    fn launch_options<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        cube_size: usize,
+        loads_per_step: usize,
+    ) -> RowOptions {
+        RowOptions {
+            cuda_ftz_exp: cuda_ftz_exp(client),
+            ..self.options_with_loads(cube_size, loads_per_step)
         }
     }
 
@@ -157,7 +182,7 @@ pub fn launch_forward<R: Runtime>(
     if shape.rows == 0 {
         return;
     }
-    let options = shape.options();
+    let options = shape.launch_options(client, shape.cube_size(), loads_per_step());
     // Unchecked: every index is in bounds by construction (clamped or masked in the
     // kernel), and the checked launch's per-lane selects cost about one instruction per
     // element.
@@ -234,7 +259,7 @@ pub fn launch_backward<R: Runtime>(
     if shape.rows == 0 {
         return;
     }
-    let options = shape.options();
+    let options = shape.launch_options(client, shape.cube_size(), loads_per_step());
     let grad_options = GradOptions {
         per_row: incoming.per_row,
         mean: incoming.denominators.is_some(),
@@ -264,6 +289,16 @@ pub fn launch_backward<R: Runtime>(
             [shape.float_dtype, shape.int_dtype, incoming.dtype],
         );
     }
+}
+
+/// Whether the row kernels compute their fast exponential as `ex2.approx.ftz.f32`
+/// (`redefine_cuda_fast_exp`): on the CUDA runtime, unless `FUSED_CE_FTZ_EXP=0` (for A/B
+/// timing runs). Two instructions per exponential instead of six; only results below
+/// 2^-126 differ (they become zero).
+fn cuda_ftz_exp<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("FUSED_CE_FTZ_EXP").as_deref() == Ok("0"));
+    !off && R::name(client) == "cuda"
 }
 
 /// A tuning knob read once from the environment (`None` when unset or unparsable).
@@ -336,14 +371,6 @@ fn staged_exps(settings: &LossSettings) -> bool {
     settings.softcap.is_none() && env_usize("FUSED_CE_STAGED_EXPS", &CELL) != Some(0)
 }
 
-/// Whether the split kernel may stage through asynchronous copies where the runtime has
-/// them (`SplitOptions::async_staging`): only with `FUSED_CE_ASYNC_STAGE=1`, until a run
-/// on the H200 has timed it (docs/performance.md, "What would close the gap").
-fn async_staging() -> bool {
-    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    env_usize("FUSED_CE_ASYNC_STAGE", &CELL) == Some(1)
-}
-
 /// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
 /// shared memory.
 pub(crate) const MAX_CHUNKS: usize = 64;
@@ -363,7 +390,6 @@ pub struct SplitPlan {
     pub(crate) loads_per_step: usize,
     pub(crate) reread_loads: usize,
     pub(crate) staged_exps: bool,
-    pub(crate) async_staging: bool,
 }
 
 impl SplitPlan {
@@ -373,21 +399,7 @@ impl SplitPlan {
     pub fn new<R: Runtime>(client: &ComputeClient<R>, shape: &RowLaunch) -> Self {
         let properties = client.properties();
         let known_device = properties.hardware.num_streaming_multiprocessors.is_some();
-        let barriers = properties.supports_type(OpaqueType::Barrier(BarrierLevel::Cube));
-        // `cp.async` copies 4, 8 or 16 bytes.
-        let vector_bytes = shape.vector_size * shape.float_dtype.size();
-        let copyable = [4, 8, 16].contains(&vector_bytes);
         Self::for_device(shape, known_device)
-            .with_async_staging(barriers && copyable && async_staging())
-    }
-
-    /// This plan staging through asynchronous copies (`SplitOptions::async_staging`) or
-    /// not; only for a runtime with cube-level barriers (CUDA).
-    pub fn with_async_staging(self, on: bool) -> Self {
-        SplitPlan {
-            async_staging: on,
-            ..self
-        }
     }
 
     /// [`SplitPlan::new`] for a device that reports its SM count (`known_device`: CUDA) or
@@ -413,7 +425,6 @@ impl SplitPlan {
             loads_per_step,
             reread_loads: split_reread_loads(),
             staged_exps: staged_exps(&shape.settings),
-            async_staging: false,
         };
         plan.cut(vectors, chunks)
     }
@@ -440,15 +451,13 @@ impl SplitPlan {
 
     /// The split kernel's comptime options for this plan.
     pub(crate) fn options(&self, mean: bool) -> SplitOptions {
-        let staged_exps = self.staged_exps && self.staged_vectors > 0;
         SplitOptions {
             mean,
             staged_vectors: self.staged_vectors,
             max_chunks: MAX_CHUNKS,
             reread: self.chunk_vectors > self.staged_vectors,
             reread_loads: self.reread_loads,
-            staged_exps,
-            async_staging: self.async_staging && staged_exps,
+            staged_exps: self.staged_exps && self.staged_vectors > 0,
         }
     }
 
@@ -504,7 +513,7 @@ pub fn launch_forward_grad<R: Runtime>(
     if shape.rows == 0 {
         return;
     }
-    let prologue_units = 256;
+    let prologue_units = reduction_units(client);
     let prologue_cubes = plan
         .partials_len(shape.rows)
         .div_ceil(prologue_units * 4)
@@ -525,7 +534,7 @@ pub fn launch_forward_grad<R: Runtime>(
         shape.int_dtype,
     );
     let split = plan.options(mean);
-    let options = shape.options_with_loads(plan.cube_size, plan.loads_per_step);
+    let options = shape.launch_options(client, plan.cube_size, plan.loads_per_step);
     let cubes = shape.rows * plan.chunks;
     let x = cubes.clamp(1, MAX_GRID_DIM);
     let y = cubes.div_ceil(x).max(1);
@@ -572,13 +581,23 @@ pub fn launch_scale_gradient<R: Runtime>(
         return;
     }
     let cube_size = shape.cube_size();
+    // As many cubes as the device holds at once, each looping over rows: when the
+    // incoming gradient is 1 every cube exits at once, and 8192 cubes cost 7 us to do
+    // that; a device of unknown size gets one cube per row.
+    let cubes = client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .map_or(shape.rows, |sms| {
+            shape.rows.min(sms as usize * (2048 / cube_size).max(1))
+        });
     // Unchecked: every index is in bounds by construction (clamped or masked in the
     // kernel), and the checked launch's per-lane selects cost about one instruction per
     // element.
     unsafe {
         scale_gradient_kernel::launch_unchecked::<R>(
             client,
-            shape.cube_count(),
+            grid_of(cubes),
             CubeDim::new_1d(cube_size as u32),
             shape.address_type,
             shape.vector_size,
@@ -630,7 +649,7 @@ pub fn launch_reduce_stats<R: Runtime>(
     z_loss_on: bool,
     weighted: bool,
 ) {
-    let cube_size = 256;
+    let cube_size = reduction_units(client);
     // SAFETY: every index is a row below `stats.shape(1)` or 0/1 of the outputs, which
     // the caller allocates with one and two elements.
     unsafe {

@@ -17,7 +17,6 @@
 //! elsewhere (lavapipe runs as many workgroups at once as it has threads) a row is one
 //! chunk, and the exchange is the cube's own.
 
-use cubecl::prelude::barrier::{Barrier, copy_async};
 use cubecl::prelude::*;
 
 use crate::kernels::{
@@ -66,10 +65,6 @@ pub struct SplitOptions {
     /// reference maximum per unit and step, so their gradient is one multiply per element
     /// instead of an exponential (not with softcap, whose derivative needs the logits).
     pub staged_exps: bool,
-    /// With `staged_exps`: stage through CUDA's `cp.async` (shared-memory barrier), the
-    /// rest of the chunk streaming by while the copies land. Only where the runtime has
-    /// barriers (CUDA); off by default until timed.
-    pub async_staging: bool,
 }
 
 /// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
@@ -147,6 +142,7 @@ pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
     #[comptime] split: SplitOptions,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
+    crate::kernels::redefine_cuda_fast_exp(options.cuda_ftz_exp);
     let rows = stats.shape(1);
     let vector_size = logits.vector_size();
     let vectors_per_row = logits.shape(2) / vector_size;
@@ -248,7 +244,6 @@ fn split_chunk<F: Float, I: Int, N: Size>(
             &mut staged,
             options,
             split.staged_vectors,
-            split.async_staging,
         )
     } else {
         let state = reduce_span::<F, N>(
@@ -498,12 +493,10 @@ fn split_chunk<F: Float, I: Int, N: Size>(
 /// one rescale per step). In bf16 the kept `exp(x - m)` is rounded once more than a
 /// recomputed one (relative 2^-9), well within the spec's 2e-2 for bf16.
 ///
-/// Staging through registers (`async_staging` off): the staged part first, only its
-/// maximum kept as it passes (per lane, two bf16 lanes per instruction), then its
-/// exponentials, then the rest, so that the part the gradient pass re-reads from L2 is
-/// the part read last. With `async_staging` (CUDA's `cp.async`, no registers held while
-/// the copies fly): the staged part's copies are issued first, the rest streams by while
-/// they land, then the staged part's maximum and exponentials.
+/// The staged part first, only its maximum kept as it passes (per lane, two bf16 lanes
+/// per instruction), then its exponentials, then the rest, so that the part the gradient
+/// pass re-reads from L2 is the part read last. (Staging through CUDA's `cp.async` while
+/// the rest streams by was slower: 1.22 against 1.15 ms, docs/performance.md, v21.)
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn reduce_chunk_staging_exps<F: Float, N: Size>(
@@ -516,7 +509,6 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
     staged: &mut SharedMemory<Vector<F, N>>,
     #[comptime] options: RowOptions,
     #[comptime] staged_limit: usize,
-    #[comptime] async_staging: bool,
 ) -> (RowState, f32) {
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
@@ -529,87 +521,29 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         best_col: u32::cast_from(vocab),
         smooth: f32::new(0.0),
     };
-    let (state, reference) = if comptime!(async_staging) {
-        let barrier = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
-        sync_cube();
-        let mut local = UNIT_POS as usize;
-        while local < staged_len {
-            let at = row_start + first + local;
-            copy_async(
-                &logits.slice(at, at + 1),
-                &mut staged.slice_mut(local, local + 1),
-                comptime!(vector_size as u32),
-            );
-            local += options.cube_size;
-        }
-        barrier.commit_copy_async();
-        let rest = reduce_rest::<F, N>(
-            logits,
-            row_start,
-            first,
-            staged_len,
-            len,
-            target_col,
-            class_weights,
-            empty,
-            options,
-        );
-        barrier.arrive_and_wait();
-        let mut top = Vector::<F, N>::new(F::min_value());
-        let mut local = UNIT_POS as usize;
-        while local < staged_len {
-            top = max(top, staged[local]);
-            local += options.cube_size;
-        }
-        let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
-        let kept = staged_to_exps::<F, N>(
-            staged,
-            first,
-            staged_len,
-            target_col,
-            class_weights,
-            reference,
-            empty,
-            options,
-        );
-        // The two parts' sums on one maximum.
-        let merged_max = f32::max(rest.max, kept.max);
-        let merged = RowState {
-            max: merged_max,
-            others: rest.others * fast_exp_scalar(rest.max - merged_max)
-                + kept.others * fast_exp_scalar(kept.max - merged_max),
-            target_logit: f32::new(0.0),
-            best: select(kept.best >= rest.best, kept.best, rest.best),
-            best_col: select(kept.best >= rest.best, kept.best_col, rest.best_col),
-            smooth: rest.smooth + kept.smooth,
-        };
-        (merged, reference)
-    } else {
-        let top = stage_logits::<F, N>(logits, row_start, first, staged_len, staged, options);
-        let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
-        let kept = staged_to_exps::<F, N>(
-            staged,
-            first,
-            staged_len,
-            target_col,
-            class_weights,
-            reference,
-            empty,
-            options,
-        );
-        let state = reduce_rest::<F, N>(
-            logits,
-            row_start,
-            first,
-            staged_len,
-            len,
-            target_col,
-            class_weights,
-            kept,
-            options,
-        );
-        (state, reference)
-    };
+    let top = stage_logits::<F, N>(logits, row_start, first, staged_len, staged, options);
+    let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
+    let kept = staged_to_exps::<F, N>(
+        staged,
+        first,
+        staged_len,
+        target_col,
+        class_weights,
+        reference,
+        empty,
+        options,
+    );
+    let state = reduce_rest::<F, N>(
+        logits,
+        row_start,
+        first,
+        staged_len,
+        len,
+        target_col,
+        class_weights,
+        kept,
+        options,
+    );
     // The target's vector, by the unit whose share it is, from its logits (the stage
     // holds exponentials); every unit computes it, the others discard it.
     let target_vector = target_col / vector_size;
