@@ -355,7 +355,8 @@ fn split_loads() -> usize {
 /// or `FUSED_CE_SPLIT_GRAD_LOADS` (1, 2 or 4) for tuning runs. Fewer loads, fewer
 /// registers, more cubes per SM; kernel times (ncu, bf16 8192 x 128256, session 5):
 /// without `staged_exps` 1.29 ms with 2 loads against 1.38 with 4, with `staged_exps`
-/// 1.26 with 4 against 1.37 with 2 (its re-reads then miss L2 more).
+/// 1.26 with 4 against 1.37 with 2 (its re-reads then miss L2 more); with v22's
+/// exponential (session 6) 1.15 with 4 against 1.33 with 2.
 fn split_reread_loads() -> usize {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     env_usize("FUSED_CE_SPLIT_GRAD_LOADS", &CELL)
