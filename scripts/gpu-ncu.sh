@@ -8,8 +8,16 @@
 # kernel changes here, the whole step with the bench.
 #
 #   gpu-bundle/ncu.sh configs.txt     KERNEL (regex, default split_grad), CASE, MODES
+#   CASES="8192x128256 16384x151936" gpu-bundle/ncu.sh configs.txt   (each case in turn)
 #   KERNEL=. LAUNCHES=40 gpu-bundle/ncu.sh list.txt   (every kernel of the first launches)
 cd "$(dirname "$0")"
+if [ -n "${CASES:-}" ]; then
+  for case in $CASES; do
+    echo "#### $case"
+    CASES= CASE=$case "./$(basename "$0")" "$@"
+  done
+  exit 0
+fi
 for f in *.gz; do [ -e "$f" ] && gunzip -f "$f"; done; chmod +x throughput
 export PATH="$PATH:/usr/local/cuda/bin"
 export FUSED_CE_BENCH_SKIP_STOCK=1 FUSED_CE_BENCH_CASE=${CASE:-8192x128256}

@@ -34,6 +34,9 @@ pub struct RowOptions {
     pub loads_per_step: usize,
     /// CUDA only: the fast exponential as `ex2.approx.ftz.f32` (see `redefine_cuda_fast_exp`).
     pub cuda_ftz_exp: bool,
+    /// Merge the units' states with plane (warp) operations, then across planes through
+    /// shared memory (`cube_merge`); needs plane ops (not on lavapipe).
+    pub plane_merge: bool,
 }
 
 /// How backward reads the incoming gradient.
@@ -451,25 +454,129 @@ pub(crate) fn absorb_held_target<F: Float, N: Size>(
 /// Merges the units' states in shared memory; every unit gets the row's state.
 #[cube]
 pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
+    if comptime!(options.plane_merge) {
+        plane_merge(state, options)
+    } else {
+        tree_merge(state, options)
+    }
+}
+
+/// One merge state per unit (the tree) or per plane, in shared memory.
+#[derive(CubeType)]
+struct MergeSlots {
+    max: SharedMemory<f32>,
+    others: SharedMemory<f32>,
+    best: SharedMemory<f32>,
+    col: SharedMemory<u32>,
+    smooth: SharedMemory<f32>,
+}
+
+/// `cube_size` slots (the argmax and smoothing ones only when the options use them).
+#[cube]
+fn merge_slots(#[comptime] options: RowOptions) -> MergeSlots {
     let cube_size = options.cube_size;
-    let mut shared_max = SharedMemory::<f32>::new(cube_size);
-    let mut shared_others = SharedMemory::<f32>::new(cube_size);
-    let mut shared_best =
-        SharedMemory::<f32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
-    let mut shared_col =
-        SharedMemory::<u32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
-    let mut shared_smooth =
-        SharedMemory::<f32>::new(comptime!(if options.smoothing { cube_size } else { 1 }));
-    let unit = UNIT_POS as usize;
-    shared_max[unit] = state.max;
-    shared_others[unit] = state.others;
+    MergeSlots {
+        max: SharedMemory::<f32>::new(cube_size),
+        others: SharedMemory::<f32>::new(cube_size),
+        best: SharedMemory::<f32>::new(comptime!(if options.argmax { cube_size } else { 1 })),
+        col: SharedMemory::<u32>::new(comptime!(if options.argmax { cube_size } else { 1 })),
+        smooth: SharedMemory::<f32>::new(comptime!(if options.smoothing { cube_size } else { 1 })),
+    }
+}
+
+/// Writes `state` into slot `at`.
+#[cube]
+fn store_slot(slots: &mut MergeSlots, at: usize, state: RowState, #[comptime] options: RowOptions) {
+    slots.max[at] = state.max;
+    slots.others[at] = state.others;
     if comptime!(options.argmax) {
-        shared_best[unit] = state.best;
-        shared_col[unit] = state.best_col;
+        slots.best[at] = state.best;
+        slots.col[at] = state.best_col;
     }
     if comptime!(options.smoothing) {
-        shared_smooth[unit] = state.smooth;
+        slots.smooth[at] = state.smooth;
     }
+}
+
+/// [`cube_merge`] with plane operations: each plane's maximum, then its units' sums
+/// rescaled to it by one fast exponential each and summed; then every unit merges the
+/// planes' states from shared memory the same way (8 planes for 256 units on CUDA). One
+/// barrier where the tree takes one per level (8 for 256 units), each level with two
+/// accurate exponentials. The argmax keeps the first column among the largest values, as
+/// the tree does.
+#[cube]
+fn plane_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
+    let max = plane_max(state.max);
+    let mut plane_state = state;
+    plane_state.max = max;
+    plane_state.others = plane_sum(state.others * fast_exp_scalar(state.max - max));
+    if comptime!(options.argmax) {
+        let best = plane_max(state.best);
+        plane_state.best = best;
+        plane_state.best_col = plane_min(select(state.best == best, state.best_col, u32::MAX));
+    }
+    if comptime!(options.smoothing) {
+        plane_state.smooth = plane_sum(state.smooth);
+    }
+    // One slot per plane (the plane size is known only at run time: room for one per unit).
+    let mut slots = merge_slots(options);
+    if UNIT_POS_PLANE == 0 {
+        store_slot(
+            &mut slots,
+            (UNIT_POS / PLANE_DIM) as usize,
+            plane_state,
+            options,
+        );
+    }
+    sync_cube();
+    let planes = ((CUBE_DIM + PLANE_DIM - 1) / PLANE_DIM) as usize;
+    let mut row_max = slots.max[0];
+    let mut index = 1usize;
+    while index < planes {
+        row_max = f32::max(row_max, slots.max[index]);
+        index += 1;
+    }
+    let mut row_others = f32::new(0.0);
+    // Plane 0's argmax to start (read but unused without `argmax`).
+    let mut row_best = slots.best[0];
+    let mut row_best_col = slots.col[0];
+    let mut row_smooth = f32::new(0.0);
+    let mut index = 0usize;
+    while index < planes {
+        row_others += slots.others[index] * fast_exp_scalar(slots.max[index] - row_max);
+        if comptime!(options.argmax) {
+            let plane_best = slots.best[index];
+            let plane_col = slots.col[index];
+            let take =
+                plane_best > row_best || (plane_best == row_best && plane_col < row_best_col);
+            row_best = select(take, plane_best, row_best);
+            row_best_col = select(take, plane_col, row_best_col);
+        }
+        if comptime!(options.smoothing) {
+            row_smooth += slots.smooth[index];
+        }
+        index += 1;
+    }
+    let mut merged = state;
+    merged.max = row_max;
+    merged.others = row_others;
+    if comptime!(options.argmax) {
+        merged.best = row_best;
+        merged.best_col = row_best_col;
+    }
+    if comptime!(options.smoothing) {
+        merged.smooth = row_smooth;
+    }
+    merged
+}
+
+/// [`cube_merge`] as a tree in shared memory: runs everywhere (lavapipe has no plane ops).
+#[cube]
+fn tree_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
+    let cube_size = options.cube_size;
+    let mut slots = merge_slots(options);
+    let unit = UNIT_POS as usize;
+    store_slot(&mut slots, unit, state, options);
     sync_cube();
 
     let levels = comptime!(cube_size.trailing_zeros() as usize);
@@ -477,36 +584,36 @@ pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> Ro
     for level in 0..levels {
         let half = comptime!(cube_size >> (level + 1));
         if unit < half {
-            let max_a = shared_max[unit];
-            let max_b = shared_max[unit + half];
+            let max_a = slots.max[unit];
+            let max_b = slots.max[unit + half];
             let merged_max = f32::max(max_a, max_b);
-            shared_others[unit] = shared_others[unit] * f32::exp(max_a - merged_max)
-                + shared_others[unit + half] * f32::exp(max_b - merged_max);
-            shared_max[unit] = merged_max;
+            slots.others[unit] = slots.others[unit] * f32::exp(max_a - merged_max)
+                + slots.others[unit + half] * f32::exp(max_b - merged_max);
+            slots.max[unit] = merged_max;
             if comptime!(options.argmax) {
-                let best_a = shared_best[unit];
-                let best_b = shared_best[unit + half];
-                let col_a = shared_col[unit];
-                let col_b = shared_col[unit + half];
+                let best_a = slots.best[unit];
+                let best_b = slots.best[unit + half];
+                let col_a = slots.col[unit];
+                let col_b = slots.col[unit + half];
                 let take_b = best_b > best_a || (best_b == best_a && col_b < col_a);
-                shared_best[unit] = select(take_b, best_b, best_a);
-                shared_col[unit] = select(take_b, col_b, col_a);
+                slots.best[unit] = select(take_b, best_b, best_a);
+                slots.col[unit] = select(take_b, col_b, col_a);
             }
             if comptime!(options.smoothing) {
-                shared_smooth[unit] += shared_smooth[unit + half];
+                slots.smooth[unit] += slots.smooth[unit + half];
             }
         }
         sync_cube();
     }
     let mut merged = state;
-    merged.max = shared_max[0];
-    merged.others = shared_others[0];
+    merged.max = slots.max[0];
+    merged.others = slots.others[0];
     if comptime!(options.argmax) {
-        merged.best = shared_best[0];
-        merged.best_col = shared_col[0];
+        merged.best = slots.best[0];
+        merged.best_col = slots.col[0];
     }
     if comptime!(options.smoothing) {
-        merged.smooth = shared_smooth[0];
+        merged.smooth = slots.smooth[0];
     }
     merged
 }

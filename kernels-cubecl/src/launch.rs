@@ -132,6 +132,7 @@ impl RowLaunch {
             argmax: settings.argmax,
             cube_size,
             cuda_ftz_exp: false,
+            plane_merge: false,
         }
     }
 
@@ -145,6 +146,7 @@ impl RowLaunch {
     ) -> RowOptions {
         RowOptions {
             cuda_ftz_exp: cuda_ftz_exp(client),
+            plane_merge: plane_merge(client),
             ..self.options_with_loads(cube_size, loads_per_step)
         }
     }
@@ -299,6 +301,26 @@ fn cuda_ftz_exp<R: Runtime>(client: &ComputeClient<R>) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var("FUSED_CE_FTZ_EXP").as_deref() == Ok("0"));
     !off && R::name(client) == "cuda"
+}
+
+/// Whether the split kernel's chunk merge uses the fast exponential
+/// (`SplitOptions::fast_chunk_merge`): only with `FUSED_CE_FAST_CHUNK_MERGE=1`, until
+/// timed on the H200.
+fn fast_chunk_merge() -> bool {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_FAST_CHUNK_MERGE", &CELL) == Some(1)
+}
+
+/// Whether the row kernels merge their units' states with plane operations
+/// (`RowOptions::plane_merge`): where the runtime has them (CUDA; not lavapipe) and
+/// `FUSED_CE_PLANE_MERGE=1`, until an H200 run has timed it against the tree.
+fn plane_merge<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_PLANE_MERGE", &CELL) == Some(1)
+        && client
+            .features()
+            .plane
+            .contains(cubecl::ir::features::Plane::Ops)
 }
 
 /// A tuning knob read once from the environment (`None` when unset or unparsable).
@@ -459,6 +481,7 @@ impl SplitPlan {
             reread: self.chunk_vectors > self.staged_vectors,
             reread_loads: self.reread_loads,
             staged_exps: self.staged_exps && self.staged_vectors > 0,
+            fast_chunk_merge: fast_chunk_merge(),
         }
     }
 
