@@ -4,8 +4,9 @@
 //!
 //! Two times per case: one step timed alone with the device synced before and after it
 //! (`ours ms`: what one isolated call costs, host launch latency and sync included), and
-//! the steady state of a training loop (`steady ms`: four steps queued back to back, one
-//! sync, per step), each against its own floor (the copy measured the same way).
+//! the steady state of a training loop (`steady ms`: per step, from runs of 1 and of up to
+//! 12 steps queued back to back with one sync each, the slope between them, so a run's
+//! fixed costs cancel), each against its own floor (the copy measured the same way).
 //!
 //! `cargo bench --bench throughput` (Vulkan; small sizes) or, on a GPU,
 //! `CUDARC_CUDA_VERSION=13000 cargo bench --bench throughput --no-default-features --features cuda`
@@ -72,8 +73,10 @@ impl Mode {
     }
 }
 
-/// Steps queued back to back per steady-state run, and runs (see `Measured::steady_ms`).
-const STEADY_STEPS: usize = 4;
+/// Steady state (see `Measured::steady_ms`): most steps queued back to back in the long
+/// run, the device memory their prepared inputs may take, and runs of each length.
+const STEADY_MAX_STEPS: usize = 12;
+const STEADY_INPUT_BUDGET: usize = 48 << 30;
 const STEADY_RUNS: usize = 5;
 
 struct Bench {
@@ -82,6 +85,9 @@ struct Bench {
     reps: usize,
     /// f32 elements of the buffer the copy bandwidth is measured on.
     copy_elems: usize,
+    /// Steps of the steady state's long run for the case being measured (its prepared
+    /// inputs must fit in `STEADY_INPUT_BUDGET`): see `Bench::fit_steady_steps`.
+    steady_steps: std::cell::Cell<usize>,
     cases: Vec<(usize, usize, DType, Mode)>,
 }
 
@@ -94,10 +100,13 @@ struct Inputs {
 
 struct Measured {
     median_ms: f64,
-    /// Per step with `STEADY_STEPS` steps queued back to back and one sync after them
-    /// (median of `STEADY_RUNS`): a training loop's steady state, where the host enqueues
-    /// the next step while the device runs this one, so the launch latency and the sync's
-    /// wake-up (0.1-0.2 ms per synced step on the H200) are not paid per step.
+    /// Per step in a training loop's steady state, where the host enqueues the next step
+    /// while the device runs this one: runs of 1 and of `Bench::steady_steps` steps queued
+    /// back to back, one sync after each (median of `STEADY_RUNS` each), and the slope
+    /// between them, `(t_long - t_one) / (steps - 1)`. A run's fixed costs, the host's
+    /// latency before its first kernel and the sync's wake-up after its last (0.1-0.2 ms
+    /// on the H200), cancel; dividing one run of four steps by four (the fifth session's
+    /// figures) still carried a quarter of them.
     steady_ms: Option<f64>,
     /// Device memory reserved by one iteration beyond what its inputs already held.
     extra_mib: Option<f64>,
@@ -174,8 +183,15 @@ impl Bench {
             warmup: 3,
             reps,
             copy_elems,
+            steady_steps: std::cell::Cell::new(STEADY_MAX_STEPS),
             cases,
         }
+    }
+
+    /// Steps of a steady-state long run whose prepared inputs (`input_bytes` each) fit
+    /// in `STEADY_INPUT_BUDGET`: 2 to `STEADY_MAX_STEPS`.
+    fn fit_steady_steps(input_bytes: usize) -> usize {
+        (STEADY_INPUT_BUDGET / input_bytes.max(1)).clamp(2, STEADY_MAX_STEPS)
     }
 
     /// Median wall time of `step`, with the device synced before and after each iteration so
@@ -214,22 +230,30 @@ impl Bench {
                 .collect::<Option<Vec<_>>>()?;
             times.sort_by(f64::total_cmp);
 
-            let mut steady = Vec::with_capacity(STEADY_RUNS);
+            let mut steady_ms = None;
             if last_ms <= 200.0 {
-                for _ in 0..STEADY_RUNS {
-                    let inputs: Vec<S> = (0..STEADY_STEPS).map(|_| prepare()).collect();
-                    sync()?;
-                    let start = Instant::now();
-                    for input in inputs {
-                        step(input);
+                let long = self.steady_steps.get().max(2);
+                // Median wall time of `steps` steps queued back to back, one sync after them.
+                let mut run_ms = |steps: usize| -> Option<f64> {
+                    let mut times = Vec::with_capacity(STEADY_RUNS);
+                    for _ in 0..STEADY_RUNS {
+                        let inputs: Vec<S> = (0..steps).map(|_| prepare()).collect();
+                        sync()?;
+                        let start = Instant::now();
+                        for input in inputs {
+                            step(input);
+                        }
+                        sync()?;
+                        calls += steps;
+                        times.push(start.elapsed().as_secs_f64() * 1e3);
                     }
-                    sync()?;
-                    calls += STEADY_STEPS;
-                    steady.push(start.elapsed().as_secs_f64() * 1e3 / STEADY_STEPS as f64);
-                }
-                steady.sort_by(f64::total_cmp);
+                    times.sort_by(f64::total_cmp);
+                    Some(times[times.len() / 2])
+                };
+                let one = run_ms(1)?;
+                let many = run_ms(long)?;
+                steady_ms = Some((many - one) / (long - 1) as f64);
             }
-            let steady_ms = steady.get(steady.len() / 2).copied();
 
             // Peak extra memory. cubecl 0.10 reports current usage only (no peak counter):
             // release every free page, run one iteration, and read how far `bytes_reserved`
@@ -418,6 +442,10 @@ fn main() {
             targets,
             scale,
         };
+        // Each step of a steady-state run gets its own copy of the logits.
+        bench
+            .steady_steps
+            .set(Bench::fit_steady_steps(rows * vocab * dtype.size()));
         let stock = match std::env::var("FUSED_CE_BENCH_SKIP_STOCK") {
             Ok(_) => None,
             Err(_) => bench.stock(&inputs, mode),
