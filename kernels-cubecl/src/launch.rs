@@ -347,11 +347,14 @@ fn chunk_bytes(settings: &LossSettings) -> usize {
 
 /// Most bytes of its chunk a cube of the split kernel stages in shared memory on CUDA (the
 /// rest is re-read from L2): 32 KB (a few cubes per SM with room for their merge
-/// buffers), or `FUSED_CE_STAGE_BYTES` (0 to 40 KB) for tuning runs.
+/// buffers), or `FUSED_CE_STAGE_BYTES` (0 to 192 KB) for tuning runs. cubecl 0.10 gathers
+/// a CUDA kernel's shared memory into one dynamic buffer and opts in to the device's
+/// per-block maximum (227 KB on the H200), so a stage past 48 KB launches: a whole bf16
+/// row of 128256 in 4 chunks of 62.6 KB, none re-read, at 3 cubes per SM (untimed).
 fn stage_bytes() -> usize {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     env_usize("FUSED_CE_STAGE_BYTES", &CELL)
-        .filter(|&bytes| bytes <= 40 * 1024)
+        .filter(|&bytes| bytes <= 192 * 1024)
         .unwrap_or(32 * 1024)
 }
 
