@@ -137,7 +137,7 @@ impl RowLaunch {
     }
 
     /// The row kernels' options for a launch through `client`: as `options_with_loads`,
-    /// with the CUDA-only fast exponential where the runtime is CUDA.
+    /// with what the runtime allows (the CUDA exponential, the plane merge when asked).
     fn launch_options<R: Runtime>(
         &self,
         client: &ComputeClient<R>,
