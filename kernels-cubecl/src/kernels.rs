@@ -37,6 +37,8 @@ pub struct RowOptions {
     /// Merge the units' states with plane (warp) operations, then across planes through
     /// shared memory (`cube_merge`); needs plane ops (not on lavapipe).
     pub plane_merge: bool,
+    /// Softcap's `tanh` as the hardware's approximation (`soft_cap`).
+    pub fast_tanh: bool,
 }
 
 /// How backward reads the incoming gradient.
@@ -166,10 +168,30 @@ fn ln_one_plus(x: f32) -> f32 {
     )
 }
 
-/// `c * tanh(x / c)`.
+/// `c * tanh(x / c)`, the division as a multiply by `1 / c` (loop-invariant, so one
+/// division per launch instead of one per element; at most an ulp from `x / c`). With
+/// `fast` the hardware's `tanh.approx.f32` (`__tanhf` on CUDA: one instruction, relative
+/// error about 2^-11) instead of `tanhf`; the launch asks for it only for bf16 logits,
+/// whose own rounding (2^-8) is coarser.
 #[cube]
-pub(crate) fn soft_cap<N: Size>(values: Vector<f32, N>, cap: f32) -> Vector<f32, N> {
-    Vector::new(cap) * Vector::tanh(values / Vector::new(cap))
+pub(crate) fn soft_cap<N: Size>(
+    values: Vector<f32, N>,
+    cap: f32,
+    #[comptime] fast: bool,
+) -> Vector<f32, N> {
+    let scaled = values * Vector::new(f32::new(1.0) / cap);
+    let capped = if comptime!(fast) {
+        fast_tanh::<N>(scaled)
+    } else {
+        Vector::tanh(scaled)
+    };
+    Vector::new(cap) * capped
+}
+
+/// `tanh` as the hardware's approximation where there is one (see `soft_cap`).
+#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+fn fast_tanh<N: Size>(values: Vector<f32, N>) -> Vector<f32, N> {
+    Vector::tanh(values)
 }
 
 /// The class weights of one vector's columns.
@@ -274,7 +296,7 @@ fn absorb_vector<F: Float, N: Size>(
 ) -> RowState {
     let mut values = Vector::<f32, N>::cast_from(raw);
     if comptime!(options.softcap) {
-        values = soft_cap::<N>(values, softcap);
+        values = soft_cap::<N>(values, softcap, options.fast_tanh);
     }
     let mut weights = Vector::<f32, N>::new(1.0);
     if comptime!(options.smoothing && options.weighted) {
@@ -1023,7 +1045,7 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
 ) -> Vector<F, N> {
     let mut logits = Vector::<f32, N>::cast_from(values);
     if comptime!(options.softcap) {
-        logits = soft_cap::<N>(logits, softcap);
+        logits = soft_cap::<N>(logits, softcap, options.fast_tanh);
     }
     let probs = fast_exp::<N>(logits, row.lse);
     let mut grad = gradient_from_probs::<N>(
@@ -1037,7 +1059,7 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
     );
     if comptime!(options.softcap) {
         // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
-        let capped = logits / Vector::new(softcap);
+        let capped = logits * Vector::new(f32::new(1.0) / softcap);
         grad *= Vector::new(1.0) - capped * capped;
     }
     Vector::cast_from(grad)

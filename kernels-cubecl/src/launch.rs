@@ -133,6 +133,7 @@ impl RowLaunch {
             cube_size,
             cuda_ftz_exp: false,
             plane_merge: false,
+            fast_tanh: false,
         }
     }
 
@@ -147,6 +148,12 @@ impl RowLaunch {
         RowOptions {
             cuda_ftz_exp: cuda_ftz_exp(client),
             plane_merge: plane_merge(client),
+            fast_tanh: self.settings.softcap.is_some()
+                && self.float_dtype
+                    == StorageType::Scalar(cubecl::ir::ElemType::Float(
+                        cubecl::ir::FloatKind::BF16,
+                    ))
+                && fast_softcap(client),
             ..self.options_with_loads(cube_size, loads_per_step)
         }
     }
@@ -301,6 +308,14 @@ fn cuda_ftz_exp<R: Runtime>(client: &ComputeClient<R>) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var("FUSED_CE_FTZ_EXP").as_deref() == Ok("0"));
     !off && R::name(client) == "cuda"
+}
+
+/// Whether softcap's `tanh` may be the hardware's approximation for bf16 logits
+/// (`RowOptions::fast_tanh`): on CUDA with `FUSED_CE_FAST_TANH=1`, until an H200 run has
+/// timed it and checked it against the oracle.
+fn fast_softcap<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_FAST_TANH", &CELL) == Some(1) && R::name(client) == "cuda"
 }
 
 /// Whether the split kernel's chunk merge uses the fast exponential
