@@ -1349,26 +1349,41 @@ pub(crate) fn mean_denominators<I: Int>(
         count += select(counted, f32::new(1.0), f32::new(0.0));
         row += cube_size;
     }
-    let mut shared_weight = SharedMemory::<f32>::new(cube_size);
-    let mut shared_count = SharedMemory::<f32>::new(cube_size);
+    let mut shared = SharedMemory::<f32>::new(comptime!(2 * cube_size));
     let unit = UNIT_POS as usize;
-    shared_weight[unit] = weight_sum;
-    shared_count[unit] = count;
+    shared[unit] = weight_sum;
+    shared[cube_size + unit] = count;
+    sum_stacked(&mut shared, 2usize, cube_size);
+    (
+        f32::max(shared[0], f32::new(f32::MIN_POSITIVE)),
+        f32::max(shared[cube_size], f32::new(1.0)),
+    )
+}
+
+/// Sums `sums` stacked arrays of `cube_size` f32 in `shared` (unit `u` has stored its
+/// values at `u`, `cube_size + u`, ..) by a tree over the units: array `k`'s total ends
+/// at `k * cube_size`. Every unit of the cube calls it (it holds the barriers).
+#[cube]
+pub(crate) fn sum_stacked(
+    shared: &mut SharedMemory<f32>,
+    #[comptime] sums: usize,
+    #[comptime] cube_size: usize,
+) {
+    let unit = UNIT_POS as usize;
     sync_cube();
     let levels = comptime!(cube_size.trailing_zeros() as usize);
     #[unroll]
     for level in 0..levels {
         let half = comptime!(cube_size >> (level + 1));
         if unit < half {
-            shared_weight[unit] += shared_weight[unit + half];
-            shared_count[unit] += shared_count[unit + half];
+            #[unroll]
+            for sum in 0..sums {
+                let at = comptime!(sum * cube_size);
+                shared[at + unit] += shared[at + unit + half];
+            }
         }
         sync_cube();
     }
-    (
-        f32::max(shared_weight[0], f32::new(f32::MIN_POSITIVE)),
-        f32::max(shared_count[0], f32::new(1.0)),
-    )
 }
 
 /// Backward of the forward-formed gradient: `grad *= g` in place for a scalar incoming

@@ -38,9 +38,9 @@ fn grid_of(cubes: usize) -> CubeCount {
 }
 
 /// Units of a one-cube reduction over the rows (the prologue's target count, the reduced
-/// statistics): the most a cube holds, up to 1024, as a power of two. Their loops are
-/// latency-bound chains of loads (one row per unit per step), so more units mean fewer
-/// steps: 256 units took 12 us over 8192 rows on the H200.
+/// statistics, the first bad target): the most a cube holds, up to 1024, as a power of
+/// two. Their loops are latency-bound chains of loads (one row per unit per step), so
+/// more units mean fewer steps: 256 units took 12 us over 8192 rows on the H200.
 fn reduction_units<R: Runtime>(client: &ComputeClient<R>) -> usize {
     let most = (client.properties().hardware.max_units_per_cube as usize).clamp(32, 1024);
     1 << most.ilog2()
@@ -305,9 +305,8 @@ pub fn launch_backward<R: Runtime>(
 /// timing runs). Two instructions per exponential instead of six; only results below
 /// 2^-126 differ (they become zero).
 fn cuda_ftz_exp<R: Runtime>(client: &ComputeClient<R>) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("FUSED_CE_FTZ_EXP").as_deref() == Ok("0"));
-    !off && R::name(client) == "cuda"
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    env_usize("FUSED_CE_FTZ_EXP", &CELL) != Some(0) && R::name(client) == "cuda"
 }
 
 /// Whether softcap's `tanh` may be the hardware's approximation for bf16 logits
@@ -662,7 +661,7 @@ pub fn launch_first_bad_target<R: Runtime>(
     vocab: usize,
     ignore_index: i32,
 ) {
-    let cube_size = 256;
+    let cube_size = reduction_units(client);
     first_bad_target_kernel::launch::<R>(
         client,
         CubeCount::Static(1, 1, 1),

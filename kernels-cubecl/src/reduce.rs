@@ -6,7 +6,7 @@
 
 use cubecl::prelude::*;
 
-use crate::kernels::stat_index;
+use crate::kernels::{stat_index, sum_stacked};
 use crate::row_stat;
 
 /// Which reduced outputs a launch forms (each combination compiles its own kernel).
@@ -64,20 +64,7 @@ pub fn reduce_stats_kernel<F: Float>(
     shared[2 * cube_size + unit] = weight_sum;
     shared[3 * cube_size + unit] = valid_sum;
     shared[4 * cube_size + unit] = correct_sum;
-    sync_cube();
-    let levels = comptime!(cube_size.trailing_zeros() as usize);
-    #[unroll]
-    for level in 0..levels {
-        let half = comptime!(cube_size >> (level + 1));
-        if unit < half {
-            #[unroll]
-            for sum in 0..5usize {
-                let at = comptime!(sum * cube_size);
-                shared[at + unit] += shared[at + unit + half];
-            }
-        }
-        sync_cube();
-    }
+    sum_stacked(&mut shared, 5usize, cube_size);
     // Every unit forms the outputs (no branch around the arithmetic); unit 0 stores them.
     let loss_sum = shared[0];
     let z_sum = shared[cube_size];
