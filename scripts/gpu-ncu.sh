@@ -23,12 +23,14 @@ export PATH="$PATH:/usr/local/cuda/bin"
 export FUSED_CE_BENCH_SKIP_STOCK=1 FUSED_CE_BENCH_CASE=${CASE:-8192x128256}
 export FUSED_CE_BENCH_MODE=${MODES:-"fwd+bwd other-plan"}
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__inst_executed.sum
+# Cubes per SM and what limits them (registers, shared memory) with OCCUPANCY=1.
+[ "${OCCUPANCY:-0}" = 1 ] && metrics=$metrics,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__shared_mem_per_block_dynamic
 while read -r config; do
   [ -z "$config" ] && continue
   echo "== $config"
   env $config timeout 120 ncu --clock-control none --kernel-name "regex:${KERNEL:-split_grad}" \
     --launch-skip "${SKIP:-2}" --launch-count "${LAUNCHES:-1}" --metrics "$metrics" \
     ./throughput --bench 2>&1 \
-    | awk '/^  [a-zA-Z_]/ {name = $1} /gpu__time|dram__bytes|inst_executed/ \
+    | awk '/^  [a-zA-Z_]/ {name = $1} /gpu__time|dram__bytes|inst_executed|launch__/ \
            {printf "%s %s %s %s\n", name, $1, $(NF-1), $NF}'
 done < "${1:-configs.txt}"

@@ -62,9 +62,12 @@ pub fn split_grad_kernel_source<R: Runtime>(
     // As the CUDA runtime launches it (`FUSED_CE_FTZ_EXP=0` turns the fast exponential off).
     let options = crate::RowOptions {
         cuda_ftz_exp: std::env::var("FUSED_CE_FTZ_EXP").as_deref() != Ok("0"),
-        plane_merge: std::env::var("FUSED_CE_PLANE_MERGE").as_deref() == Ok("1"),
         fast_tanh: shape.settings.softcap.is_some()
-            && std::env::var("FUSED_CE_FAST_TANH").as_deref() == Ok("1"),
+            && shape.float_dtype
+                == cubecl::ir::StorageType::Scalar(cubecl::ir::ElemType::Float(
+                    cubecl::ir::FloatKind::BF16,
+                ))
+            && std::env::var("FUSED_CE_FAST_TANH").as_deref() != Ok("0"),
         ..shape.options_with_loads(plan.cube_size, plan.loads_per_step)
     };
     let kernel = CrossEntropySplitGradKernel::<R>::new(

@@ -34,9 +34,6 @@ pub struct RowOptions {
     pub loads_per_step: usize,
     /// CUDA only: the fast exponential as `ex2.approx.ftz.f32` (see `redefine_cuda_fast_exp`).
     pub cuda_ftz_exp: bool,
-    /// Merge the units' states with plane (warp) operations, then across planes through
-    /// shared memory (`cube_merge`); needs plane ops (not on lavapipe).
-    pub plane_merge: bool,
     /// Softcap's `tanh` as the hardware's approximation (`soft_cap`).
     pub fast_tanh: bool,
 }
@@ -473,17 +470,7 @@ pub(crate) fn absorb_held_target<F: Float, N: Size>(
     }
 }
 
-/// Merges the units' states in shared memory; every unit gets the row's state.
-#[cube]
-pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
-    if comptime!(options.plane_merge) {
-        plane_merge(state, options)
-    } else {
-        tree_merge(state, options)
-    }
-}
-
-/// One merge state per unit (the tree) or per plane, in shared memory.
+/// One merge state per unit, in shared memory.
 #[derive(CubeType)]
 struct MergeSlots {
     max: SharedMemory<f32>,
@@ -520,81 +507,12 @@ fn store_slot(slots: &mut MergeSlots, at: usize, state: RowState, #[comptime] op
     }
 }
 
-/// [`cube_merge`] with plane operations: each plane's maximum, then its units' sums
-/// rescaled to it by one fast exponential each and summed; then every unit merges the
-/// planes' states from shared memory the same way (8 planes for 256 units on CUDA). One
-/// barrier where the tree takes one per level (8 for 256 units), each level with two
-/// accurate exponentials. The argmax keeps the first column among the largest values, as
-/// the tree does.
+/// Merges the units' states as a tree in shared memory; every unit gets the row's state.
+/// (A plane-op merge, one barrier instead of one per level, timed the same on the H200:
+/// the merge is not on the critical path. The tree runs everywhere; lavapipe has no plane
+/// ops.)
 #[cube]
-fn plane_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
-    let max = plane_max(state.max);
-    let mut plane_state = state;
-    plane_state.max = max;
-    plane_state.others = plane_sum(state.others * fast_exp_scalar(state.max - max));
-    if comptime!(options.argmax) {
-        let best = plane_max(state.best);
-        plane_state.best = best;
-        plane_state.best_col = plane_min(select(state.best == best, state.best_col, u32::MAX));
-    }
-    if comptime!(options.smoothing) {
-        plane_state.smooth = plane_sum(state.smooth);
-    }
-    // One slot per plane (the plane size is known only at run time: room for one per unit).
-    let mut slots = merge_slots(options);
-    if UNIT_POS_PLANE == 0 {
-        store_slot(
-            &mut slots,
-            (UNIT_POS / PLANE_DIM) as usize,
-            plane_state,
-            options,
-        );
-    }
-    sync_cube();
-    let planes = ((CUBE_DIM + PLANE_DIM - 1) / PLANE_DIM) as usize;
-    let mut row_max = slots.max[0];
-    let mut index = 1usize;
-    while index < planes {
-        row_max = f32::max(row_max, slots.max[index]);
-        index += 1;
-    }
-    let mut row_others = f32::new(0.0);
-    // Plane 0's argmax to start (read but unused without `argmax`).
-    let mut row_best = slots.best[0];
-    let mut row_best_col = slots.col[0];
-    let mut row_smooth = f32::new(0.0);
-    let mut index = 0usize;
-    while index < planes {
-        row_others += slots.others[index] * fast_exp_scalar(slots.max[index] - row_max);
-        if comptime!(options.argmax) {
-            let plane_best = slots.best[index];
-            let plane_col = slots.col[index];
-            let take =
-                plane_best > row_best || (plane_best == row_best && plane_col < row_best_col);
-            row_best = select(take, plane_best, row_best);
-            row_best_col = select(take, plane_col, row_best_col);
-        }
-        if comptime!(options.smoothing) {
-            row_smooth += slots.smooth[index];
-        }
-        index += 1;
-    }
-    let mut merged = state;
-    merged.max = row_max;
-    merged.others = row_others;
-    if comptime!(options.argmax) {
-        merged.best = row_best;
-        merged.best_col = row_best_col;
-    }
-    if comptime!(options.smoothing) {
-        merged.smooth = row_smooth;
-    }
-    merged
-}
-
-/// [`cube_merge`] as a tree in shared memory: runs everywhere (lavapipe has no plane ops).
-#[cube]
-fn tree_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
+pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
     let cube_size = options.cube_size;
     let mut slots = merge_slots(options);
     let unit = UNIT_POS as usize;

@@ -132,13 +132,12 @@ impl RowLaunch {
             argmax: settings.argmax,
             cube_size,
             cuda_ftz_exp: false,
-            plane_merge: false,
             fast_tanh: false,
         }
     }
 
     /// The row kernels' options for a launch through `client`: as `options_with_loads`,
-    /// with what the runtime allows (the CUDA exponential, the plane merge when asked).
+    /// with what the runtime allows (the CUDA exponential and tanh).
     fn launch_options<R: Runtime>(
         &self,
         client: &ComputeClient<R>,
@@ -147,7 +146,6 @@ impl RowLaunch {
     ) -> RowOptions {
         RowOptions {
             cuda_ftz_exp: cuda_ftz_exp(client),
-            plane_merge: plane_merge(client),
             fast_tanh: self.settings.softcap.is_some()
                 && self.float_dtype
                     == StorageType::Scalar(cubecl::ir::ElemType::Float(
@@ -310,31 +308,12 @@ fn cuda_ftz_exp<R: Runtime>(client: &ComputeClient<R>) -> bool {
 }
 
 /// Whether softcap's `tanh` may be the hardware's approximation for bf16 logits
-/// (`RowOptions::fast_tanh`): on CUDA with `FUSED_CE_FAST_TANH=1`, until an H200 run has
-/// timed it and checked it against the oracle.
+/// (`RowOptions::fast_tanh`): on CUDA, unless `FUSED_CE_FAST_TANH=0` (for A/B runs). The
+/// one pass with ls + z + softcap, bf16 8192 x 128256: 2.70 -> 1.88 ms (ncu, session 7);
+/// the PyTorch oracle's bf16 softcap rows within their bounds.
 fn fast_softcap<R: Runtime>(client: &ComputeClient<R>) -> bool {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    env_usize("FUSED_CE_FAST_TANH", &CELL) == Some(1) && R::name(client) == "cuda"
-}
-
-/// Whether the split kernel's chunk merge uses the fast exponential
-/// (`SplitOptions::fast_chunk_merge`): only with `FUSED_CE_FAST_CHUNK_MERGE=1`, until
-/// timed on the H200.
-fn fast_chunk_merge() -> bool {
-    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    env_usize("FUSED_CE_FAST_CHUNK_MERGE", &CELL) == Some(1)
-}
-
-/// Whether the row kernels merge their units' states with plane operations
-/// (`RowOptions::plane_merge`): where the runtime has them (CUDA; not lavapipe) and
-/// `FUSED_CE_PLANE_MERGE=1`, until an H200 run has timed it against the tree.
-fn plane_merge<R: Runtime>(client: &ComputeClient<R>) -> bool {
-    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    env_usize("FUSED_CE_PLANE_MERGE", &CELL) == Some(1)
-        && client
-            .features()
-            .plane
-            .contains(cubecl::ir::features::Plane::Ops)
+    env_usize("FUSED_CE_FAST_TANH", &CELL) != Some(0) && R::name(client) == "cuda"
 }
 
 /// A tuning knob read once from the environment (`None` when unset or unparsable).
@@ -342,21 +321,16 @@ fn env_usize(name: &str, cell: &'static std::sync::OnceLock<Option<usize>>) -> O
     *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()))
 }
 
-/// Bytes of a row each cube of the split kernel takes on CUDA, or `FUSED_CE_CHUNK_BYTES`
-/// (1 KB to 1 MB) for tuning runs. 64 KB for the plain loss (half staged, half re-read
-/// from L2: 1.6-1.7 ms against 1.9 for 32 KB all staged, bf16 8192 x 128256, v16); 32 KB
-/// (all staged) when softcap or label smoothing add work per element (ls + z + softcap:
-/// 5.2 ms against 6.2-6.5 for 64 KB, v17).
-fn chunk_bytes(settings: &LossSettings) -> usize {
+/// Most bytes of a row each cube of the split kernel takes on CUDA, or
+/// `FUSED_CE_CHUNK_BYTES` (1 KB to 1 MB) for tuning runs: 64 KB, half staged, half re-read
+/// from L2. With every option too: since v22/v25 made the per-element work cheaper, the
+/// one pass with ls + z + softcap takes 1.54 ms with 64 KB against 1.88 with 32 KB (bf16
+/// 8192 x 128256, ncu, session 7; v17 had measured the opposite).
+fn chunk_bytes() -> usize {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let per_element_work = settings.softcap.is_some() || settings.label_smoothing > 0.0;
     env_usize("FUSED_CE_CHUNK_BYTES", &CELL)
         .filter(|&bytes| (1024..=1024 * 1024).contains(&bytes))
-        .unwrap_or(if per_element_work {
-            32 * 1024
-        } else {
-            64 * 1024
-        })
+        .unwrap_or(64 * 1024)
 }
 
 /// Most bytes of its chunk a cube of the split kernel stages in shared memory on CUDA (the
@@ -411,6 +385,19 @@ fn staged_exps(settings: &LossSettings) -> bool {
     settings.softcap.is_none() && env_usize("FUSED_CE_STAGED_EXPS", &CELL) != Some(0)
 }
 
+/// A row's chunk count rounded up to an even one (one chunk stays one). Measured, not
+/// modelled: in the session-7 sweep (ncu, one pass, chunk lengths 40-96 KB on bf16 rows of
+/// 128256, 151936, 256000 and f32 128256) an odd count was slower than an even neighbour
+/// in every case (bf16 151936: 5 chunks 2.96 ms, 6 chunks 2.78; 256000: 9 chunks 1.22,
+/// 8 or 10 chunks 1.16; f32 128256: 9 chunks 2.38, 8 chunks 2.31).
+fn even_chunks(chunks: usize) -> usize {
+    if chunks > 1 {
+        chunks.next_multiple_of(2)
+    } else {
+        chunks
+    }
+}
+
 /// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
 /// shared memory.
 pub(crate) const MAX_CHUNKS: usize = 64;
@@ -433,9 +420,10 @@ pub struct SplitPlan {
 }
 
 impl SplitPlan {
-    /// On a device with a known SM count (CUDA), chunks of at most `chunk_bytes(..)`, rows
-    /// cut evenly, at most `stage_bytes()` of each staged in shared memory; elsewhere one
-    /// chunk per row (cubes cannot be known to run at once), its first 16 KB staged.
+    /// On a device with a known SM count (CUDA), chunks of at most `chunk_bytes()` (an even
+    /// count: `even_chunks`), rows cut evenly, at most `stage_bytes()` of each staged in
+    /// shared memory; elsewhere one chunk per row (cubes cannot be known to run at once),
+    /// its first 16 KB staged.
     pub fn new<R: Runtime>(client: &ComputeClient<R>, shape: &RowLaunch) -> Self {
         let properties = client.properties();
         let known_device = properties.hardware.num_streaming_multiprocessors.is_some();
@@ -448,10 +436,10 @@ impl SplitPlan {
         let vectors = (shape.vocab / shape.vector_size).max(1);
         let vector_bytes = shape.vector_size * shape.float_dtype.size();
         let (capacity, chunks, loads_per_step) = if known_device {
-            let chunk_vectors = (chunk_bytes(&shape.settings) / vector_bytes).max(1);
+            let chunk_vectors = (chunk_bytes() / vector_bytes).max(1);
             (
                 stage_bytes() / vector_bytes,
-                vectors.div_ceil(chunk_vectors),
+                even_chunks(vectors.div_ceil(chunk_vectors)),
                 split_loads(),
             )
         } else {
@@ -498,7 +486,6 @@ impl SplitPlan {
             reread: self.chunk_vectors > self.staged_vectors,
             reread_loads: self.reread_loads,
             staged_exps: self.staged_exps && self.staged_vectors > 0,
-            fast_chunk_merge: fast_chunk_merge(),
         }
     }
 

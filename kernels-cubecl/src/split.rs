@@ -65,10 +65,6 @@ pub struct SplitOptions {
     /// reference maximum per unit and step, so their gradient is one multiply per element
     /// instead of an exponential (not with softcap, whose derivative needs the logits).
     pub staged_exps: bool,
-    /// The chunks' merge rescales by the fast exponential instead of the accurate one
-    /// (`FUSED_CE_FAST_CHUNK_MERGE=1`, until timed: offline, 26 -> 14 instructions per
-    /// chunk and unit, but 48 -> 53 registers for a bf16 row of 32000).
-    pub fast_chunk_merge: bool,
 }
 
 /// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
@@ -332,12 +328,8 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         let chunk_max = f32::reinterpret(gathered[base + slot::MAX]);
         let chunk_others = f32::reinterpret(gathered[base + slot::OTHERS]);
         let new_max = f32::max(row_max, chunk_max);
-        row_others = if comptime!(split.fast_chunk_merge) {
-            row_others * fast_exp_scalar(row_max - new_max)
-                + chunk_others * fast_exp_scalar(chunk_max - new_max)
-        } else {
-            row_others * f32::exp(row_max - new_max) + chunk_others * f32::exp(chunk_max - new_max)
-        };
+        row_others =
+            row_others * f32::exp(row_max - new_max) + chunk_others * f32::exp(chunk_max - new_max);
         row_max = new_max;
         // One chunk holds the target; the others published 0.
         row_target_logit += f32::reinterpret(gathered[base + slot::TARGET_LOGIT]);
