@@ -58,7 +58,15 @@ pub fn split_grad_kernel_source<R: Runtime>(
     // A scalar's compilation argument is `()`.
     <u32 as LaunchArg>::register(plan.chunk_vectors as u32, &mut launcher);
     let scalars = <crate::RowScalars as LaunchArg>::register(shape.scalars(), &mut launcher);
-    let split = plan.options(mean);
+    // As the CUDA runtime launches it with `FUSED_CE_STREAMING_ACCESS` (0 to 3).
+    let split = crate::split::SplitOptions {
+        streaming_access: std::env::var("FUSED_CE_STREAMING_ACCESS")
+            .ok()
+            .and_then(|mode| mode.parse().ok())
+            .filter(|mode| (1..=3).contains(mode))
+            .unwrap_or(0),
+        ..plan.options(mean)
+    };
     // As the CUDA runtime launches it (`FUSED_CE_FTZ_EXP=0` turns the fast exponential off).
     let options = crate::RowOptions {
         cuda_ftz_exp: std::env::var("FUSED_CE_FTZ_EXP").as_deref() != Ok("0"),

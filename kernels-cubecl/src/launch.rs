@@ -316,6 +316,17 @@ fn fast_softcap<R: Runtime>(client: &ComputeClient<R>) -> bool {
     env_usize("FUSED_CE_FAST_TANH", &CELL) != Some(0) && R::name(client) == "cuda"
 }
 
+/// The one pass's cache hints on the logits and gradient (`SplitOptions::streaming_access`):
+/// `FUSED_CE_STREAMING_ACCESS` (1: evict-first loads, 2: evict-first stores, 3: both) on
+/// the CUDA runtime; 0 (plain) by default until timed on the H200.
+fn streaming_access<R: Runtime>(client: &ComputeClient<R>) -> u32 {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    match env_usize("FUSED_CE_STREAMING_ACCESS", &CELL) {
+        Some(mode @ 1..=3) if R::name(client) == "cuda" => mode as u32,
+        _ => 0,
+    }
+}
+
 /// A tuning knob read once from the environment (`None` when unset or unparsable).
 fn env_usize(name: &str, cell: &'static std::sync::OnceLock<Option<usize>>) -> Option<usize> {
     *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()))
@@ -417,6 +428,7 @@ pub struct SplitPlan {
     pub(crate) loads_per_step: usize,
     pub(crate) reread_loads: usize,
     pub(crate) staged_exps: bool,
+    pub(crate) streaming_access: u32,
 }
 
 impl SplitPlan {
@@ -427,7 +439,10 @@ impl SplitPlan {
     pub fn new<R: Runtime>(client: &ComputeClient<R>, shape: &RowLaunch) -> Self {
         let properties = client.properties();
         let known_device = properties.hardware.num_streaming_multiprocessors.is_some();
-        Self::for_device(shape, known_device)
+        SplitPlan {
+            streaming_access: streaming_access(client),
+            ..Self::for_device(shape, known_device)
+        }
     }
 
     /// [`SplitPlan::new`] for a device that reports its SM count (`known_device`: CUDA) or
@@ -453,6 +468,7 @@ impl SplitPlan {
             loads_per_step,
             reread_loads: split_reread_loads(),
             staged_exps: staged_exps(&shape.settings),
+            streaming_access: 0,
         };
         plan.cut(vectors, chunks)
     }
@@ -486,6 +502,7 @@ impl SplitPlan {
             reread: self.chunk_vectors > self.staged_vectors,
             reread_loads: self.reread_loads,
             staged_exps: self.staged_exps && self.staged_vectors > 0,
+            streaming_access: self.streaming_access,
         }
     }
 

@@ -65,6 +65,48 @@ pub struct SplitOptions {
     /// reference maximum per unit and step, so their gradient is one multiply per element
     /// instead of an exponential (not with softcap, whose derivative needs the logits).
     pub staged_exps: bool,
+    /// CUDA only, a prototype (`FUSED_CE_STREAMING_ACCESS`, see `declare_streaming_access`):
+    /// bit 0, the loads of the logits that are not read again from L2 (the staged part,
+    /// the re-read part's second read) as `ld.global.cs`; bit 1, the gradient's stores as
+    /// `st.global.cs`. Both evict first from L2, leaving it to the unstaged part the
+    /// gradient pass re-reads. 0: plain loads and stores.
+    pub streaming_access: u32,
+}
+
+/// Declares, in the CUDA C++ of the kernel, `fce_buffer_0`: the kernel's first buffer
+/// (the logits; with an in-place gradient also the gradient, an alias of it) whose
+/// element reads become `ld.global.cs` (bit 0 of `mode`) and writes `st.global.cs` (bit
+/// 1), for 16-byte vectors (others stay plain). `streaming_access` then switches the
+/// kernel's `buffer_0[i]` between it and the plain pointer by a preprocessor definition.
+/// cubecl 0.10 has no cache hints; the declaration travels as a self-closing comment, as
+/// `redefine_cuda_fast_exp`'s does (the SPIR-V compiler drops comments; the launch asks
+/// for it on CUDA only). Needs cubecl 0.10's naming: input 0 is `buffer_0`.
+#[cube]
+fn declare_streaming_access(#[comptime] mode: u32) {
+    if comptime!(mode & 1 == 1) {
+        comment!("streaming loads:\n*/\n#define FCE_LOAD_CS 1\n/*");
+    }
+    if comptime!(mode & 2 == 2) {
+        comment!("streaming stores:\n*/\n#define FCE_STORE_CS 1\n/*");
+    }
+    if comptime!(mode != 0) {
+        comment!(
+            "streaming access to buffer_0:\n*/\n#ifndef FCE_LOAD_CS\n#define FCE_LOAD_CS 0\n#endif\n#ifndef FCE_STORE_CS\n#define FCE_STORE_CS 0\n#endif\nauto fce_deref = [](decltype(buffer_0) q) { return *q; };\ntypedef decltype(fce_deref(buffer_0)) fce_value;\nstruct fce_streaming_ref {\n  decltype(buffer_0) p;\n  __device__ operator fce_value() const {\n    if (FCE_LOAD_CS && sizeof(fce_value) == 16) {\n      uint4 bits = __ldcs((const uint4*)p);\n      fce_value value;\n      memcpy(&value, &bits, 16);\n      return value;\n    }\n    return *p;\n  }\n  __device__ void operator=(const fce_value& value) const {\n    if (FCE_STORE_CS && sizeof(fce_value) == 16) {\n      uint4 bits;\n      memcpy(&bits, &value, 16);\n      __stcs((uint4*)p, bits);\n    } else {\n      *(fce_value*)p = value;\n    }\n  }\n};\nstruct fce_streaming_ptr {\n  decltype(buffer_0) p;\n  __device__ fce_streaming_ref operator[](unsigned long long i) const { return fce_streaming_ref{p + i}; }\n};\nconst fce_streaming_ptr fce_buffer_0{buffer_0};\n/*"
+        );
+    }
+}
+
+/// From here on in the kernel's text, `buffer_0[i]` goes through `fce_buffer_0` (`on`) or
+/// is the plain pointer again (see `declare_streaming_access`).
+#[cube]
+fn streaming_access(#[comptime] mode: u32, #[comptime] on: bool) {
+    if comptime!(mode != 0) {
+        if comptime!(on) {
+            comment!("streaming access on:\n*/\n#define buffer_0 fce_buffer_0\n/*");
+        } else {
+            comment!("streaming access off:\n*/\n#undef buffer_0\n/*");
+        }
+    }
 }
 
 /// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
@@ -143,6 +185,8 @@ pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     crate::kernels::redefine_cuda_fast_exp(options.cuda_ftz_exp);
+    declare_streaming_access(split.streaming_access);
+    streaming_access(split.streaming_access, true);
     let rows = stats.shape(1);
     let vector_size = logits.vector_size();
     let vectors_per_row = logits.shape(2) / vector_size;
@@ -244,8 +288,11 @@ fn split_chunk<F: Float, I: Int, N: Size>(
             &mut staged,
             options,
             split.staged_vectors,
+            split.streaming_access,
         )
     } else {
+        // Staged and unstaged vectors come through the same loads here: plain ones.
+        streaming_access(split.streaming_access, false);
         let state = reduce_span::<F, N>(
             logits,
             row_start,
@@ -258,6 +305,7 @@ fn split_chunk<F: Float, I: Int, N: Size>(
             options,
             split.staged_vectors,
         );
+        streaming_access(split.streaming_access, true);
         (state, f32::new(0.0))
     };
     let target_vector = target_col / vector_size;
@@ -509,6 +557,7 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
     staged: &mut SharedMemory<Vector<F, N>>,
     #[comptime] options: RowOptions,
     #[comptime] staged_limit: usize,
+    #[comptime] streaming: u32,
 ) -> (RowState, f32) {
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
@@ -533,6 +582,8 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         empty,
         options,
     );
+    // The unstaged part is read again by the gradient pass: plain loads, kept in L2.
+    streaming_access(streaming, false);
     let state = reduce_rest::<F, N>(
         logits,
         row_start,
@@ -544,6 +595,7 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         kept,
         options,
     );
+    streaming_access(streaming, true);
     // The target's vector, by the unit whose share it is, from its logits (the stage
     // holds exponentials); every unit computes it, the others discard it.
     let target_vector = target_col / vector_size;
