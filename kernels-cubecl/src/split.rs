@@ -91,7 +91,43 @@ fn declare_streaming_access(#[comptime] mode: u32) {
     }
     if comptime!(mode != 0) {
         comment!(
-            "streaming access to buffer_0:\n*/\n#ifndef FCE_LOAD_CS\n#define FCE_LOAD_CS 0\n#endif\n#ifndef FCE_STORE_CS\n#define FCE_STORE_CS 0\n#endif\nauto fce_deref = [](decltype(buffer_0) q) { return *q; };\ntypedef decltype(fce_deref(buffer_0)) fce_value;\nstruct fce_streaming_ref {\n  decltype(buffer_0) p;\n  __device__ operator fce_value() const {\n    if (FCE_LOAD_CS && sizeof(fce_value) == 16) {\n      uint4 bits = __ldcs((const uint4*)p);\n      fce_value value;\n      memcpy(&value, &bits, 16);\n      return value;\n    }\n    return *p;\n  }\n  __device__ void operator=(const fce_value& value) const {\n    if (FCE_STORE_CS && sizeof(fce_value) == 16) {\n      uint4 bits;\n      memcpy(&bits, &value, 16);\n      __stcs((uint4*)p, bits);\n    } else {\n      *(fce_value*)p = value;\n    }\n  }\n};\nstruct fce_streaming_ptr {\n  decltype(buffer_0) p;\n  __device__ fce_streaming_ref operator[](unsigned long long i) const { return fce_streaming_ref{p + i}; }\n};\nconst fce_streaming_ptr fce_buffer_0{buffer_0};\n/*"
+            r#"streaming access to buffer_0:
+*/
+#ifndef FCE_LOAD_CS
+#define FCE_LOAD_CS 0
+#endif
+#ifndef FCE_STORE_CS
+#define FCE_STORE_CS 0
+#endif
+auto fce_deref = [](decltype(buffer_0) q) { return *q; };
+typedef decltype(fce_deref(buffer_0)) fce_value;
+struct fce_streaming_ref {
+  decltype(buffer_0) p;
+  __device__ operator fce_value() const {
+    if (FCE_LOAD_CS && sizeof(fce_value) == 16) {
+      uint4 bits = __ldcs((const uint4*)p);
+      fce_value value;
+      memcpy(&value, &bits, 16);
+      return value;
+    }
+    return *p;
+  }
+  __device__ void operator=(const fce_value& value) const {
+    if (FCE_STORE_CS && sizeof(fce_value) == 16) {
+      uint4 bits;
+      memcpy(&bits, &value, 16);
+      __stcs((uint4*)p, bits);
+    } else {
+      *(fce_value*)p = value;
+    }
+  }
+};
+struct fce_streaming_ptr {
+  decltype(buffer_0) p;
+  __device__ fce_streaming_ref operator[](unsigned long long i) const { return fce_streaming_ref{p + i}; }
+};
+const fce_streaming_ptr fce_buffer_0{buffer_0};
+/*"#
         );
     }
 }
