@@ -43,8 +43,18 @@ pub fn split_grad_kernel_source<R: Runtime>(
         let strides = vec![1usize; dims];
         unsafe { TensorArg::<R>::from_raw_parts(handle, strides.into(), shape.into()) }
     };
-    // The gradient over the logits, as when the loss owns them (the bench's case).
-    let (logits, grad) = crate::GradientTarget::InPlace(buffer(3)).into_args();
+    // The gradient over the logits, as when the loss owns them (the bench's case), or
+    // with `FUSED_CE_SOURCE_SEPARATE=1` into a buffer of its own.
+    let gradient_in_place = std::env::var("FUSED_CE_SOURCE_SEPARATE").as_deref() != Ok("1");
+    let target = if gradient_in_place {
+        crate::GradientTarget::InPlace(buffer(3))
+    } else {
+        crate::GradientTarget::Separate {
+            logits: buffer(3),
+            grad: buffer(3),
+        }
+    };
+    let (logits, grad) = target.into_args();
     let logits = <Tensor<Vector<KernelF, KernelN>> as LaunchArg>::register(logits, &mut launcher);
     let targets = <Tensor<KernelI> as LaunchArg>::register(buffer(2), &mut launcher);
     let class_weights = <Tensor<f32> as LaunchArg>::register(buffer(1), &mut launcher);
@@ -65,6 +75,7 @@ pub fn split_grad_kernel_source<R: Runtime>(
             .and_then(|mode| mode.parse().ok())
             .filter(|mode| (1..=3).contains(mode))
             .unwrap_or(0),
+        gradient_in_place,
         ..plan.options(mean)
     };
     // As the CUDA runtime launches it (`FUSED_CE_FTZ_EXP=0` turns the fast exponential off).

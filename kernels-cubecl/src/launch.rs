@@ -503,6 +503,7 @@ impl SplitPlan {
             reread_loads: self.reread_loads,
             staged_exps: self.staged_exps && self.staged_vectors > 0,
             streaming_access: self.streaming_access,
+            gradient_in_place: true,
         }
     }
 
@@ -578,7 +579,10 @@ pub fn launch_forward_grad<R: Runtime>(
         mean,
         shape.int_dtype,
     );
-    let split = plan.options(mean);
+    let split = SplitOptions {
+        gradient_in_place: matches!(target, GradientTarget::InPlace(_)),
+        ..plan.options(mean)
+    };
     let options = shape.launch_options(client, plan.cube_size, plan.loads_per_step);
     let cubes = shape.rows * plan.chunks;
     let x = cubes.clamp(1, MAX_GRID_DIM);

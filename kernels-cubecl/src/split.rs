@@ -71,18 +71,24 @@ pub struct SplitOptions {
     /// `st.global.cs`. Both evict first from L2, leaving it to the unstaged part the
     /// gradient pass re-reads. 0: plain loads and stores.
     pub streaming_access: u32,
+    /// The gradient is written over the logits (an alias of input 0), else into a buffer
+    /// of its own: only the CUDA C++ names of the buffers differ (`streaming_access`).
+    pub gradient_in_place: bool,
 }
 
 /// Declares, in the CUDA C++ of the kernel, `fce_buffer_0`: the kernel's first buffer
 /// (the logits; with an in-place gradient also the gradient, an alias of it) whose
 /// element reads become `ld.global.cs` (bit 0 of `mode`) and writes `st.global.cs` (bit
-/// 1), for 16-byte vectors (others stay plain). `streaming_access` then switches the
-/// kernel's `buffer_0[i]` between it and the plain pointer by a preprocessor definition.
-/// cubecl 0.10 has no cache hints; the declaration travels as a self-closing comment, as
-/// `redefine_cuda_fast_exp`'s does (the SPIR-V compiler drops comments; the launch asks
-/// for it on CUDA only). Needs cubecl 0.10's naming: input 0 is `buffer_0`.
+/// 1), for 16-byte vectors (others stay plain); with a gradient of its own, the same for
+/// it (`fce_buffer_7`, written only), switched on for the whole kernel. `streaming_access`
+/// then switches the kernel's `buffer_0[i]` between the proxy and the plain pointer by a
+/// preprocessor definition. cubecl 0.10 has no cache hints; the declaration travels as a
+/// self-closing comment, as `redefine_cuda_fast_exp`'s does (the SPIR-V compiler drops
+/// comments; the launch asks for it on CUDA only). Needs cubecl 0.10's naming: the
+/// kernel's buffers are `buffer_<binding>`, the gradient the eighth binding when it is
+/// not an alias of the first.
 #[cube]
-fn declare_streaming_access(#[comptime] mode: u32) {
+fn declare_streaming_access(#[comptime] mode: u32, #[comptime] gradient_in_place: bool) {
     if comptime!(mode & 1 == 1) {
         comment!("streaming loads:\n*/\n#define FCE_LOAD_CS 1\n/*");
     }
@@ -91,7 +97,7 @@ fn declare_streaming_access(#[comptime] mode: u32) {
     }
     if comptime!(mode != 0) {
         comment!(
-            r#"streaming access to buffer_0:
+            r#"streaming access:
 */
 #ifndef FCE_LOAD_CS
 #define FCE_LOAD_CS 0
@@ -99,36 +105,43 @@ fn declare_streaming_access(#[comptime] mode: u32) {
 #ifndef FCE_STORE_CS
 #define FCE_STORE_CS 0
 #endif
-auto fce_deref = [](decltype(buffer_0) q) { return *q; };
-typedef decltype(fce_deref(buffer_0)) fce_value;
-struct fce_streaming_ref {
-  decltype(buffer_0) p;
-  __device__ operator fce_value() const {
-    if (FCE_LOAD_CS && sizeof(fce_value) == 16) {
-      uint4 bits = __ldcs((const uint4*)p);
-      fce_value value;
-      memcpy(&value, &bits, 16);
-      return value;
-    }
-    return *p;
-  }
-  __device__ void operator=(const fce_value& value) const {
-    if (FCE_STORE_CS && sizeof(fce_value) == 16) {
-      uint4 bits;
-      memcpy(&bits, &value, 16);
-      __stcs((uint4*)p, bits);
-    } else {
-      *(fce_value*)p = value;
-    }
-  }
-};
-struct fce_streaming_ptr {
-  decltype(buffer_0) p;
-  __device__ fce_streaming_ref operator[](unsigned long long i) const { return fce_streaming_ref{p + i}; }
-};
-const fce_streaming_ptr fce_buffer_0{buffer_0};
+#define FCE_DECLARE_STREAMING(buf) \
+auto fce_deref_##buf = [](decltype(buf) q) { return *q; }; \
+typedef decltype(fce_deref_##buf(buf)) fce_value_##buf; \
+struct fce_ref_##buf { \
+  decltype(buf) p; \
+  __device__ operator fce_value_##buf() const { \
+    if (FCE_LOAD_CS && sizeof(fce_value_##buf) == 16) { \
+      uint4 bits = __ldcs((const uint4*)p); \
+      fce_value_##buf value; \
+      memcpy(&value, &bits, 16); \
+      return value; \
+    } \
+    return *p; \
+  } \
+  __device__ void operator=(const fce_value_##buf& value) const { \
+    if (FCE_STORE_CS && sizeof(fce_value_##buf) == 16) { \
+      uint4 bits; \
+      memcpy(&bits, &value, 16); \
+      __stcs((uint4*)p, bits); \
+    } else { \
+      *(fce_value_##buf*)p = value; \
+    } \
+  } \
+}; \
+struct fce_ptr_##buf { \
+  decltype(buf) p; \
+  __device__ fce_ref_##buf operator[](unsigned long long i) const { return fce_ref_##buf{p + i}; } \
+}; \
+const fce_ptr_##buf fce_##buf{buf};
+FCE_DECLARE_STREAMING(buffer_0)
 /*"#
         );
+        if comptime!(!gradient_in_place) {
+            comment!(
+                "streaming gradient stores:\n*/\nFCE_DECLARE_STREAMING(buffer_7)\n#define buffer_7 fce_buffer_7\n/*"
+            );
+        }
     }
 }
 
@@ -221,7 +234,7 @@ pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     crate::kernels::redefine_cuda_fast_exp(options.cuda_ftz_exp);
-    declare_streaming_access(split.streaming_access);
+    declare_streaming_access(split.streaming_access, split.gradient_in_place);
     streaming_access(split.streaming_access, true);
     let rows = stats.shape(1);
     let vector_size = logits.vector_size();
