@@ -24,7 +24,11 @@ pub fn split_grad_kernel_source<R: Runtime>(
     shape: RowLaunch,
     mean: bool,
 ) -> String {
-    let plan = SplitPlan::for_device(&shape, true);
+    // As the CUDA runtime plans it (`FUSED_CE_STREAMING_ACCESS` as there).
+    let plan = SplitPlan {
+        streaming_access: crate::launch::streaming_access_knob(),
+        ..SplitPlan::for_device(&shape, true)
+    };
     let settings = KernelSettings::default()
         .cube_dim(CubeDim::new_1d(plan.cube_size as u32))
         .address_type(shape.address_type);
@@ -68,27 +72,9 @@ pub fn split_grad_kernel_source<R: Runtime>(
     // A scalar's compilation argument is `()`.
     <u32 as LaunchArg>::register(plan.chunk_vectors as u32, &mut launcher);
     let scalars = <crate::RowScalars as LaunchArg>::register(shape.scalars(), &mut launcher);
-    // As the CUDA runtime launches it with `FUSED_CE_STREAMING_ACCESS` (0 to 3).
-    let split = crate::split::SplitOptions {
-        streaming_access: std::env::var("FUSED_CE_STREAMING_ACCESS")
-            .ok()
-            .and_then(|mode| mode.parse().ok())
-            .filter(|mode| (1..=3).contains(mode))
-            .unwrap_or(0),
-        gradient_in_place,
-        ..plan.options(mean)
-    };
-    // As the CUDA runtime launches it (`FUSED_CE_FTZ_EXP=0` turns the fast exponential off).
-    let options = crate::RowOptions {
-        cuda_ftz_exp: std::env::var("FUSED_CE_FTZ_EXP").as_deref() != Ok("0"),
-        fast_tanh: shape.settings.softcap.is_some()
-            && shape.float_dtype
-                == cubecl::ir::StorageType::Scalar(cubecl::ir::ElemType::Float(
-                    cubecl::ir::FloatKind::BF16,
-                ))
-            && std::env::var("FUSED_CE_FAST_TANH").as_deref() != Ok("0"),
-        ..shape.options_with_loads(plan.cube_size, plan.loads_per_step)
-    };
+    let split = plan.options(mean, gradient_in_place);
+    // As the CUDA runtime launches it (its exponential and tanh, knobs as there).
+    let options = shape.options_on(true, plan.cube_size, plan.loads_per_step);
     let kernel = CrossEntropySplitGradKernel::<R>::new(
         settings,
         client.clone(),

@@ -470,43 +470,6 @@ pub(crate) fn absorb_held_target<F: Float, N: Size>(
     }
 }
 
-/// One merge state per unit, in shared memory.
-#[derive(CubeType)]
-struct MergeSlots {
-    max: SharedMemory<f32>,
-    others: SharedMemory<f32>,
-    best: SharedMemory<f32>,
-    col: SharedMemory<u32>,
-    smooth: SharedMemory<f32>,
-}
-
-/// `cube_size` slots (the argmax and smoothing ones only when the options use them).
-#[cube]
-fn merge_slots(#[comptime] options: RowOptions) -> MergeSlots {
-    let cube_size = options.cube_size;
-    MergeSlots {
-        max: SharedMemory::<f32>::new(cube_size),
-        others: SharedMemory::<f32>::new(cube_size),
-        best: SharedMemory::<f32>::new(comptime!(if options.argmax { cube_size } else { 1 })),
-        col: SharedMemory::<u32>::new(comptime!(if options.argmax { cube_size } else { 1 })),
-        smooth: SharedMemory::<f32>::new(comptime!(if options.smoothing { cube_size } else { 1 })),
-    }
-}
-
-/// Writes `state` into slot `at`.
-#[cube]
-fn store_slot(slots: &mut MergeSlots, at: usize, state: RowState, #[comptime] options: RowOptions) {
-    slots.max[at] = state.max;
-    slots.others[at] = state.others;
-    if comptime!(options.argmax) {
-        slots.best[at] = state.best;
-        slots.col[at] = state.best_col;
-    }
-    if comptime!(options.smoothing) {
-        slots.smooth[at] = state.smooth;
-    }
-}
-
 /// Merges the units' states as a tree in shared memory; every unit gets the row's state.
 /// (A plane-op merge, one barrier instead of one per level, timed the same on the H200:
 /// the merge is not on the critical path. The tree runs everywhere; lavapipe has no plane
@@ -514,9 +477,24 @@ fn store_slot(slots: &mut MergeSlots, at: usize, state: RowState, #[comptime] op
 #[cube]
 pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
     let cube_size = options.cube_size;
-    let mut slots = merge_slots(options);
+    let mut shared_max = SharedMemory::<f32>::new(cube_size);
+    let mut shared_others = SharedMemory::<f32>::new(cube_size);
+    let mut shared_best =
+        SharedMemory::<f32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
+    let mut shared_col =
+        SharedMemory::<u32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
+    let mut shared_smooth =
+        SharedMemory::<f32>::new(comptime!(if options.smoothing { cube_size } else { 1 }));
     let unit = UNIT_POS as usize;
-    store_slot(&mut slots, unit, state, options);
+    shared_max[unit] = state.max;
+    shared_others[unit] = state.others;
+    if comptime!(options.argmax) {
+        shared_best[unit] = state.best;
+        shared_col[unit] = state.best_col;
+    }
+    if comptime!(options.smoothing) {
+        shared_smooth[unit] = state.smooth;
+    }
     sync_cube();
 
     let levels = comptime!(cube_size.trailing_zeros() as usize);
@@ -524,36 +502,36 @@ pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> Ro
     for level in 0..levels {
         let half = comptime!(cube_size >> (level + 1));
         if unit < half {
-            let max_a = slots.max[unit];
-            let max_b = slots.max[unit + half];
+            let max_a = shared_max[unit];
+            let max_b = shared_max[unit + half];
             let merged_max = f32::max(max_a, max_b);
-            slots.others[unit] = slots.others[unit] * f32::exp(max_a - merged_max)
-                + slots.others[unit + half] * f32::exp(max_b - merged_max);
-            slots.max[unit] = merged_max;
+            shared_others[unit] = shared_others[unit] * f32::exp(max_a - merged_max)
+                + shared_others[unit + half] * f32::exp(max_b - merged_max);
+            shared_max[unit] = merged_max;
             if comptime!(options.argmax) {
-                let best_a = slots.best[unit];
-                let best_b = slots.best[unit + half];
-                let col_a = slots.col[unit];
-                let col_b = slots.col[unit + half];
+                let best_a = shared_best[unit];
+                let best_b = shared_best[unit + half];
+                let col_a = shared_col[unit];
+                let col_b = shared_col[unit + half];
                 let take_b = best_b > best_a || (best_b == best_a && col_b < col_a);
-                slots.best[unit] = select(take_b, best_b, best_a);
-                slots.col[unit] = select(take_b, col_b, col_a);
+                shared_best[unit] = select(take_b, best_b, best_a);
+                shared_col[unit] = select(take_b, col_b, col_a);
             }
             if comptime!(options.smoothing) {
-                slots.smooth[unit] += slots.smooth[unit + half];
+                shared_smooth[unit] += shared_smooth[unit + half];
             }
         }
         sync_cube();
     }
     let mut merged = state;
-    merged.max = slots.max[0];
-    merged.others = slots.others[0];
+    merged.max = shared_max[0];
+    merged.others = shared_others[0];
     if comptime!(options.argmax) {
-        merged.best = slots.best[0];
-        merged.best_col = slots.col[0];
+        merged.best = shared_best[0];
+        merged.best_col = shared_col[0];
     }
     if comptime!(options.smoothing) {
-        merged.smooth = slots.smooth[0];
+        merged.smooth = shared_smooth[0];
     }
     merged
 }

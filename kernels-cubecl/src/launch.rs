@@ -136,22 +136,33 @@ impl RowLaunch {
         }
     }
 
-    /// The row kernels' options for a launch through `client`: as `options_with_loads`,
-    /// with what the runtime allows (the CUDA exponential and tanh).
+    /// The row kernels' options for a launch through `client`: `options_on` that runtime.
     fn launch_options<R: Runtime>(
         &self,
         client: &ComputeClient<R>,
         cube_size: usize,
         loads_per_step: usize,
     ) -> RowOptions {
+        self.options_on(R::name(client) == "cuda", cube_size, loads_per_step)
+    }
+
+    /// As `options_with_loads`, with what the CUDA runtime allows (`on_cuda`): its
+    /// exponential and, for bf16 logits, its tanh.
+    pub(crate) fn options_on(
+        &self,
+        on_cuda: bool,
+        cube_size: usize,
+        loads_per_step: usize,
+    ) -> RowOptions {
         RowOptions {
-            cuda_ftz_exp: cuda_ftz_exp(client),
-            fast_tanh: self.settings.softcap.is_some()
+            cuda_ftz_exp: on_cuda && ftz_exp_knob(),
+            fast_tanh: on_cuda
+                && self.settings.softcap.is_some()
                 && self.float_dtype
                     == StorageType::Scalar(cubecl::ir::ElemType::Float(
                         cubecl::ir::FloatKind::BF16,
                     ))
-                && fast_softcap(client),
+                && fast_tanh_knob(),
             ..self.options_with_loads(cube_size, loads_per_step)
         }
     }
@@ -299,30 +310,30 @@ pub fn launch_backward<R: Runtime>(
 }
 
 /// Whether the row kernels compute their fast exponential as `ex2.approx.ftz.f32`
-/// (`redefine_cuda_fast_exp`): on the CUDA runtime, unless `FUSED_CE_FTZ_EXP=0` (for A/B
+/// (`redefine_cuda_fast_exp`) on the CUDA runtime: unless `FUSED_CE_FTZ_EXP=0` (for A/B
 /// timing runs). Two instructions per exponential instead of six; only results below
 /// 2^-126 differ (they become zero).
-fn cuda_ftz_exp<R: Runtime>(client: &ComputeClient<R>) -> bool {
+fn ftz_exp_knob() -> bool {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    env_usize("FUSED_CE_FTZ_EXP", &CELL) != Some(0) && R::name(client) == "cuda"
+    env_usize("FUSED_CE_FTZ_EXP", &CELL) != Some(0)
 }
 
-/// Whether softcap's `tanh` may be the hardware's approximation for bf16 logits
-/// (`RowOptions::fast_tanh`): on CUDA, unless `FUSED_CE_FAST_TANH=0` (for A/B runs). The
-/// one pass with ls + z + softcap, bf16 8192 x 128256: 2.70 -> 1.88 ms (ncu, session 7);
-/// the PyTorch oracle's bf16 softcap rows within their bounds.
-fn fast_softcap<R: Runtime>(client: &ComputeClient<R>) -> bool {
+/// Whether softcap's `tanh` may be the hardware's approximation for bf16 logits on the
+/// CUDA runtime (`RowOptions::fast_tanh`): unless `FUSED_CE_FAST_TANH=0` (for A/B runs).
+/// The one pass with ls + z + softcap, bf16 8192 x 128256: 2.70 -> 1.88 ms (ncu, session
+/// 7); the PyTorch oracle's bf16 softcap rows within their bounds.
+fn fast_tanh_knob() -> bool {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    env_usize("FUSED_CE_FAST_TANH", &CELL) != Some(0) && R::name(client) == "cuda"
+    env_usize("FUSED_CE_FAST_TANH", &CELL) != Some(0)
 }
 
-/// The one pass's cache hints on the logits and gradient (`SplitOptions::streaming_access`):
-/// `FUSED_CE_STREAMING_ACCESS` (1: evict-first loads, 2: evict-first stores, 3: both) on
-/// the CUDA runtime; 0 (plain) by default until timed on the H200.
-fn streaming_access<R: Runtime>(client: &ComputeClient<R>) -> u32 {
+/// The one pass's cache hints on the logits and gradient on the CUDA runtime
+/// (`SplitOptions::streaming_access`): `FUSED_CE_STREAMING_ACCESS` (1: evict-first loads,
+/// 2: evict-first stores, 3: both); 0 (plain) by default until timed on the H200.
+pub(crate) fn streaming_access_knob() -> u32 {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     match env_usize("FUSED_CE_STREAMING_ACCESS", &CELL) {
-        Some(mode @ 1..=3) if R::name(client) == "cuda" => mode as u32,
+        Some(mode @ 1..=3) => mode as u32,
         _ => 0,
     }
 }
@@ -440,7 +451,11 @@ impl SplitPlan {
         let properties = client.properties();
         let known_device = properties.hardware.num_streaming_multiprocessors.is_some();
         SplitPlan {
-            streaming_access: streaming_access(client),
+            streaming_access: if R::name(client) == "cuda" {
+                streaming_access_knob()
+            } else {
+                0
+            },
             ..Self::for_device(shape, known_device)
         }
     }
@@ -493,8 +508,9 @@ impl SplitPlan {
         self.cut(vectors, chunks)
     }
 
-    /// The split kernel's comptime options for this plan.
-    pub(crate) fn options(&self, mean: bool) -> SplitOptions {
+    /// The split kernel's comptime options for this plan, the gradient written over the
+    /// logits or not.
+    pub(crate) fn options(&self, mean: bool, gradient_in_place: bool) -> SplitOptions {
         SplitOptions {
             mean,
             staged_vectors: self.staged_vectors,
@@ -503,7 +519,7 @@ impl SplitPlan {
             reread_loads: self.reread_loads,
             staged_exps: self.staged_exps && self.staged_vectors > 0,
             streaming_access: self.streaming_access,
-            gradient_in_place: true,
+            gradient_in_place,
         }
     }
 
@@ -579,10 +595,7 @@ pub fn launch_forward_grad<R: Runtime>(
         mean,
         shape.int_dtype,
     );
-    let split = SplitOptions {
-        gradient_in_place: matches!(target, GradientTarget::InPlace(_)),
-        ..plan.options(mean)
-    };
+    let split = plan.options(mean, matches!(target, GradientTarget::InPlace(_)));
     let options = shape.launch_options(client, plan.cube_size, plan.loads_per_step);
     let cubes = shape.rows * plan.chunks;
     let x = cubes.clamp(1, MAX_GRID_DIM);
