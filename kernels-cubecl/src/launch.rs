@@ -328,13 +328,15 @@ fn fast_tanh_knob() -> bool {
 }
 
 /// The one pass's cache hints on the logits and gradient on the CUDA runtime
-/// (`SplitOptions::streaming_access`): `FUSED_CE_STREAMING_ACCESS` (1: evict-first loads,
-/// 2: evict-first stores, 3: both); 0 (plain) by default until timed on the H200.
+/// (`SplitOptions::streaming_access`): 3 (evict-first loads and stores) by default;
+/// `FUSED_CE_STREAMING_ACCESS` picks 0 (plain), 1 (loads only) or 2 (stores only) for A/B
+/// runs. Data read or written once no longer evicts the unstaged half of a chunk before
+/// its re-read: bf16 8192 x 128256 one-pass kernel 1.16 -> 1.08 ms (ncu, session 7).
 pub(crate) fn streaming_access_knob() -> u32 {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     match env_usize("FUSED_CE_STREAMING_ACCESS", &CELL) {
-        Some(mode @ 1..=3) => mode as u32,
-        _ => 0,
+        Some(mode @ 0..=3) => mode as u32,
+        _ => 3,
     }
 }
 
