@@ -599,9 +599,6 @@ pub fn launch_forward_grad<R: Runtime>(
     );
     let split = plan.options(mean, matches!(target, GradientTarget::InPlace(_)));
     let options = shape.launch_options(client, plan.cube_size, plan.loads_per_step);
-    let cubes = shape.rows * plan.chunks;
-    let x = cubes.clamp(1, MAX_GRID_DIM);
-    let y = cubes.div_ceil(x).max(1);
     let (logits, grad) = target.into_args();
     // Unchecked: every index is in bounds by construction (clamped or masked in the
     // kernel), and the checked launch's per-lane selects cost about one instruction per
@@ -609,7 +606,7 @@ pub fn launch_forward_grad<R: Runtime>(
     unsafe {
         cross_entropy_split_grad_kernel::launch_unchecked::<R>(
             client,
-            CubeCount::Static(x as u32, y as u32, 1),
+            grid_of(shape.rows * plan.chunks),
             CubeDim::new_1d(plan.cube_size as u32),
             shape.address_type,
             shape.vector_size,

@@ -66,10 +66,10 @@ pub struct SplitOptions {
     /// instead of an exponential (not with softcap, whose derivative needs the logits).
     pub staged_exps: bool,
     /// CUDA only (3 by default, `FUSED_CE_STREAMING_ACCESS` for A/B runs; see
-    /// `declare_streaming_access`): bit 0, the loads of the logits that are not read again from L2 (the staged part,
-    /// the re-read part's second read) as `ld.global.cs`; bit 1, the gradient's stores as
-    /// `st.global.cs`. Both evict first from L2, leaving it to the unstaged part the
-    /// gradient pass re-reads. 0: plain loads and stores.
+    /// `declare_streaming_access`): bit 0, the loads of the logits that are not read
+    /// again from L2 (the staged part, the re-read part's second read) as `ld.global.cs`;
+    /// bit 1, the gradient's stores as `st.global.cs`. Both evict first from L2, leaving
+    /// it to the unstaged part the gradient pass re-reads. 0: plain loads and stores.
     pub streaming_access: u32,
     /// The gradient is written over the logits (an alias of input 0), else into a buffer
     /// of its own: only the CUDA C++ names of the buffers differ (`streaming_access`).

@@ -77,8 +77,9 @@ pub struct CrossEntropyOptions {
     /// 128256, 1.11 against 1.64 at 4096 x 256000, 0.31 against 0.47 at 8192 x 32000;
     /// f32 8192 x 128256 2.21 against 3.17; label smoothing + z-loss + softcap 1.54
     /// against 1.75. But an incoming gradient other than 1 pays a rescaling pass (2.21
-    /// against 1.63 ms); see docs/performance.md. Off (the default): forward keeps per-row statistics and
-    /// backward writes the gradient. `Reduction::None` always uses the latter.
+    /// against 1.63 ms); see docs/performance.md. Off (the default): forward keeps
+    /// per-row statistics and backward writes the gradient. `Reduction::None` always
+    /// uses the latter.
     pub gradient_in_forward: bool,
     /// Extra outputs computed in the same pass.
     pub outputs: ExtraOutputs,
