@@ -19,10 +19,16 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{
     DType, Distribution, Int, Tensor, TensorData, activation::log_softmax, backend::Backend,
 };
-use burn_fused_ce::{CrossEntropyOptions, Reduction, diagnostics, fused_cross_entropy};
+use burn_fused_ce::{
+    CrossEntropyOptions, FastMath, GradientPlan, KernelTuning, Reduction, fused_cross_entropy,
+    test_hooks,
+};
 use cubecl::Runtime as _;
 use fused_ce_suite::{AutodiffCube, CubeBackend, Device, RUNTIME_NAME, Runtime};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
+
+#[path = "throughput/report.rs"]
+mod report;
 
 type B = CubeBackend;
 type AD = AutodiffCube;
@@ -31,44 +37,99 @@ type AD = AutodiffCube;
 /// LLM sizes on a small device): report `-` rather than wait.
 const TOO_SLOW_MS: f64 = 20_000.0;
 
+/// The plan a step asks for.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Fwd,
-    /// `Reduction::Mean`, `loss.backward()`: an incoming gradient of 1.
-    FwdBwd,
-    /// `Reduction::Mean`, `(loss * 0.5).backward()`: the formed gradient is rescaled.
-    FwdBwdScaled,
-    /// `Reduction::None` with a non-uniform per-row gradient (the project's origin case).
-    FwdBwdRows,
-    /// `FwdBwd` with the target check on (the default): one small read, a sync, per call.
-    FwdBwdChecked,
-    /// `FwdBwd` with label smoothing 0.1, z-loss 1e-4 and softcap 30 together.
-    FwdBwdOptions,
-    /// The other plan than the default's, for `FwdBwd`, `FwdBwdScaled`, `FwdBwdOptions`
-    /// (`gradient_in_forward` flipped).
-    OtherPlan(BaseMode),
+enum Plan {
+    /// The options' default, as a user who sets nothing gets it.
+    Default,
+    OnePass,
+    TwoPass,
 }
 
-/// The modes `Mode::OtherPlan` applies to.
+/// The incoming gradient of the loss in a training step.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum BaseMode {
-    FwdBwd,
-    FwdBwdScaled,
-    FwdBwdOptions,
+enum Incoming {
+    /// `loss.backward()`.
+    One,
+    /// `(loss * 0.25).backward()` every step.
+    Scaled,
+    /// `Reduction::None`, `(loss * w).sum().backward()` with a non-uniform `w` per row.
+    PerRow,
+}
+
+/// What one row of the table times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Forward only (`Mean`, no autodiff).
+    Fwd,
+    /// A training step under `Autodiff<CubeBackend>`: forward and backward.
+    Step {
+        plan: Plan,
+        incoming: Incoming,
+        /// The target check (on by default).
+        checked: bool,
+        /// Label smoothing 0.1, z-loss 1e-4 and softcap 30 together.
+        options: bool,
+    },
 }
 
 impl Mode {
-    fn label(self) -> &'static str {
+    /// A step with the default config and `loss.backward()`.
+    const DEFAULT: Mode = Mode::Step {
+        plan: Plan::Default,
+        incoming: Incoming::One,
+        checked: true,
+        options: false,
+    };
+
+    /// The default config with another incoming gradient.
+    const fn default_with(incoming: Incoming) -> Mode {
+        Mode::Step {
+            plan: Plan::Default,
+            incoming,
+            checked: true,
+            options: false,
+        }
+    }
+
+    /// An explicit plan, targets unchecked, `loss.backward()`.
+    const fn plan(plan: Plan) -> Mode {
+        Mode::Step {
+            plan,
+            incoming: Incoming::One,
+            checked: false,
+            options: false,
+        }
+    }
+
+    fn label(self) -> String {
         match self {
-            Mode::Fwd => "fwd",
-            Mode::FwdBwd => "fwd+bwd",
-            Mode::FwdBwdScaled => "fwd+bwd g=0.5",
-            Mode::FwdBwdRows => "fwd+bwd none/row",
-            Mode::FwdBwdChecked => "fwd+bwd checked",
-            Mode::FwdBwdOptions => "fwd+bwd ls+z+cap",
-            Mode::OtherPlan(BaseMode::FwdBwd) => "fwd+bwd other-plan",
-            Mode::OtherPlan(BaseMode::FwdBwdScaled) => "fwd+bwd g=0.5 other-plan",
-            Mode::OtherPlan(BaseMode::FwdBwdOptions) => "fwd+bwd ls+z+cap other-plan",
+            Mode::Fwd => "fwd".into(),
+            Mode::Step {
+                plan,
+                incoming,
+                checked,
+                options,
+            } => {
+                let mut label = String::from("fwd+bwd");
+                label += match plan {
+                    Plan::Default => "",
+                    Plan::OnePass => " one-pass",
+                    Plan::TwoPass => " two-pass",
+                };
+                label += match incoming {
+                    Incoming::One => "",
+                    Incoming::Scaled => " g=0.25",
+                    Incoming::PerRow => " none/row",
+                };
+                if options {
+                    label += " ls+z+cap";
+                }
+                if !checked {
+                    label += " unchecked";
+                }
+                label
+            }
         }
     }
 }
@@ -89,6 +150,12 @@ struct Bench {
     /// inputs must fit in `STEADY_INPUT_BUDGET`): see `Bench::fit_steady_steps`.
     steady_steps: std::cell::Cell<usize>,
     cases: Vec<(usize, usize, DType, Mode)>,
+    /// `FUSED_CE_TUNING`: the kernels' tuning for every call of ours (`None`: the
+    /// device's defaults).
+    tuning: Option<KernelTuning>,
+    /// The fast-math switches for every call of ours (`FUSED_CE_TUNING` may turn them off
+    /// with `exp_flush_to_zero=0` or `approximate_tanh=0`).
+    fast_math: FastMath,
 }
 
 /// One case's device tensors: logits [N, V], targets [N], a per-row gradient scale [N] (f32).
@@ -114,6 +181,29 @@ struct Measured {
     calls: usize,
 }
 
+/// `FUSED_CE_TUNING="chunk_bytes=49152 stage_bytes=40960"`: space-separated `field=value`
+/// settings of `KernelTuning` over the device's defaults (see
+/// `KernelTuning::with_settings`), and `exp_flush_to_zero=0` / `approximate_tanh=0` for
+/// the fast-math switches.
+fn tuning_from_env(device: &Device) -> (Option<KernelTuning>, FastMath) {
+    let Ok(settings) = std::env::var("FUSED_CE_TUNING") else {
+        return (None, FastMath::default());
+    };
+    let mut fast_math = FastMath::default();
+    let mut kernel_settings = Vec::new();
+    for setting in settings.split_whitespace() {
+        match setting.split_once('=') {
+            Some(("exp_flush_to_zero", value)) => fast_math.exp_flush_to_zero = value != "0",
+            Some(("approximate_tanh", value)) => fast_math.approximate_tanh = value != "0",
+            _ => kernel_settings.push(setting),
+        }
+    }
+    let tuning = KernelTuning::for_device(&Runtime::client(device))
+        .with_settings(&kernel_settings.join(" "))
+        .unwrap_or_else(|error| panic!("FUSED_CE_TUNING: {error}"));
+    (Some(tuning), fast_math)
+}
+
 impl Bench {
     fn new() -> Self {
         let llm = match std::env::var("FUSED_CE_BENCH_CASES").as_deref() {
@@ -123,27 +213,35 @@ impl Bench {
         };
         let (bf16, f32, f16) = (DType::BF16, DType::F32, DType::F16);
         let (cases, reps, copy_elems) = if llm {
-            let cases = vec![
+            let one_pass = Mode::plan(Plan::OnePass);
+            let two_pass = Mode::plan(Plan::TwoPass);
+            let with_options = Mode::Step {
+                plan: Plan::Default,
+                incoming: Incoming::One,
+                checked: true,
+                options: true,
+            };
+            let mut cases = vec![
                 (8192, 128256, bf16, Mode::Fwd),
-                (8192, 128256, bf16, Mode::FwdBwd),
-                (8192, 128256, bf16, Mode::FwdBwdScaled),
-                (8192, 128256, bf16, Mode::FwdBwdRows),
-                (8192, 128256, bf16, Mode::FwdBwdChecked),
-                (8192, 128256, bf16, Mode::FwdBwdOptions),
-                (8192, 128256, bf16, Mode::OtherPlan(BaseMode::FwdBwd)),
-                (8192, 128256, bf16, Mode::OtherPlan(BaseMode::FwdBwdScaled)),
-                (8192, 128256, bf16, Mode::OtherPlan(BaseMode::FwdBwdOptions)),
-                (16384, 151936, bf16, Mode::FwdBwd),
-                (16384, 151936, bf16, Mode::OtherPlan(BaseMode::FwdBwd)),
-                (4096, 256000, bf16, Mode::FwdBwd),
-                (4096, 256000, bf16, Mode::OtherPlan(BaseMode::FwdBwd)),
-                (8192, 128256, f32, Mode::FwdBwd),
-                (8192, 128256, f32, Mode::OtherPlan(BaseMode::FwdBwd)),
-                (8192, 32000, bf16, Mode::FwdBwd),
-                (8192, 32000, bf16, Mode::OtherPlan(BaseMode::FwdBwd)),
-                // 8.4e9 elements: 64-bit index arithmetic (the cost of it, per element).
-                (65536, 128256, bf16, Mode::FwdBwd),
+                (8192, 128256, bf16, Mode::DEFAULT),
+                (8192, 128256, bf16, Mode::default_with(Incoming::Scaled)),
+                (8192, 128256, bf16, Mode::default_with(Incoming::PerRow)),
+                (8192, 128256, bf16, with_options),
+                (8192, 128256, bf16, one_pass),
+                (8192, 128256, bf16, two_pass),
             ];
+            for (rows, vocab, dtype) in [
+                (16384, 151936, bf16),
+                (4096, 256000, bf16),
+                (8192, 128256, f32),
+                (8192, 32000, bf16),
+            ] {
+                for mode in [Mode::DEFAULT, one_pass, two_pass] {
+                    cases.push((rows, vocab, dtype, mode));
+                }
+            }
+            // 8.4e9 elements: 64-bit index arithmetic (the cost of it, per element).
+            cases.push((65536, 128256, bf16, Mode::DEFAULT));
             // Copy 1 GiB of f32: large enough that launch overhead and caches do not flatter it.
             (cases, 20, 1 << 28)
         } else {
@@ -151,10 +249,11 @@ impl Bench {
             // within a couple of minutes; f16 stands in for bf16, which lavapipe lacks.
             let modes = [
                 Mode::Fwd,
-                Mode::FwdBwd,
-                Mode::FwdBwdRows,
-                Mode::FwdBwdOptions,
-                Mode::OtherPlan(BaseMode::FwdBwd),
+                Mode::DEFAULT,
+                Mode::default_with(Incoming::Scaled),
+                Mode::default_with(Incoming::PerRow),
+                Mode::plan(Plan::OnePass),
+                Mode::plan(Plan::TwoPass),
             ];
             let cases = [f32, f16]
                 .into_iter()
@@ -178,6 +277,7 @@ impl Bench {
             })
             .collect();
         let device = Device::default();
+        let (tuning, fast_math) = tuning_from_env(&device);
         Self {
             device,
             warmup: 3,
@@ -185,6 +285,8 @@ impl Bench {
             copy_elems,
             steady_steps: std::cell::Cell::new(STEADY_MAX_STEPS),
             cases,
+            tuning,
+            fast_math,
         }
     }
 
@@ -292,24 +394,34 @@ impl Bench {
             let x = Tensor::<AD, 2>::from_inner(logits.clone()).require_grad();
             (x, Tensor::<AD, 1, Int>::from_inner(targets.clone()))
         };
-        match mode {
-            Mode::Fwd => {
-                let loss = CrossEntropyLossConfig::new().init::<B>(&self.device);
-                self.measure(plain, |(x, y)| drop(loss.forward(x, y)))
-            }
-            // Burn's loss has no z-loss nor softcap: nothing to compare with.
-            Mode::FwdBwdOptions | Mode::OtherPlan(_) => None,
-            Mode::FwdBwd | Mode::FwdBwdChecked => {
+        let Mode::Step {
+            plan: Plan::Default,
+            incoming,
+            options: false,
+            ..
+        } = mode
+        else {
+            // The forward alone, or a plan or options Burn's loss does not have.
+            return match mode {
+                Mode::Fwd => {
+                    let loss = CrossEntropyLossConfig::new().init::<B>(&self.device);
+                    self.measure(plain, |(x, y)| drop(loss.forward(x, y)))
+                }
+                _ => None,
+            };
+        };
+        match incoming {
+            Incoming::One => {
                 let loss = CrossEntropyLossConfig::new().init::<AD>(&self.device);
                 self.measure(autodiff, |(x, y)| drop(loss.forward(x, y).backward()))
             }
-            Mode::FwdBwdScaled => {
+            Incoming::Scaled => {
                 let loss = CrossEntropyLossConfig::new().init::<AD>(&self.device);
                 self.measure(autodiff, |(x, y)| {
-                    drop((loss.forward(x, y) * 0.5).backward())
+                    drop((loss.forward(x, y) * 0.25).backward())
                 })
             }
-            Mode::FwdBwdRows => self.measure(autodiff, |(x, y)| {
+            Incoming::PerRow => self.measure(autodiff, |(x, y)| {
                 let row_loss = log_softmax(x, 1)
                     .gather(1, y.reshape([rows, 1]))
                     .reshape([rows])
@@ -326,67 +438,61 @@ impl Bench {
     /// written over it, and every iteration reads real random logits.
     fn ours(&self, case: &Inputs, mode: Mode) -> Option<Measured> {
         let (logits, targets, scale) = (&case.logits, &case.targets, &case.scale);
-        // The target check costs a device-to-host read (a sync) per call: measured apart.
-        let mean = CrossEntropyOptions {
-            check_targets: false,
+        let base = CrossEntropyOptions {
+            tuning: self.tuning,
+            fast_math: self.fast_math,
             ..Default::default()
         };
-        let checked = CrossEntropyOptions::default();
-        let with_options = CrossEntropyOptions {
-            label_smoothing: 0.1,
-            z_loss_scale: 1e-4,
-            softcap: Some(30.0),
-            ..mean.clone()
+        let Mode::Step {
+            plan,
+            incoming,
+            checked,
+            options,
+        } = mode
+        else {
+            let options = CrossEntropyOptions {
+                check_targets: false,
+                ..base
+            };
+            return self.measure(
+                || logits.clone(),
+                |x| drop(fused_cross_entropy(x, targets.clone(), &options)),
+            );
         };
-        let none = CrossEntropyOptions {
-            reduction: Reduction::None,
-            ..mean.clone()
+        let mut step_options = CrossEntropyOptions {
+            check_targets: checked,
+            reduction: if incoming == Incoming::PerRow {
+                Reduction::None
+            } else {
+                Reduction::Mean
+            },
+            ..base
         };
+        match plan {
+            Plan::Default => {}
+            Plan::OnePass => step_options.gradient_plan = GradientPlan::OnePass,
+            Plan::TwoPass => step_options.gradient_plan = GradientPlan::TwoPass,
+        }
+        if options {
+            step_options.label_smoothing = 0.1;
+            step_options.z_loss_scale = 1e-4;
+            step_options.softcap = Some(30.0);
+        }
         let targets_ad = || Tensor::<AutodiffCube, 1, Int>::from_inner(targets.clone());
         // A fresh copy per iteration, made outside the timed region and moved into the loss.
         let owned =
             || Tensor::<AutodiffCube, 2>::from_inner(logits.clone().mul_scalar(1.0)).require_grad();
-        match mode {
-            Mode::Fwd => self.measure(
-                || logits.clone(),
-                |x| drop(fused_cross_entropy(x, targets.clone(), &mean)),
-            ),
-            Mode::FwdBwd => self.measure(owned, |x| {
-                drop(fused_cross_entropy(x, targets_ad(), &mean).backward());
-            }),
-            Mode::FwdBwdScaled => self.measure(owned, |x| {
-                drop((fused_cross_entropy(x, targets_ad(), &mean) * 0.5).backward());
-            }),
-            Mode::FwdBwdChecked => self.measure(owned, |x| {
-                drop(fused_cross_entropy(x, targets_ad(), &checked).backward());
-            }),
-            Mode::FwdBwdOptions => self.measure(owned, |x| {
-                drop(fused_cross_entropy(x, targets_ad(), &with_options).backward());
-            }),
-            Mode::FwdBwdRows => self.measure(owned, |x| {
-                let loss = fused_cross_entropy(x, targets_ad(), &none);
-                let weights = Tensor::<AutodiffCube, 1>::from_inner(scale.clone());
-                drop((loss * weights).sum().backward());
-            }),
-            Mode::OtherPlan(base) => {
-                let flip = |options: &CrossEntropyOptions| CrossEntropyOptions {
-                    gradient_in_forward: !options.gradient_in_forward,
-                    ..options.clone()
-                };
-                let (options, factor) = match base {
-                    BaseMode::FwdBwd => (flip(&mean), 1.0),
-                    BaseMode::FwdBwdScaled => (flip(&mean), 0.5),
-                    BaseMode::FwdBwdOptions => (flip(&with_options), 1.0),
-                };
-                self.measure(owned, |x| {
-                    let loss = fused_cross_entropy(x, targets_ad(), &options);
-                    // As the base mode's step: no multiply when the factor is 1 (it would
-                    // add two launches the base mode does not have).
-                    let loss = if factor == 1.0 { loss } else { loss * factor };
-                    drop(loss.backward());
-                })
-            }
-        }
+        self.measure(owned, |x| {
+            let loss = fused_cross_entropy(x, targets_ad(), &step_options);
+            let loss = match incoming {
+                Incoming::One => loss,
+                Incoming::Scaled => loss * 0.25,
+                Incoming::PerRow => {
+                    (loss * Tensor::<AutodiffCube, 1>::from_inner(scale.clone())).sum()
+                }
+            };
+            drop(loss.backward());
+        })
     }
 }
 
@@ -419,14 +525,15 @@ fn main() {
     println!(
         "fused cross-entropy on {RUNTIME_NAME}: copy bandwidth {:.1} GB/s (read+write, {} MiB buffer; {:.1} GB/s in steady state)",
         bandwidth / 1e9,
-        bench.copy_elems * 4 >> 20,
+        (bench.copy_elems * 4) >> 20,
         steady_bandwidth / 1e9
     );
     println!(
-        "case          dtype mode               ours ms  floor ms  %floor  steady ms  %floor  stock ms stock/ours  ours MiB stock MiB"
+        "case          dtype mode                             ours ms  floor ms  %floor  steady ms  %floor  stock ms stock/ours  ours MiB stock MiB"
     );
 
     let mut not_in_place = false;
+    let mut results = Vec::new();
     for &(rows, vocab, dtype, mode) in &bench.cases {
         // Random data made on the device: no multi-GB host buffers, and never zeros.
         let logits = Tensor::<B, 2>::random([rows, vocab], uniform, device).cast(dtype);
@@ -450,10 +557,10 @@ fn main() {
             Ok(_) => None,
             Err(_) => bench.stock(&inputs, mode),
         };
-        let in_place_before = diagnostics::in_place_backward_count();
+        let in_place_before = test_hooks::in_place_backward_count();
         let ours = bench.ours(&inputs, mode);
         if let (Some(m), true) = (&ours, mode != Mode::Fwd) {
-            not_in_place |= diagnostics::in_place_backward_count() - in_place_before != m.calls;
+            not_in_place |= test_hooks::in_place_backward_count() - in_place_before != m.calls;
         }
 
         // Floor: forward must read the logits once; forward+backward must at least read them
@@ -469,7 +576,7 @@ fn main() {
         let steady_ms = ours.as_ref().and_then(|m| m.steady_ms);
         let label = mode.label();
         println!(
-            "{:<13} {:<5} {label:<16} {} {} {} {} {} {} {} {} {}",
+            "{:<13} {:<5} {label:<30} {} {} {} {} {} {} {} {} {}",
             format!("{rows}x{vocab}"),
             format!("{dtype:?}").to_lowercase(),
             cell(ours_ms, 9, 3),
@@ -482,6 +589,19 @@ fn main() {
             cell(ours.as_ref().and_then(|m| m.extra_mib), 9, 1),
             cell(stock.as_ref().and_then(|m| m.extra_mib), 9, 1),
         );
+        results.push(report::Row {
+            case: format!("{rows}x{vocab}"),
+            dtype: format!("{dtype:?}").to_lowercase(),
+            mode: label,
+            single_ms: ours_ms,
+            single_floor_ms: floor_ms,
+            steady_ms,
+            steady_floor_ms,
+            stock_steady_ms: stock.as_ref().and_then(|m| m.steady_ms),
+            stock_single_ms: stock_ms,
+            ours_mib: ours.as_ref().and_then(|m| m.extra_mib),
+            stock_mib: stock.as_ref().and_then(|m| m.extra_mib),
+        });
         // Give this case's pages back before the next one is allocated.
         drop(inputs);
         Runtime::client(device).memory_cleanup();
@@ -492,4 +612,25 @@ fn main() {
     println!(
         "MiB: device memory one iteration reserved beyond its inputs (pool pages, approximate)"
     );
+    // `FUSED_CE_BENCH_OUT` (default `target/fused-ce-bench`): where the table, CSV and plot go.
+    let out =
+        std::env::var("FUSED_CE_BENCH_OUT").unwrap_or_else(|_| "target/fused-ce-bench".into());
+    let header = report::Header {
+        runtime: device_name(),
+        copy_gbps: bandwidth / 1e9,
+        steady_copy_gbps: steady_bandwidth / 1e9,
+    };
+    match report::write(std::path::Path::new(&out), &header, &results) {
+        Ok(()) => println!("results: {out}/results.{{md,csv,svg}}"),
+        Err(error) => println!("could not write the results to {out}: {error}"),
+    }
+}
+
+/// The runtime and the device's name when `FUSED_CE_BENCH_DEVICE` gives it (cubecl does not
+/// report it; `gpu-bundle/run.sh` sets it from `nvidia-smi`).
+fn device_name() -> String {
+    match std::env::var("FUSED_CE_BENCH_DEVICE") {
+        Ok(name) if !name.is_empty() => format!("{name} ({RUNTIME_NAME})"),
+        _ => RUNTIME_NAME.to_string(),
+    }
 }

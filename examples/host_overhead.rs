@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use burn::tensor::{DType, Distribution, Int, Tensor, backend::Backend};
-use burn_fused_ce::{CrossEntropyOptions, fused_cross_entropy};
+use burn_fused_ce::{CrossEntropyOptions, GradientPlan, fused_cross_entropy};
 use fused_ce_suite::{AutodiffCube, CubeBackend, Device};
 
 const REPS: usize = 20;
@@ -105,12 +105,11 @@ fn main() {
             },
         ),
     );
-    for (name, gradient_in_forward, check_targets) in [
-        ("fused fwd (default options)", false, true),
-        ("fused fwd, unchecked", false, false),
+    for (name, check_targets) in [
+        ("fused fwd (default options)", true),
+        ("fused fwd, unchecked", false),
     ] {
         let options = CrossEntropyOptions {
-            gradient_in_forward,
             check_targets,
             ..Default::default()
         };
@@ -127,12 +126,12 @@ fn main() {
             ),
         );
     }
-    for (name, gradient_in_forward) in [
-        ("fused fwd+bwd, unchecked", false),
-        ("fused fwd+bwd one pass, unchecked", true),
+    for (name, gradient_plan) in [
+        ("fused fwd+bwd two passes, unchecked", GradientPlan::TwoPass),
+        ("fused fwd+bwd one pass, unchecked", GradientPlan::OnePass),
     ] {
         let options = CrossEntropyOptions {
-            gradient_in_forward,
+            gradient_plan,
             check_targets: false,
             ..Default::default()
         };

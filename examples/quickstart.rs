@@ -57,7 +57,7 @@ fn main() {
     let rows_shown: Vec<f32> = per_row
         .clone()
         .inner()
-        .slice([0..10])
+        .narrow(0, 0, 10)
         .into_data()
         .to_vec()
         .expect("f32 data");

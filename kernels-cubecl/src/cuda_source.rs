@@ -2,8 +2,8 @@
 //! IR is built as a launch on any runtime would build it (here lavapipe's), then compiled
 //! by cubecl's CUDA compiler with the options the CUDA runtime uses on an H200. NVRTC and
 //! `ptxas -v` then count its registers offline (`scripts/kernel_registers_offline.sh`):
-//! the registers decide how many cubes an SM holds (docs/performance.md, v16). Tooling
-//! only, behind the `cuda-source` feature.
+//! the registers decide how many cubes an SM holds. Tooling only, behind the
+//! `cuda-source` feature.
 
 use cubecl::Compiler;
 use cubecl::prelude::*;
@@ -12,23 +12,22 @@ use cubecl_cpp::{
     shared::{CompilationOptions, CppCompiler, CppSupportedFeatures},
 };
 
-use crate::split::cross_entropy_split_grad_kernel::{
-    _F, _I, _N, CrossEntropySplitGradKernel, F as KernelF, I as KernelI, N as KernelN,
+use crate::one_pass::cross_entropy_one_pass_kernel::{
+    _F, _I, _N, CrossEntropyOnePassKernel, F as KernelF, I as KernelI, N as KernelN,
 };
-use crate::{RowLaunch, SplitPlan};
+use crate::{OnePassPlan, RowLaunch};
 
-/// What `launch_forward_grad` would launch on an H200 for `shape`, as CUDA C++ (the IR
-/// built through `client`, any runtime).
-pub fn split_grad_kernel_source<R: Runtime>(
+/// What `launch_one_pass` would launch on an H200 for `shape` (its tuning included), as
+/// CUDA C++ (the IR built through `client`, any runtime), the gradient written over the
+/// logits (`gradient_in_place`, when the loss owns them) or into a buffer of its own.
+pub fn one_pass_kernel_source<R: Runtime>(
     client: &ComputeClient<R>,
     shape: RowLaunch,
     mean: bool,
+    gradient_in_place: bool,
 ) -> String {
-    // As the CUDA runtime plans it (`FUSED_CE_STREAMING_ACCESS` as there).
-    let plan = SplitPlan {
-        streaming_access: crate::launch::streaming_access_knob(),
-        ..SplitPlan::for_device(&shape, true)
-    };
+    // As the CUDA runtime plans it.
+    let plan = OnePassPlan::for_device(&shape, true, true);
     let settings = KernelSettings::default()
         .cube_dim(CubeDim::new_1d(plan.cube_size as u32))
         .address_type(shape.address_type);
@@ -47,9 +46,6 @@ pub fn split_grad_kernel_source<R: Runtime>(
         let strides = vec![1usize; dims];
         unsafe { TensorArg::<R>::from_raw_parts(handle, strides.into(), shape.into()) }
     };
-    // The gradient over the logits, as when the loss owns them (the bench's case), or
-    // with `FUSED_CE_SOURCE_SEPARATE=1` into a buffer of its own.
-    let gradient_in_place = std::env::var("FUSED_CE_SOURCE_SEPARATE").as_deref() != Ok("1");
     let target = if gradient_in_place {
         crate::GradientTarget::InPlace(buffer(3))
     } else {
@@ -71,11 +67,14 @@ pub fn split_grad_kernel_source<R: Runtime>(
     let partials = <Tensor<Atomic<i32>> as LaunchArg>::register(buffer(1), &mut launcher);
     // A scalar's compilation argument is `()`.
     <u32 as LaunchArg>::register(plan.chunk_vectors as u32, &mut launcher);
-    let scalars = <crate::RowScalars as LaunchArg>::register(shape.scalars(), &mut launcher);
-    let split = plan.options(mean, gradient_in_place);
-    // As the CUDA runtime launches it (its exponential and tanh, knobs as there).
+    let scalars = <crate::RowScalars as LaunchArg>::register(
+        crate::launch::row_scalars(&shape),
+        &mut launcher,
+    );
+    let one_pass = plan.options(mean, gradient_in_place);
+    // As the CUDA runtime launches it (its exponential and tanh).
     let options = shape.options_on(true, plan.cube_size, plan.loads_per_step);
-    let kernel = CrossEntropySplitGradKernel::<R>::new(
+    let kernel = CrossEntropyOnePassKernel::<R>::new(
         settings,
         client.clone(),
         logits,
@@ -92,7 +91,7 @@ pub fn split_grad_kernel_source<R: Runtime>(
         scalars,
         shape.vector_size,
         options,
-        split,
+        one_pass,
         dtypes,
     );
     let mut compiler = CppCompiler::<CudaDialect<CudaWmmaCompiler>>::default();

@@ -4,23 +4,35 @@
 //! This crate knows cubecl handles only: no Burn types. `burn-fused-ce` turns Burn tensors
 //! into launch arguments and does the reductions.
 
+mod backward;
+mod checks;
+mod cuda_injection;
 #[cfg(feature = "cuda-source")]
 pub mod cuda_source;
-mod kernels;
+mod forward;
 mod launch;
+mod one_pass;
+mod plan;
 mod reduce;
-mod split;
+mod row;
+mod tuning;
 
-pub use kernels::{
-    GradOptions, RowOptions, RowScalars, RowScalarsLaunch, cross_entropy_backward_kernel,
-    cross_entropy_forward_kernel, first_bad_target_kernel, scale_gradient_kernel,
+pub use backward::{GradOptions, cross_entropy_backward_kernel, scale_gradient_kernel};
+pub use checks::first_bad_target_kernel;
+pub use forward::cross_entropy_forward_kernel;
+pub use launch::{
+    GradientTarget, IncomingGradient, OnePassScratch, WeightArgs, launch_backward,
+    launch_first_bad_target, launch_forward, launch_one_pass, launch_reduce_stats,
+    launch_scale_gradient,
 };
-pub use launch::*;
+pub use one_pass::{
+    OnePassOptions, PARTIAL_SLOTS, UNPUBLISHED, cross_entropy_one_pass_kernel,
+    one_pass_prologue_kernel,
+};
+pub use plan::{LossSettings, MAX_CHUNKS, OnePassPlan, RowLaunch};
 pub use reduce::{ReduceOptions, reduce_stats_kernel};
-pub use split::{
-    PARTIAL_SLOTS, SplitOptions, UNPUBLISHED, cross_entropy_split_grad_kernel,
-    split_prologue_kernel,
-};
+pub use row::{RUNNING_MAX_START, RowOptions, RowScalars, RowScalarsLaunch};
+pub use tuning::{CacheHints, KernelTuning, TuningError};
 
 /// Rows of the per-row statistics matrix `[COUNT, N]` (f32) that forward writes; each row
 /// of it is contiguous. Ignored rows are 0 in every statistic.

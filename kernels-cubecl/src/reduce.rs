@@ -1,12 +1,12 @@
 //! The reduced outputs from forward's per-row statistics, in one launch: the loss (`Mean`
 //! or `Sum`), the z-loss, the accuracy and the mean's denominators. Done with Burn's
 //! tensor ops this was eight small kernels (two sums, each a zero fill and an atomic
-//! reduction, a clamp as a compare and a masked fill, a division, a cast); each small
-//! launch costs the device 3-7 us on the H200 (docs/performance.md, session 5).
+//! reduction, a clamp as a compare and a masked fill, a division, a cast), and each small
+//! launch has a fixed cost on the device.
 
 use cubecl::prelude::*;
 
-use crate::kernels::{stat_index, sum_stacked};
+use crate::row::{stat_index, sum_stacked};
 use crate::row_stat;
 
 /// Which reduced outputs a launch forms (each combination compiles its own kernel).

@@ -243,8 +243,7 @@ fn shape_mismatches_are_refused() {
         None,
         &options,
     )
-    .err()
-    .expect("rank mismatch refused");
+    .expect_err("rank mismatch refused");
     assert!(is_shape(&err), "rank: {err:?}");
     assert_forward_panics(
         logits::<B, 3>([2, 3, 9], &device),
@@ -259,8 +258,7 @@ fn shape_mismatches_are_refused() {
         None,
         &options,
     )
-    .err()
-    .expect("rank mismatch refused");
+    .expect_err("rank mismatch refused");
     assert!(is_shape(&err), "rank: {err:?}");
     // 3-D with the batch and time swapped.
     let err = try_fused_cross_entropy(
@@ -269,8 +267,7 @@ fn shape_mismatches_are_refused() {
         None,
         &options,
     )
-    .err()
-    .expect("[2, 3, V] with [3, 2] refused");
+    .expect_err("[2, 3, V] with [3, 2] refused");
     assert!(is_shape(&err), "3-D dims: {err:?}");
     // 4-D logits.
     let err = try_fused_cross_entropy(
@@ -279,8 +276,7 @@ fn shape_mismatches_are_refused() {
         None,
         &options,
     )
-    .err()
-    .expect("4-D refused");
+    .expect_err("4-D refused");
     assert!(is_shape(&err), "4-D: {err:?}");
     // No classes.
     let err = error_2d::<B>([3, 0], &[0, 0, 0], None, &options);
@@ -372,7 +368,7 @@ fn invalid_options_are_refused() {
             .with_label_smoothing(options.label_smoothing)
             .with_softcap(options.softcap)
             .with_z_loss_scale(options.z_loss_scale);
-        let got = config.try_init::<B>(&device).err().expect(&context);
+        let got = config.try_init::<B>(&device).expect_err(&context);
         assert_eq!(got, err, "{context}: try_init");
         let message = panic_message(|| {
             config.init::<B>(&device);
@@ -434,7 +430,7 @@ fn invalid_class_weights_are_refused() {
             );
         }
         let config = FusedCrossEntropyLossConfig::new().with_class_weights(Some(weights.clone()));
-        let err = config.try_init::<B>(&device).err().expect(&context);
+        let err = config.try_init::<B>(&device).expect_err(&context);
         let message = err.to_string();
         assert!(message.contains(&class.to_string()), "{context}: {message}");
         check(err.clone(), "try_init");

@@ -4,7 +4,7 @@
 #![allow(dead_code, unused_imports)]
 
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
-use burn_fused_ce::{CrossEntropyOptions, Reduction};
+use burn_fused_ce::{CrossEntropyOptions, GradientPlan, KernelTuning, Reduction};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 pub use fused_ce_suite::{AutodiffCube, CubeBackend, Device, SUPPORTS_BF16};
@@ -47,6 +47,7 @@ pub fn tolerance(dtype: DType) -> (f64, f64) {
 
 /// Which rows are ignored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names)]
 pub enum Ignore {
     NoRows,
     SomeRows,
@@ -199,6 +200,40 @@ impl RefOptions {
     pub fn capped(&self, row: &[f64]) -> Vec<f64> {
         row.iter().map(|&x| self.cap(x)).collect()
     }
+}
+
+/// The gradient plan by whether it is the one pass (tests loop over both).
+pub fn plan(one_pass: bool) -> GradientPlan {
+    if one_pass {
+        GradientPlan::OnePass
+    } else {
+        GradientPlan::TwoPass
+    }
+}
+
+thread_local! {
+    static FORCED_CHUNKS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `body` with every case's options cutting the one pass's rows into `chunks` chunks
+/// (see [`with_forced_chunks`]), on this thread.
+pub fn forcing_chunks(chunks: usize, body: impl FnOnce()) {
+    FORCED_CHUNKS.with(|cell| cell.set(Some(chunks)));
+    body();
+    FORCED_CHUNKS.with(|cell| cell.set(None));
+}
+
+/// The options with the chunk count [`forcing_chunks`] asks for, on this build's device's
+/// tuning; unchanged outside it.
+pub fn with_forced_chunks(mut options: CrossEntropyOptions) -> CrossEntropyOptions {
+    if let Some(chunks) = FORCED_CHUNKS.with(|cell| cell.get()) {
+        let client = <fused_ce_suite::Runtime as cubecl::Runtime>::client(&Device::default());
+        options.tuning = Some(KernelTuning {
+            chunks: Some(chunks),
+            ..KernelTuning::for_device(&client)
+        });
+    }
+    options
 }
 
 /// Small builder helpers on the options (tests build many variants).
@@ -449,7 +484,7 @@ pub fn relative_l2(actual: &[f64], expected: &[f64]) -> f64 {
 }
 
 /// Process-wide device state that parallel tests would race on: the in-place counter
-/// (`diagnostics::in_place_backward_count`, bumped on the fusion stream's thread under
+/// (`test_hooks::in_place_backward_count`, bumped on the fusion stream's thread under
 /// fusion) and the backend's seeded RNG. Tests that run backward hold this shared; tests
 /// that read the counter or need reproducible device randomness hold it exclusively.
 static BACKWARD_LOCK: std::sync::RwLock<()> = std::sync::RwLock::new(());

@@ -7,7 +7,7 @@ use burn::{
     tensor::{DType, Tensor},
 };
 use burn_fused_ce::{
-    CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, diagnostics, try_fused_cross_entropy,
+    CrossEntropyOptions, FusedCrossEntropyBackend, Reduction, test_hooks, try_fused_cross_entropy,
 };
 use fused_ce_suite::DefaultBackend;
 
@@ -35,7 +35,7 @@ where
 {
     let backend = std::any::type_name::<B>();
     let _only_us = exclusive_device();
-    diagnostics::set_poison_outputs(true);
+    test_hooks::set_poison_outputs(true);
     let seed = fresh_seed();
     let device = B::Device::default();
     let mut rng = rng(seed);
@@ -58,7 +58,7 @@ where
         let leaf = Tensor::<Autodiff<B>, 2>::from_inner(inner).require_grad();
         let logits = leaf.clone() * 1.0;
         let kept = held.then(|| logits.clone());
-        let before = diagnostics::in_place_backward_count();
+        let before = test_hooks::in_place_backward_count();
         let (options, weights) = if options_on {
             (
                 CrossEntropyOptions {
@@ -86,7 +86,7 @@ where
         }
         let expected_in_place = if held { 0 } else { 1 };
         assert_eq!(
-            diagnostics::in_place_backward_count() - before,
+            test_hooks::in_place_backward_count() - before,
             expected_in_place,
             "{context}: in-place backward launches"
         );

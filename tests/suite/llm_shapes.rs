@@ -5,24 +5,16 @@
 
 use crate::common::*;
 use burn::tensor::{DType, Distribution, Tensor, backend::Backend};
-use burn_fused_ce::{CrossEntropyOptions, Reduction, diagnostics, fused_cross_entropy};
+use burn_fused_ce::{CrossEntropyOptions, Reduction, fused_cross_entropy, test_hooks};
 use rand::Rng;
 
-fn check_llm_shape(
-    rows: usize,
-    vocab: usize,
-    dtype: DType,
-    reduction: Reduction,
-    gradient_in_forward: bool,
-) {
-    diagnostics::set_poison_outputs(true);
+fn check_llm_shape(rows: usize, vocab: usize, dtype: DType, reduction: Reduction, one_pass: bool) {
+    test_hooks::set_poison_outputs(true);
     let _backward = shared_device();
     let seed = fresh_seed();
     let device = Device::default();
     let mut rng = rng(seed);
-    let context = format!(
-        "{rows}x{vocab} {dtype:?} {reduction:?} gradient_in_forward={gradient_in_forward} seed={seed}"
-    );
+    let context = format!("{rows}x{vocab} {dtype:?} {reduction:?} one_pass={one_pass} seed={seed}");
     CubeBackend::seed(&device, seed);
     let inner =
         Tensor::<CubeBackend, 2>::random([rows, vocab], Distribution::Uniform(-6.0, 6.0), &device)
@@ -42,7 +34,7 @@ fn check_llm_shape(
 
     let leaf = Tensor::<AutodiffCube, 2>::from_inner(inner).require_grad();
     let options = CrossEntropyOptions {
-        gradient_in_forward,
+        gradient_plan: plan(one_pass),
         ..CrossEntropyOptions::new(reduction)
     };
     // `leaf * 1.0` is an intermediate nobody holds: backward writes over it in place.
@@ -119,8 +111,8 @@ fn check_llm_shape(
 #[test]
 fn bf16_8192_x_128256_every_reduction() {
     for reduction in [Reduction::None, Reduction::Mean, Reduction::Sum] {
-        for gradient_in_forward in [false, true] {
-            check_llm_shape(8192, 128256, DType::BF16, reduction, gradient_in_forward);
+        for one_pass in [false, true] {
+            check_llm_shape(8192, 128256, DType::BF16, reduction, one_pass);
         }
     }
 }
@@ -143,17 +135,15 @@ fn bf16_4096_x_256000_mean() {
 /// logits). Every index into the logits must be 64-bit. The loss of the first and last 16
 /// rows (the last ones lie past 2^31 elements) and their gradient rows are checked
 /// against the f64 reference; the Mean loss against the mean of the per-row losses.
-fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, gradient_in_forward: bool) {
-    diagnostics::set_poison_outputs(true);
+fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, one_pass: bool) {
+    test_hooks::set_poison_outputs(true);
     // Up to 67 GB at the peak: alone on the device.
     let _only_us = exclusive_device();
     let seed = fresh_seed();
     let device = Device::default();
     let mut rng = rng(seed);
     let dtype = DType::BF16;
-    let context = format!(
-        "{rows}x{vocab} {dtype:?} {reduction:?} gradient_in_forward={gradient_in_forward} seed={seed}"
-    );
+    let context = format!("{rows}x{vocab} {dtype:?} {reduction:?} one_pass={one_pass} seed={seed}");
     assert!(
         rows * vocab > 1 << 31,
         "{context}: the shape must pass 2^31 elements"
@@ -205,7 +195,7 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, gradient_in_
         leaf.clone() * 1.0,
         targets_tensor(&targets, &device),
         &CrossEntropyOptions {
-            gradient_in_forward,
+            gradient_plan: plan(one_pass),
             ..CrossEntropyOptions::new(reduction)
         },
     );

@@ -168,12 +168,12 @@ where
     for (_name, options, class_weights) in single_options(vocab) {
         for &dtype in dtypes {
             for reduction in REDUCTIONS {
-                for gradient_in_forward in plans(reduction) {
+                for one_pass in plans(reduction) {
                     n += 1;
                     check_case::<B>(Case {
                         options: CrossEntropyOptions {
                             reduction,
-                            gradient_in_forward,
+                            gradient_plan: plan(one_pass),
                             ..options.clone()
                         },
                         class_weights,
@@ -200,15 +200,15 @@ fn check_combined<B: FusedCrossEntropyBackend>(
     for &(batch, rows, vocab) in shapes {
         for &dtype in dtypes {
             for reduction in REDUCTIONS {
-                for (exclusive_logits, gradient_in_forward) in
+                for (exclusive_logits, one_pass) in
                     [(false, true), (true, true), (false, false), (true, false)]
                 {
-                    if reduction == Reduction::None && !gradient_in_forward {
+                    if reduction == Reduction::None && !one_pass {
                         continue;
                     }
                     n += 1;
                     let options = CrossEntropyOptions {
-                        gradient_in_forward,
+                        gradient_plan: plan(one_pass),
                         ..all_options(reduction, vocab)
                     };
                     check_case::<B>(Case {
@@ -225,9 +225,9 @@ fn check_combined<B: FusedCrossEntropyBackend>(
         }
     }
     for reduction in REDUCTIONS {
-        for gradient_in_forward in plans(reduction) {
+        for one_pass in plans(reduction) {
             let options = CrossEntropyOptions {
-                gradient_in_forward,
+                gradient_plan: plan(one_pass),
                 ..all_options(reduction, 129)
             };
             // Every row ignored, every option on: 0 loss, 0 gradient for Mean (no NaN).
@@ -294,7 +294,7 @@ fn options_on_ndarray_through_the_portable_path() {
 
 /// Each extra output alone (the others absent) x reduction, with logits rounded to
 /// integers so rows have exact ties (argmax: the first of them).
-fn check_extra_outputs<B: FusedCrossEntropyBackend>(dtypes: &[DType], gradient_in_forward: bool)
+fn check_extra_outputs<B: FusedCrossEntropyBackend>(dtypes: &[DType], one_pass: bool)
 where
     B::Device: Default,
 {
@@ -328,7 +328,7 @@ where
                             outputs,
                             z_loss_scale: if n % 2 == 0 { 1e-3 } else { 0.0 },
                             softcap: (n % 3 == 0).then_some(10.0),
-                            gradient_in_forward,
+                            gradient_plan: plan(one_pass),
                             ..CrossEntropyOptions::new(reduction)
                         },
                         ties,
@@ -348,7 +348,7 @@ where
         check_case::<B>(Case {
             options: CrossEntropyOptions {
                 outputs: ExtraOutputs::all(),
-                gradient_in_forward,
+                gradient_plan: plan(one_pass),
                 ..CrossEntropyOptions::new(reduction)
             },
             confident: Some(1.0),
@@ -358,7 +358,7 @@ where
             options: CrossEntropyOptions {
                 outputs: ExtraOutputs::all(),
                 z_loss_scale: 1e-3,
-                gradient_in_forward,
+                gradient_plan: plan(one_pass),
                 ..CrossEntropyOptions::new(reduction)
             },
             ignore: Ignore::AllRows,
@@ -370,8 +370,8 @@ where
 #[test]
 fn extra_outputs_on_the_cube_backend() {
     poisoned();
-    for gradient_in_forward in [false, true] {
-        check_extra_outputs::<CubeBackend>(&float_dtypes(), gradient_in_forward);
+    for one_pass in [false, true] {
+        check_extra_outputs::<CubeBackend>(&float_dtypes(), one_pass);
     }
 }
 
@@ -442,17 +442,17 @@ fn confident_prediction_with_options_on_the_default_fusion_backend() {
 fn rows_cut_into_exchanging_chunks() {
     poisoned();
     for chunks in [2, 3, 7] {
-        burn_fused_ce::diagnostics::set_split_chunks(Some(chunks));
-        check_combined::<CubeBackend>(
-            &[
-                (None, 37, 129),
-                (Some(3), 3 * 4, 41),
-                (None, 300, 67),
-                (None, 16, 4096),
-            ],
-            &float_dtypes(),
-        );
-        check_extra_outputs::<CubeBackend>(&float_dtypes(), true);
+        forcing_chunks(chunks, || {
+            check_combined::<CubeBackend>(
+                &[
+                    (None, 37, 129),
+                    (Some(3), 3 * 4, 41),
+                    (None, 300, 67),
+                    (None, 16, 4096),
+                ],
+                &float_dtypes(),
+            );
+            check_extra_outputs::<CubeBackend>(&float_dtypes(), true);
+        });
     }
-    burn_fused_ce::diagnostics::set_split_chunks(None);
 }

@@ -101,9 +101,9 @@ where
     B::Device: Default,
 {
     use burn::{backend::Autodiff, tensor::DType};
-    use burn_fused_ce::{CrossEntropyOptions, diagnostics, fused_cross_entropy};
+    use burn_fused_ce::{CrossEntropyOptions, fused_cross_entropy, test_hooks};
 
-    diagnostics::set_poison_outputs(true);
+    test_hooks::set_poison_outputs(true);
     let _backward = shared_device();
     let seed = fresh_seed();
     let device = B::Device::default();
@@ -113,13 +113,13 @@ where
     let other = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
     for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
-        for gradient_in_forward in [true, false] {
+        for one_pass in [true, false] {
             let context = format!(
-                "{} {reduction:?} gradient_in_forward={gradient_in_forward} seed={seed}",
+                "{} {reduction:?} one_pass={one_pass} seed={seed}",
                 std::any::type_name::<B>()
             );
             let options = CrossEntropyOptions {
-                gradient_in_forward,
+                gradient_plan: plan(one_pass),
                 ..CrossEntropyOptions::new(reduction)
             };
             let (inner, seen) =

@@ -41,7 +41,7 @@ where
                     } else {
                         CrossEntropyOptions::new(reduction)
                     };
-                    options.gradient_in_forward = n % 4 < 2;
+                    options.gradient_plan = plan(n % 4 < 2);
                     check_case::<B>(Case {
                         options,
                         class_weights: options_on,
@@ -267,7 +267,7 @@ fn check_window<B: FusedCrossEntropyBackend>(
     reduction: Reduction,
     options_on: bool,
     exclusive: bool,
-    gradient_in_forward: bool,
+    one_pass: bool,
 ) where
     B::Device: Default,
 {
@@ -276,11 +276,11 @@ fn check_window<B: FusedCrossEntropyBackend>(
     let device = B::Device::default();
     let mut rng = rng(seed);
     let context = format!(
-        "{} {layout:?} b={b} t={t} v={v} {dtype:?} {reduction:?} options={options_on} exclusive={exclusive} gradient_in_forward={gradient_in_forward} seed={seed}",
+        "{} {layout:?} b={b} t={t} v={v} {dtype:?} {reduction:?} options={options_on} exclusive={exclusive} one_pass={one_pass} seed={seed}",
         short_name::<B>()
     );
     let options = CrossEntropyOptions {
-        gradient_in_forward,
+        gradient_plan: plan(one_pass),
         ..if options_on {
             all_options(reduction, v)
         } else {
@@ -427,16 +427,10 @@ where
             for options_on in [false, true] {
                 n += 1;
                 let dtype = dtypes[n % dtypes.len()];
-                for gradient_in_forward in plans(reduction) {
+                for one_pass in plans(reduction) {
                     for exclusive in [false, true] {
                         check_window::<B>(
-                            layout,
-                            dims,
-                            dtype,
-                            reduction,
-                            options_on,
-                            exclusive,
-                            gradient_in_forward,
+                            layout, dims, dtype, reduction, options_on, exclusive, one_pass,
                         );
                     }
                 }

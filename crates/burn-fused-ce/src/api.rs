@@ -4,7 +4,7 @@
 use burn::tensor::{DType, Int, Shape, Tensor, TensorPrimitive, backend::Backend};
 
 use crate::{
-    backend::{ClassWeights, FusedCrossEntropyBackend, first_true},
+    backend::{ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, first_true},
     options::{CrossEntropyError, CrossEntropyOptions, Reduction},
 };
 
@@ -94,12 +94,12 @@ pub(crate) fn cross_entropy_checked<
             weights: weights.into_primitive().tensor(),
         }
     });
-    let parts = B::fused_cross_entropy(
-        logits.into_primitive().tensor(),
-        targets.into_primitive(),
-        weights,
-        options,
-    );
+    let inputs = CrossEntropyInputs {
+        logits: logits.into_primitive().tensor(),
+        targets: targets.into_primitive(),
+        class_weights: weights,
+    };
+    let parts = B::fused_cross_entropy(inputs, options);
 
     let per_row_shape = Shape::new(target_dims);
     let reduced_shape = Shape::new([1; DT]);
@@ -215,7 +215,7 @@ fn check_values<B: FusedCrossEntropyBackend, const DT: usize>(
         let class = class as usize;
         let value = weights
             .clone()
-            .slice([class..class + 1])
+            .narrow(0, class, 1)
             .into_data()
             .convert::<f32>()
             .to_vec::<f32>()

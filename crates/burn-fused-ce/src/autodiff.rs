@@ -1,10 +1,9 @@
-//! The op under `Autodiff<B>`, in one of two plans (see
-//! [`CrossEntropyOptions::gradient_in_forward`]):
-//! - statistics: forward runs the inner backend's row kernel and keeps the per-row
+//! The op under `Autodiff<B>`, in one of two plans (see [`GradientPlan`]):
+//! - two passes: forward runs the inner backend's row kernel and keeps the per-row
 //!   statistics; backward hands the incoming gradient (and the mean's denominators)
 //!   straight to the inner backward kernel: one launch, no scale computed on the host;
-//! - formed gradient (`Mean`/`Sum`): forward also writes the gradient for an incoming
-//!   gradient of 1; backward rescales it on the device (nothing when it is 1).
+//! - one pass (`Mean`/`Sum`): forward also writes the gradient for an incoming gradient
+//!   of 1; backward rescales it on the device (nothing when it is 1).
 //!
 //! Only the loss is tracked: class weights and the extra outputs get no gradient.
 
@@ -20,26 +19,29 @@ use burn_autodiff::{
     ops::{Backward, Ops, OpsKind},
 };
 
+#[cfg(doc)]
+use crate::options::GradientPlan;
 use crate::{
-    backend::{ClassWeights, FusedCrossEntropyBackend, LossParts, RowStats},
-    options::{CrossEntropyOptions, Reduction},
+    backend::{
+        ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, RowStats,
+        TwoPassBackward,
+    },
+    options::CrossEntropyOptions,
 };
 
 /// What backward needs.
 #[derive(Debug, Clone)]
 enum CrossEntropyState<B: FusedCrossEntropyBackend> {
-    /// The logits (owned, so they can become the gradient), the targets, the weights, the
-    /// per-row statistics and, for `Mean`, the denominators.
-    Rows {
-        logits: FloatTensor<B>,
-        targets: IntTensor<B>,
-        class_weights: Option<ClassWeights<B>>,
+    /// The inputs (the logits owned, so they can become the gradient), the per-row
+    /// statistics and, for `Mean`, the denominators.
+    TwoPass {
+        inputs: CrossEntropyInputs<B>,
         stats: FloatTensor<B>,
         denominators: Option<FloatTensor<B>>,
         options: CrossEntropyOptions,
     },
-    /// The gradient forward wrote for an incoming gradient of 1.
-    Formed { grad: FloatTensor<B> },
+    /// The gradient the one pass wrote for an incoming gradient of 1.
+    OnePass { grad: FloatTensor<B> },
 }
 
 #[derive(Debug)]
@@ -60,63 +62,59 @@ impl<B: FusedCrossEntropyBackend> Backward<B, 1> for FusedCrossEntropyBackward {
             return;
         };
         let grad_logits = match ops.state {
-            CrossEntropyState::Rows {
-                logits,
-                targets,
-                class_weights,
+            CrossEntropyState::TwoPass {
+                inputs,
                 stats,
                 denominators,
                 options,
-            } => B::cross_entropy_rows_backward(
-                logits,
-                targets,
-                class_weights,
-                stats,
-                grad_output,
-                denominators,
+            } => B::cross_entropy_backward(
+                inputs,
+                TwoPassBackward {
+                    stats,
+                    grad_output,
+                    denominators,
+                },
                 &options,
             ),
-            CrossEntropyState::Formed { grad } => B::scale_formed_gradient(grad, grad_output),
+            CrossEntropyState::OnePass { grad } => B::scale_one_pass_gradient(grad, grad_output),
         };
         grads.register::<B>(logits_node.id, grad_logits);
     }
 }
 
-/// Whether the forward-formed plan applies: asked for, a scalar incoming gradient, and
-/// at least one row.
-fn forms_gradient<B: FusedCrossEntropyBackend>(
+/// Whether the one pass applies: asked for, a scalar incoming gradient, and at least one
+/// row.
+fn takes_one_pass<B: FusedCrossEntropyBackend>(
     logits: &FloatTensor<B>,
     options: &CrossEntropyOptions,
 ) -> bool {
     let shape = logits.shape();
     let rows: usize = shape.iter().take(shape.num_dims() - 1).product();
-    options.gradient_in_forward && options.reduction != Reduction::None && rows > 0
+    options.one_pass() && rows > 0
 }
 
-fn inner_weights<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
-    weights: Option<ClassWeights<Autodiff<B, C>>>,
-) -> Option<ClassWeights<B>> {
-    weights.map(|w| ClassWeights {
-        weights: w.weights.primitive,
-        total: w.total.primitive,
-    })
+/// The inner backend's inputs, the logits' autodiff node left behind.
+fn inner_inputs<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+    inputs: CrossEntropyInputs<Autodiff<B, C>>,
+) -> CrossEntropyInputs<B> {
+    CrossEntropyInputs {
+        logits: inputs.logits.primitive,
+        targets: inputs.targets,
+        class_weights: inputs.class_weights.map(|w| ClassWeights {
+            weights: w.weights.primitive,
+            total: w.total.primitive,
+        }),
+    }
 }
 
 impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBackend
     for Autodiff<B, C>
 {
     fn cross_entropy_rows(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
+        inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> RowStats<Self> {
-        let rows = B::cross_entropy_rows(
-            logits.primitive,
-            targets,
-            inner_weights(class_weights),
-            options,
-        );
+        let rows = B::cross_entropy_rows(inner_inputs(inputs), options);
         RowStats {
             stats: Self::from_inner(rows.stats),
             predicted: rows.predicted,
@@ -132,68 +130,52 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
         B::first_bad_target(targets, vocab, ignore_index)
     }
 
-    fn cross_entropy_rows_backward(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
-        stats: FloatTensor<Self>,
-        grad_output: FloatTensor<Self>,
-        denominators: Option<FloatTensor<Self>>,
+    fn cross_entropy_backward(
+        inputs: CrossEntropyInputs<Self>,
+        backward: TwoPassBackward<Self>,
         options: &CrossEntropyOptions,
     ) -> FloatTensor<Self> {
-        Self::from_inner(B::cross_entropy_rows_backward(
-            logits.primitive,
-            targets,
-            inner_weights(class_weights),
-            stats.primitive,
-            grad_output.primitive,
-            denominators.map(|d| d.primitive),
+        let backward = TwoPassBackward {
+            stats: backward.stats.primitive,
+            grad_output: backward.grad_output.primitive,
+            denominators: backward.denominators.map(|d| d.primitive),
+        };
+        Self::from_inner(B::cross_entropy_backward(
+            inner_inputs(inputs),
+            backward,
             options,
         ))
     }
 
     fn fused_cross_entropy(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
+        inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> LossParts<Self> {
-        let dtype = logits.primitive.dtype();
-        let class_weights = inner_weights(class_weights);
+        let dtype = inputs.logits.primitive.dtype();
+        let node = inputs.logits.node.clone();
+        let one_pass = takes_one_pass::<B>(&inputs.logits.primitive, options);
+        let inputs = inner_inputs(inputs);
         let (loss, parts) = match FusedCrossEntropyBackward
-            .prepare::<C>([logits.node.clone()])
+            .prepare::<C>([node])
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) if forms_gradient::<B>(&logits.primitive, options) => {
+            OpsKind::Tracked(prep) if one_pass => {
                 // The logits move into the op: with no other holder, their memory becomes
                 // the gradient.
-                let (rows, grad) = B::cross_entropy_rows_with_grad(
-                    logits.primitive,
-                    targets,
-                    class_weights,
-                    options,
-                );
+                let (rows, grad) = B::cross_entropy_one_pass(inputs, options);
                 let parts = B::reduce_row_stats(rows, options, dtype, false).parts;
-                let state = CrossEntropyState::Formed { grad };
+                let state = CrossEntropyState::OnePass { grad };
                 (prep.finish(state, parts.loss.clone()), parts)
             }
             OpsKind::Tracked(prep) => {
                 // The state takes the only other handle on the logits: once the caller's
                 // tensor is dropped, backward may overwrite them with their gradient.
-                let logits = logits.primitive;
-                let rows = B::cross_entropy_rows(
-                    logits.clone(),
-                    targets.clone(),
-                    class_weights.clone(),
-                    options,
-                );
+                let rows = B::cross_entropy_rows(inputs.clone(), options);
                 let stats = rows.stats.clone();
                 let reduced = B::reduce_row_stats(rows, options, dtype, true);
-                let state = CrossEntropyState::Rows {
-                    logits,
-                    targets,
-                    class_weights,
+                let state = CrossEntropyState::TwoPass {
+                    inputs,
                     stats,
                     denominators: reduced.denominators,
                     options: options.clone(),
@@ -202,8 +184,7 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                 (prep.finish(state, parts.loss.clone()), parts)
             }
             OpsKind::UnTracked(prep) => {
-                let parts =
-                    B::fused_cross_entropy(logits.primitive, targets, class_weights, options);
+                let parts = B::fused_cross_entropy(inputs, options);
                 (prep.finish(parts.loss.clone()), parts)
             }
         };

@@ -32,70 +32,72 @@ pub struct RowStats<B: Backend> {
     pub weighted: bool,
 }
 
+/// The tensors of one call: logits `[N, V]` or `[B, T, V]` (rows may be strided; the
+/// class dimension is read as it is laid out), targets `[N]` or `[B, T]`, and the class
+/// weights when given.
+#[derive(Debug, Clone)]
+pub struct CrossEntropyInputs<B: Backend> {
+    pub logits: FloatTensor<B>,
+    pub targets: IntTensor<B>,
+    pub class_weights: Option<ClassWeights<B>>,
+}
+
+/// What the two-pass backward reads besides the call's inputs.
+#[derive(Debug, Clone)]
+pub struct TwoPassBackward<B: Backend> {
+    /// Forward's per-row statistics (see [`RowStats::stats`]).
+    pub stats: FloatTensor<B>,
+    /// The loss's incoming gradient: `[N]` for `Reduction::None`, `[1]` otherwise, any
+    /// float dtype.
+    pub grad_output: FloatTensor<B>,
+    /// For `Mean`, f32 `[2]`: the class-weight total `D` for the cross-entropy part and
+    /// the row count `n` for the z-loss part.
+    pub denominators: Option<FloatTensor<B>>,
+}
+
 /// A Burn backend that can run the fused cross-entropy.
 ///
-/// `logits` are `[N, V]` or `[B, T, V]` (rows may be strided; the class dimension is read
-/// as it is laid out), `targets` `[N]` or `[B, T]`. Callers validate shapes and options
-/// first (the typed functions in this crate do).
+/// Callers validate shapes and options first (the typed functions in this crate do).
 pub trait FusedCrossEntropyBackend: Backend {
     /// Per-row forward: reads the logits once and writes nothing of size N x V.
     fn cross_entropy_rows(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
+        inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> RowStats<Self>;
 
-    /// Gradient with respect to the logits (same shape), scaled per row by
-    /// `grad_output` (the loss's incoming gradient: `[N]` for `Reduction::None`, `[1]`
-    /// otherwise, any float dtype) and, for `Mean`, divided by `denominators` (f32 `[2]`:
-    /// the class-weight total `D` for the cross-entropy part, the row count `n` for the
-    /// z-loss part). Writes over `logits` when nothing else holds that buffer.
-    #[allow(clippy::too_many_arguments)]
-    fn cross_entropy_rows_backward(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
-        stats: FloatTensor<Self>,
-        grad_output: FloatTensor<Self>,
-        denominators: Option<FloatTensor<Self>>,
+    /// The two-pass backward: the gradient with respect to the logits (same shape),
+    /// scaled per row by the incoming gradient and, for `Mean`, divided by the
+    /// denominators. Writes over the logits when nothing else holds that buffer.
+    fn cross_entropy_backward(
+        inputs: CrossEntropyInputs<Self>,
+        backward: TwoPassBackward<Self>,
         options: &CrossEntropyOptions,
     ) -> FloatTensor<Self>;
 
-    /// Forward that also forms the gradient for an incoming gradient of 1 (`Mean` or `Sum`;
-    /// divided by the mean's denominators for `Mean`), in the same pass when the backend
-    /// can: over the logits when nothing else holds them. The default runs the two ops.
-    fn cross_entropy_rows_with_grad(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
+    /// The one pass: forward that also forms the gradient for an incoming gradient of 1
+    /// (`Mean` or `Sum`; divided by the mean's denominators for `Mean`), in the same pass
+    /// when the backend can, over the logits when nothing else holds them. The default
+    /// runs forward and the two-pass backward.
+    fn cross_entropy_one_pass(
+        inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> (RowStats<Self>, FloatTensor<Self>) {
-        let rows = Self::cross_entropy_rows(
-            logits.clone(),
-            targets.clone(),
-            class_weights.clone(),
-            options,
-        );
-        let device = <Self as burn::tensor::ops::FloatTensorOps<Self>>::float_device(&logits);
-        let one = primitive(Tensor::<Self, 1>::ones([1], (&device, DType::F32)));
-        let denominators =
-            (options.reduction == Reduction::Mean).then(|| mean_denominators::<Self>(&rows));
-        let grad = Self::cross_entropy_rows_backward(
-            logits,
-            targets,
-            class_weights,
-            rows.stats.clone(),
-            one,
-            denominators,
-            options,
-        );
+        let rows = Self::cross_entropy_rows(inputs.clone(), options);
+        let device =
+            <Self as burn::tensor::ops::FloatTensorOps<Self>>::float_device(&inputs.logits);
+        let backward = TwoPassBackward {
+            stats: rows.stats.clone(),
+            grad_output: primitive(Tensor::<Self, 1>::ones([1], (&device, DType::F32))),
+            denominators: (options.reduction == Reduction::Mean)
+                .then(|| mean_denominators::<Self>(&rows)),
+        };
+        let grad = Self::cross_entropy_backward(inputs, backward, options);
         (rows, grad)
     }
 
-    /// Backward of a forward-formed gradient: `grad * g` for the scalar incoming gradient
-    /// `g` (`[1]`, any float dtype), left as is on the device when `g` is 1.
-    fn scale_formed_gradient(
+    /// Backward of the one pass: `grad * g` for the scalar incoming gradient `g` (`[1]`,
+    /// any float dtype), left as is on the device when `g` is 1.
+    fn scale_one_pass_gradient(
         grad: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
@@ -146,13 +148,11 @@ pub trait FusedCrossEntropyBackend: Backend {
     /// the extra outputs asked for. Backends with autodiff override this to register the
     /// backward step.
     fn fused_cross_entropy(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
+        inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> LossParts<Self> {
-        let dtype = logits.dtype();
-        let rows = Self::cross_entropy_rows(logits, targets, class_weights, options);
+        let dtype = inputs.logits.dtype();
+        let rows = Self::cross_entropy_rows(inputs, options);
         Self::reduce_row_stats(rows, options, dtype, false).parts
     }
 }
@@ -181,11 +181,13 @@ pub struct Reduced<B: Backend> {
     pub denominators: Option<FloatTensor<B>>,
 }
 
-fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
+/// A float primitive as a typed tensor of rank `D`.
+pub(crate) fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(primitive))
 }
 
-fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
+/// A typed float tensor's primitive.
+pub(crate) fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
     tensor.into_primitive().tensor()
 }
 

@@ -11,17 +11,18 @@ use burn_cubecl::{
 use cubecl::prelude::InputScalar;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
-    GradientTarget, IncomingGradient, LossSettings, RowLaunch, SplitPlan, SplitScratch, WeightArgs,
-    launch_backward, launch_first_bad_target, launch_forward, launch_forward_grad,
-    launch_reduce_stats, launch_scale_gradient, row_stat,
+    GradientTarget, IncomingGradient, KernelTuning, LossSettings, OnePassPlan, OnePassScratch,
+    RowLaunch, WeightArgs, launch_backward, launch_first_bad_target, launch_forward,
+    launch_one_pass, launch_reduce_stats, launch_scale_gradient, row_stat,
 };
 
 use crate::{
     backend::{
-        ClassWeights, FusedCrossEntropyBackend, LossParts, Reduced, RowStats, lse_row, reduce_stats,
+        CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, Reduced, RowStats,
+        TwoPassBackward, lse_row, reduce_stats,
     },
-    diagnostics,
     options::{CrossEntropyOptions, Reduction},
+    test_hooks,
 };
 
 /// Logits as the kernels read them: `[B, T, V]` (a 2-D `[N, V]` is bound as `[1, N, V]`,
@@ -69,10 +70,10 @@ fn vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>]) -> usize {
         .client
         .io_optimized_vector_sizes(logits.dtype.size())
         .filter(|&size| {
-            vocab % size == 0
+            vocab.is_multiple_of(size)
                 && tensors.iter().all(|tensor| {
                     let strides = tensor.meta.strides();
-                    strides[0] % size == 0 && strides[1] % size == 0
+                    strides[0].is_multiple_of(size) && strides[1].is_multiple_of(size)
                 })
         })
         .max()
@@ -101,12 +102,25 @@ fn row_launch<R: CubeRuntime>(
             softcap: options.softcap,
             weighted,
             argmax: options.outputs.needs_argmax(),
+            exp_flush_to_zero: options.fast_math.exp_flush_to_zero,
+            approximate_tanh: options.fast_math.approximate_tanh,
         },
+        tuning: tuning_for(&logits.client, options),
     }
 }
 
+/// The tuning the options ask for, or the device's defaults.
+fn tuning_for<R: CubeRuntime>(
+    client: &cubecl::prelude::ComputeClient<R>,
+    options: &CrossEntropyOptions,
+) -> KernelTuning {
+    options
+        .tuning
+        .unwrap_or_else(|| KernelTuning::for_device(client))
+}
+
 /// A new contiguous f32 buffer of `shape` (CUDA may pad the rows of a plain allocation),
-/// poisoned with NaN under `poison-outputs`.
+/// poisoned with NaN when the tests ask for it.
 fn f32_buffer<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
     let buffer = empty_device_contiguous_dtype::<R>(
         like.client.clone(),
@@ -117,11 +131,11 @@ fn f32_buffer<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<
     poison(buffer)
 }
 
-/// Under [`diagnostics::set_poison_outputs`], a buffer the kernel must fully write is
-/// first filled with NaN (floats) or a large sentinel (ints), so an element the kernel
-/// forgot shows up in tests.
+/// When the tests ask for it (`test_hooks::set_poison_outputs`), a buffer the kernel must
+/// fully write is first filled with NaN (floats) or a large sentinel (ints), so an element
+/// the kernel forgot shows up.
 fn poison<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
-    if !diagnostics::poison_outputs() || tensor.meta.num_elements() == 0 {
+    if !test_hooks::poison_outputs() || tensor.meta.num_elements() == 0 {
         return tensor;
     }
     let dtype = tensor.dtype;
@@ -197,11 +211,14 @@ where
     BT: BoolElement,
 {
     fn cross_entropy_rows(
-        logits: FloatTensor<Self>,
-        targets: CubeTensor<R>,
-        class_weights: Option<ClassWeights<Self>>,
+        inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> RowStats<Self> {
+        let CrossEntropyInputs {
+            logits,
+            targets,
+            class_weights,
+        } = inputs;
         let logits = rows_view(logits);
         let targets = with_leading_one(targets, 2);
         let (stats, predicted, predicted_arg) = forward_outputs(&logits, &targets, options);
@@ -301,12 +318,15 @@ where
         result
     }
 
-    fn cross_entropy_rows_with_grad(
-        logits: FloatTensor<Self>,
-        targets: CubeTensor<R>,
-        class_weights: Option<ClassWeights<Self>>,
+    fn cross_entropy_one_pass(
+        inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> (RowStats<Self>, FloatTensor<Self>) {
+        let CrossEntropyInputs {
+            logits,
+            targets,
+            class_weights,
+        } = inputs;
         let logits_shape = logits.shape();
         let logits = rows_view(logits);
         let targets = with_leading_one(targets, 2);
@@ -323,10 +343,10 @@ where
             weighted,
             options,
         )
-        .for_split();
-        let plan = split_plan(&client, &shape);
-        let scratch = split_scratch(&logits, plan.partials_len(shape.rows));
-        launch_forward_grad::<R>(
+        .for_one_pass();
+        let plan = OnePassPlan::new(&client, &shape);
+        let scratch = one_pass_scratch(&logits, plan.partials_len(shape.rows));
+        launch_one_pass::<R>(
             &client,
             shape,
             plan,
@@ -348,7 +368,7 @@ where
         )
     }
 
-    fn scale_formed_gradient(
+    fn scale_one_pass_gradient(
         grad: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
@@ -365,6 +385,7 @@ where
             float_dtype: grad.dtype.into(),
             int_dtype: grad.dtype.into(),
             settings: LossSettings::default(),
+            tuning: KernelTuning::for_device(&grad.client),
         };
         launch_scale_gradient::<R>(
             &grad.client.clone(),
@@ -376,15 +397,21 @@ where
         reshaped(grad, grad_shape)
     }
 
-    fn cross_entropy_rows_backward(
-        logits: FloatTensor<Self>,
-        targets: CubeTensor<R>,
-        class_weights: Option<ClassWeights<Self>>,
-        stats: FloatTensor<Self>,
-        grad_output: FloatTensor<Self>,
-        denominators: Option<FloatTensor<Self>>,
+    fn cross_entropy_backward(
+        inputs: CrossEntropyInputs<Self>,
+        backward: TwoPassBackward<Self>,
         options: &CrossEntropyOptions,
     ) -> FloatTensor<Self> {
+        let CrossEntropyInputs {
+            logits,
+            targets,
+            class_weights,
+        } = inputs;
+        let TwoPassBackward {
+            stats,
+            grad_output,
+            denominators,
+        } = backward;
         let logits_shape = logits.shape();
         let logits = rows_view(logits);
         let targets = with_leading_one(targets, 2);
@@ -393,11 +420,14 @@ where
         let weights = weight_args(class_weights.map(|w| (w.weights, w.total)), &logits);
         let incoming = IncomingGradient {
             dtype: grad_output.dtype.into(),
-            grad: grad_output.clone().into_tensor_arg(),
             per_row: options.reduction == Reduction::None,
-            denominators: denominators.map(|d| d.into_tensor_arg()),
+            mean: denominators.is_some(),
+            // Without denominators the incoming gradient is bound in their place, unread.
+            denominators: denominators
+                .unwrap_or_else(|| grad_output.clone())
+                .into_tensor_arg(),
+            grad: grad_output.into_tensor_arg(),
         };
-        let dummy = grad_output.into_tensor_arg();
         let (target, grad) = gradient_buffer(&logits);
         let shape = row_launch(
             &logits,
@@ -414,27 +444,16 @@ where
             weights,
             stats.into_tensor_arg(),
             incoming,
-            dummy,
         );
         reshaped(grad, logits_shape)
     }
 }
 
-/// The split kernel's plan for this device, with rows cut into
-/// [`diagnostics::split_chunks`] chunks when a test asks for it.
-fn split_plan<R: CubeRuntime>(
-    client: &cubecl::prelude::ComputeClient<R>,
-    shape: &RowLaunch,
-) -> SplitPlan {
-    let plan = SplitPlan::new(client, shape);
-    match diagnostics::split_chunks() {
-        Some(chunks) => plan.with_chunks(shape, chunks),
-        None => plan,
-    }
-}
-
-/// Scratch buffers of the split kernel (its prologue initialises them).
-fn split_scratch<R: CubeRuntime>(like: &CubeTensor<R>, partials_len: usize) -> SplitScratch<R> {
+/// Scratch buffers of the one-pass kernel (its prologue initialises them).
+fn one_pass_scratch<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    partials_len: usize,
+) -> OnePassScratch<R> {
     let buffer = |len: usize, dtype: DType| {
         empty_device_contiguous_dtype::<R>(
             like.client.clone(),
@@ -444,7 +463,7 @@ fn split_scratch<R: CubeRuntime>(like: &CubeTensor<R>, partials_len: usize) -> S
         )
         .into_tensor_arg()
     };
-    SplitScratch {
+    OnePassScratch {
         denominators: buffer(2, DType::F32),
         tickets: buffer(1, DType::I32),
         partials: buffer(partials_len, DType::I32),
@@ -456,7 +475,7 @@ fn split_scratch<R: CubeRuntime>(like: &CubeTensor<R>, partials_len: usize) -> S
 /// buffer. Returns the launch target and the gradient tensor.
 fn gradient_buffer<R: CubeRuntime>(logits: &CubeTensor<R>) -> (GradientTarget<R>, CubeTensor<R>) {
     if logits.can_mut() {
-        diagnostics::count_in_place_backward();
+        test_hooks::count_in_place_backward();
         let target = GradientTarget::InPlace(logits.clone().into_tensor_arg());
         return (target, logits.clone());
     }

@@ -17,7 +17,10 @@ use burn_fusion::{
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
 use crate::{
-    backend::{ClassWeights, FusedCrossEntropyBackend, RowStats, row_stat},
+    backend::{
+        ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, RowStats, TwoPassBackward,
+        row_stat,
+    },
     options::CrossEntropyOptions,
 };
 
@@ -36,34 +39,43 @@ fn weights_from<B: FusionBackend + FusedCrossEntropyBackend>(
     })
 }
 
-/// The forward op, with or without the forward-formed gradient. Inputs: logits, targets,
-/// [weights, total]; outputs: stats, [grad when `with_grad`], [predicted].
+/// The forward op, or the one pass. Inputs: logits, targets, [weights, total]; outputs:
+/// stats, [grad when `one_pass`], [predicted].
 #[derive(Debug, Clone)]
 struct ForwardOp<B> {
     desc: CustomOpIr,
     options: CrossEntropyOptions,
     weighted: bool,
-    with_grad: bool,
+    one_pass: bool,
     _backend: PhantomData<B>,
+}
+
+/// The call's inputs from the op's first inputs: logits, targets, [weights, total].
+fn inputs_from<B: FusionBackend + FusedCrossEntropyBackend>(
+    handles: &mut Handles<B>,
+    inputs: &[TensorIr],
+    weighted: bool,
+) -> CrossEntropyInputs<B> {
+    CrossEntropyInputs {
+        class_weights: weights_from::<B>(handles, &inputs[2..], weighted),
+        logits: handles.get_float_tensor::<B>(&inputs[0]),
+        targets: handles.get_int_tensor::<B>(&inputs[1]),
+    }
 }
 
 impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for ForwardOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
-        let inputs = &self.desc.inputs;
         let outputs = &self.desc.outputs;
-        let class_weights = weights_from::<B>(handles, &inputs[2..], self.weighted);
-        let logits = handles.get_float_tensor::<B>(&inputs[0]);
-        let targets = handles.get_int_tensor::<B>(&inputs[1]);
-        let rows = if self.with_grad {
-            let (rows, grad) =
-                B::cross_entropy_rows_with_grad(logits, targets, class_weights, &self.options);
+        let inputs = inputs_from::<B>(handles, &self.desc.inputs, self.weighted);
+        let rows = if self.one_pass {
+            let (rows, grad) = B::cross_entropy_one_pass(inputs, &self.options);
             handles.register_float_tensor::<B>(&outputs[1].id, grad);
             rows
         } else {
-            B::cross_entropy_rows(logits, targets, class_weights, &self.options)
+            B::cross_entropy_rows(inputs, &self.options)
         };
         handles.register_float_tensor::<B>(&outputs[0].id, rows.stats);
-        let predicted_at = if self.with_grad { 2 } else { 1 };
+        let predicted_at = if self.one_pass { 2 } else { 1 };
         if let (Some(predicted), Some(output)) = (rows.predicted, outputs.get(predicted_at)) {
             handles.register_int_tensor::<B>(&output.id, predicted);
         }
@@ -83,15 +95,18 @@ fn inputs_with_weights<B: FusionBackend>(
     inputs
 }
 
-/// Registers [`ForwardOp`] in the stream: the statistics, the forward-formed gradient
-/// when `with_grad`, and the predictions when the options track the argmax.
+/// Registers [`ForwardOp`] in the stream: the statistics, the one pass's gradient when
+/// `one_pass`, and the predictions when the options track the argmax.
 fn register_forward<B: FusionBackend + FusedCrossEntropyBackend>(
-    logits: FloatTensor<Fusion<B>>,
-    targets: IntTensor<Fusion<B>>,
-    class_weights: Option<ClassWeights<Fusion<B>>>,
+    inputs: CrossEntropyInputs<Fusion<B>>,
     options: &CrossEntropyOptions,
-    with_grad: bool,
+    one_pass: bool,
 ) -> (RowStats<Fusion<B>>, Option<FloatTensor<Fusion<B>>>) {
+    let CrossEntropyInputs {
+        logits,
+        targets,
+        class_weights,
+    } = inputs;
     let client = logits.client.clone();
     let rows: usize = targets.shape.iter().product();
     let weighted = class_weights.is_some();
@@ -101,7 +116,7 @@ fn register_forward<B: FusionBackend + FusedCrossEntropyBackend>(
     let output =
         |shape: Shape, dtype: DType| TensorIr::uninit(client.create_empty_handle(), shape, dtype);
     let mut outputs = vec![output(Shape::new([row_stat::COUNT, rows]), DType::F32)];
-    if with_grad {
+    if one_pass {
         outputs.push(output(grad_shape, grad_dtype));
     }
     if options.outputs.needs_argmax() {
@@ -113,7 +128,7 @@ fn register_forward<B: FusionBackend + FusedCrossEntropyBackend>(
         desc: desc.clone(),
         options: options.clone(),
         weighted,
-        with_grad,
+        one_pass,
         _backend: PhantomData,
     };
     let mut outputs = client
@@ -122,7 +137,7 @@ fn register_forward<B: FusionBackend + FusedCrossEntropyBackend>(
     let stats = outputs
         .next()
         .unwrap_or_else(|| unreachable!("the op declares its stats output"));
-    let grad = if with_grad { outputs.next() } else { None };
+    let grad = if one_pass { outputs.next() } else { None };
     let rows = RowStats {
         stats,
         predicted: outputs.next(),
@@ -140,7 +155,7 @@ struct ScaleOp<B> {
 impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for ScaleOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
         let ([grad, grad_output], [output]) = self.desc.as_fixed();
-        let scaled = B::scale_formed_gradient(
+        let scaled = B::scale_one_pass_gradient(
             handles.get_float_tensor::<B>(grad),
             handles.get_float_tensor::<B>(grad_output),
         );
@@ -181,41 +196,33 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
     fn execute(&self, handles: &mut Handles<B>) {
         // logits, targets, [weights, total], stats, grad_output, [denominators]
         let inputs = &self.desc.inputs;
-        let class_weights = weights_from::<B>(handles, &inputs[2..], self.weighted);
         let next = if self.weighted { 4 } else { 2 };
-        let denominators = self
-            .mean
-            .then(|| handles.get_float_tensor::<B>(&inputs[next + 2]));
-        let grad = B::cross_entropy_rows_backward(
-            handles.get_float_tensor::<B>(&inputs[0]),
-            handles.get_int_tensor::<B>(&inputs[1]),
-            class_weights,
-            handles.get_float_tensor::<B>(&inputs[next]),
-            handles.get_float_tensor::<B>(&inputs[next + 1]),
-            denominators,
-            &self.options,
-        );
+        let backward = TwoPassBackward {
+            stats: handles.get_float_tensor::<B>(&inputs[next]),
+            grad_output: handles.get_float_tensor::<B>(&inputs[next + 1]),
+            denominators: self
+                .mean
+                .then(|| handles.get_float_tensor::<B>(&inputs[next + 2])),
+        };
+        let inputs = inputs_from::<B>(handles, inputs, self.weighted);
+        let grad = B::cross_entropy_backward(inputs, backward, &self.options);
         handles.register_float_tensor::<B>(&self.desc.outputs[0].id, grad);
     }
 }
 
 impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for Fusion<B> {
     fn cross_entropy_rows(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
+        inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> RowStats<Self> {
-        register_forward::<B>(logits, targets, class_weights, options, false).0
+        register_forward::<B>(inputs, options, false).0
     }
 
-    fn cross_entropy_rows_with_grad(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
+    fn cross_entropy_one_pass(
+        inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> (RowStats<Self>, FloatTensor<Self>) {
-        match register_forward::<B>(logits, targets, class_weights, options, true) {
+        match register_forward::<B>(inputs, options, true) {
             (rows, Some(grad)) => (rows, grad),
             (_, None) => unreachable!("the op declares its gradient output"),
         }
@@ -247,7 +254,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         found
     }
 
-    fn scale_formed_gradient(
+    fn scale_one_pass_gradient(
         grad: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
@@ -270,15 +277,21 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         scaled
     }
 
-    fn cross_entropy_rows_backward(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        class_weights: Option<ClassWeights<Self>>,
-        stats: FloatTensor<Self>,
-        grad_output: FloatTensor<Self>,
-        denominators: Option<FloatTensor<Self>>,
+    fn cross_entropy_backward(
+        inputs: CrossEntropyInputs<Self>,
+        backward: TwoPassBackward<Self>,
         options: &CrossEntropyOptions,
     ) -> FloatTensor<Self> {
+        let CrossEntropyInputs {
+            logits,
+            targets,
+            class_weights,
+        } = inputs;
+        let TwoPassBackward {
+            stats,
+            grad_output,
+            denominators,
+        } = backward;
         let client = logits.client.clone();
         let grad = TensorIr::uninit(
             client.create_empty_handle(),

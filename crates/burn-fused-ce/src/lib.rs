@@ -13,15 +13,25 @@ mod api;
 mod autodiff;
 mod backend;
 mod cube;
-#[doc(hidden)]
-pub mod diagnostics;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod loss;
 mod options;
 pub mod portable;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;
+#[cfg(not(feature = "test-hooks"))]
+#[allow(dead_code)]
+mod test_hooks;
 
 pub use api::{CrossEntropyOutput, fused_cross_entropy, try_fused_cross_entropy};
-pub use backend::{ClassWeights, FusedCrossEntropyBackend, LossParts, Reduced, RowStats, row_stat};
+pub use backend::{
+    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, Reduced, RowStats,
+    TwoPassBackward, row_stat,
+};
+#[doc(hidden)]
+pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
 pub use loss::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
-pub use options::{CrossEntropyError, CrossEntropyOptions, ExtraOutputs, Reduction};
+pub use options::{
+    CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
+};

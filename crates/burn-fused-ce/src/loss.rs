@@ -9,7 +9,9 @@ use burn::{
 use crate::{
     api::{CrossEntropyOutput, cross_entropy_checked},
     backend::FusedCrossEntropyBackend,
-    options::{CrossEntropyError, CrossEntropyOptions, ExtraOutputs, Reduction},
+    options::{
+        CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
+    },
 };
 
 /// Configuration of [`FusedCrossEntropyLoss`] (serde-serialisable, like Burn's configs).
@@ -39,12 +41,15 @@ pub struct FusedCrossEntropyLossConfig {
     /// [`CrossEntropyOptions::check_targets`].
     #[config(default = true)]
     pub check_targets: bool,
-    /// See [`CrossEntropyOptions::gradient_in_forward`].
-    #[config(default = false)]
-    pub gradient_in_forward: bool,
+    /// How the gradient is formed under autodiff (see [`GradientPlan`]).
+    #[config(default = "GradientPlan::TwoPass")]
+    pub gradient_plan: GradientPlan,
     /// Extra outputs of [`FusedCrossEntropyLoss::forward_with_outputs`].
     #[config(default = "ExtraOutputs::default()")]
     pub outputs: ExtraOutputs,
+    /// Fast-math switches (CUDA only; see [`FastMath`]).
+    #[config(default = "FastMath::default()")]
+    pub fast_math: FastMath,
 }
 
 impl FusedCrossEntropyLossConfig {
@@ -92,8 +97,10 @@ impl FusedCrossEntropyLossConfig {
             z_loss_scale: self.z_loss_scale,
             softcap: self.softcap,
             check_targets: self.check_targets,
-            gradient_in_forward: self.gradient_in_forward,
+            gradient_plan: self.gradient_plan,
             outputs: self.outputs,
+            fast_math: self.fast_math,
+            tuning: None,
         }
     }
 }

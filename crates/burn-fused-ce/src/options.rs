@@ -1,6 +1,7 @@
 //! The loss options and the errors bad input gets, shared by every layer (kernels get
 //! plain numbers from them).
 
+use fused_ce_kernels::KernelTuning;
 use serde::{Deserialize, Serialize};
 
 /// How per-row losses are combined; it decides the output's shape.
@@ -47,6 +48,56 @@ impl ExtraOutputs {
     }
 }
 
+/// How the gradient is formed under autodiff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum GradientPlan {
+    /// Forward keeps per-row statistics (`O(N)`); backward reads the logits again and
+    /// writes the gradient (over them when nothing else holds them). Any reduction, any
+    /// incoming gradient.
+    #[default]
+    TwoPass,
+    /// `Mean` and `Sum`: forward also writes the gradient, for an incoming gradient of 1,
+    /// in the same pass over the logits (rows cut into chunks, each held on chip while
+    /// its row's chunks exchange their statistics; over the logits when nothing else
+    /// holds them); backward only rescales it, and does nothing when the incoming
+    /// gradient is 1 (`loss.backward()`). `Reduction::None` uses [`GradientPlan::TwoPass`].
+    /// See docs/performance.md for when each plan is faster.
+    OnePass,
+}
+
+/// Fast-math switches that change results slightly, for speed. Effective on the CUDA
+/// runtime only; other runtimes always compute the accurate way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FastMath {
+    /// The streaming loops' exponential as `ex2.approx.ftz.f32`: results below 2^-126
+    /// (probabilities under 1.2e-38) become 0, as they would in bf16 storage anyway;
+    /// every other result is the hardware's fast exponential either way (a few ulp).
+    pub exp_flush_to_zero: bool,
+    /// Softcap's `tanh` as the hardware's `tanh.approx.f32` for bf16 logits (relative
+    /// error about 2^-11, below bf16's own rounding of 2^-8); f32 and f16 logits always
+    /// use the accurate `tanh`.
+    pub approximate_tanh: bool,
+}
+
+impl Default for FastMath {
+    fn default() -> Self {
+        Self {
+            exp_flush_to_zero: true,
+            approximate_tanh: true,
+        }
+    }
+}
+
+impl FastMath {
+    /// Both switches off: the accurate functions everywhere.
+    pub fn off() -> Self {
+        Self {
+            exp_flush_to_zero: false,
+            approximate_tanh: false,
+        }
+    }
+}
+
 /// Everything the op needs besides the tensors (class weights are a tensor and travel
 /// beside it). Defaults are PyTorch's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,21 +119,17 @@ pub struct CrossEntropyOptions {
     /// point); off, a bad row gets a NaN loss and a zero gradient, never an
     /// out-of-bounds access.
     pub check_targets: bool,
-    /// Under autodiff with `Mean` or `Sum`, write the gradient during forward, for an
-    /// incoming gradient of 1, in one pass over the logits (rows cut into chunks, each
-    /// held on chip while its row's chunks exchange their statistics; over the logits
-    /// when nothing else holds them); backward then only rescales it, and does nothing at
-    /// all when the incoming gradient is 1 (`loss.backward()`). On the H200, bf16, a
-    /// training loop's steady step: 1.11 ms against 1.62 for the default plan at 8192 x
-    /// 128256, 1.11 against 1.64 at 4096 x 256000, 0.31 against 0.47 at 8192 x 32000;
-    /// f32 8192 x 128256 2.21 against 3.17; label smoothing + z-loss + softcap 1.54
-    /// against 1.75. But an incoming gradient other than 1 pays a rescaling pass (2.21
-    /// against 1.63 ms); see docs/performance.md. Off (the default): forward keeps
-    /// per-row statistics and backward writes the gradient. `Reduction::None` always
-    /// uses the latter.
-    pub gradient_in_forward: bool,
+    /// How the gradient is formed under autodiff (see [`GradientPlan`]).
+    pub gradient_plan: GradientPlan,
     /// Extra outputs computed in the same pass.
     pub outputs: ExtraOutputs,
+    /// See [`FastMath`].
+    pub fast_math: FastMath,
+    /// Launch shapes of the kernels; `None`: the device's defaults. Changes speed, never
+    /// results. For benches and tuning sweeps.
+    #[doc(hidden)]
+    #[serde(skip)]
+    pub tuning: Option<KernelTuning>,
 }
 
 impl Default for CrossEntropyOptions {
@@ -94,8 +141,10 @@ impl Default for CrossEntropyOptions {
             z_loss_scale: 0.0,
             softcap: None,
             check_targets: true,
-            gradient_in_forward: false,
+            gradient_plan: GradientPlan::default(),
             outputs: ExtraOutputs::default(),
+            fast_math: FastMath::default(),
+            tuning: None,
         }
     }
 }
@@ -131,7 +180,22 @@ impl CrossEntropyOptions {
         {
             return invalid("softcap", cap, "a finite number > 0");
         }
+        if let Some(tuning) = &self.tuning
+            && let Err(error) = tuning.validate()
+        {
+            return Err(CrossEntropyError::InvalidOption {
+                name: "tuning",
+                value: error.setting,
+                expected: error.expected,
+            });
+        }
         Ok(())
+    }
+
+    /// Whether the one pass applies to a call under autodiff (asked for, a scalar incoming
+    /// gradient).
+    pub(crate) fn one_pass(&self) -> bool {
+        self.gradient_plan == GradientPlan::OnePass && self.reduction != Reduction::None
     }
 
     /// The ignore index as the kernels compare it (targets are read as i32 there). An
@@ -187,3 +251,93 @@ impl core::fmt::Display for CrossEntropyError {
 }
 
 impl std::error::Error for CrossEntropyError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejected(options: CrossEntropyOptions) -> &'static str {
+        match options.validate() {
+            Err(CrossEntropyError::InvalidOption { name, .. }) => name,
+            other => panic!("expected an invalid option, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_pytorchs_and_valid() {
+        let options = CrossEntropyOptions::default();
+        assert_eq!(options.validate(), Ok(()));
+        assert_eq!(options.reduction, Reduction::Mean);
+        assert_eq!(options.ignore_index, -100);
+        assert_eq!(options.label_smoothing, 0.0);
+        assert!(options.check_targets);
+    }
+
+    #[test]
+    fn options_out_of_their_domain_are_named() {
+        let with = |f: fn(&mut CrossEntropyOptions)| {
+            let mut options = CrossEntropyOptions::default();
+            f(&mut options);
+            options
+        };
+        assert_eq!(
+            rejected(with(|o| o.label_smoothing = 1.5)),
+            "label_smoothing"
+        );
+        assert_eq!(
+            rejected(with(|o| o.label_smoothing = -0.1)),
+            "label_smoothing"
+        );
+        assert_eq!(
+            rejected(with(|o| o.label_smoothing = f32::NAN)),
+            "label_smoothing"
+        );
+        assert_eq!(rejected(with(|o| o.z_loss_scale = -1.0)), "z_loss_scale");
+        assert_eq!(
+            rejected(with(|o| o.z_loss_scale = f32::INFINITY)),
+            "z_loss_scale"
+        );
+        assert_eq!(rejected(with(|o| o.softcap = Some(0.0))), "softcap");
+        assert_eq!(rejected(with(|o| o.softcap = Some(f32::NAN))), "softcap");
+        let mut tuning = KernelTuning::defaults(true, true);
+        tuning.row_loads = 0;
+        let options = CrossEntropyOptions {
+            tuning: Some(tuning),
+            ..Default::default()
+        };
+        assert_eq!(rejected(options), "tuning");
+        assert_eq!(with(|o| o.label_smoothing = 1.0).validate(), Ok(()));
+        assert_eq!(with(|o| o.softcap = Some(30.0)).validate(), Ok(()));
+    }
+
+    #[test]
+    fn one_pass_only_for_reduced_losses() {
+        let mut options = CrossEntropyOptions::default();
+        assert!(!options.one_pass());
+        options.gradient_plan = GradientPlan::OnePass;
+        assert!(options.one_pass());
+        options.reduction = Reduction::Sum;
+        assert!(options.one_pass());
+        options.reduction = Reduction::None;
+        assert!(!options.one_pass());
+    }
+
+    #[test]
+    fn ignore_index_outside_i32_matches_no_target() {
+        let mut options = CrossEntropyOptions::default();
+        assert_eq!(options.kernel_ignore_index(), -100);
+        options.ignore_index = i64::from(i32::MAX) + 1;
+        assert_eq!(options.kernel_ignore_index(), i32::MIN);
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        let error = CrossEntropyError::TargetOutOfRange {
+            row: 7,
+            value: 50_000,
+            vocab: 32_000,
+        };
+        let text = error.to_string();
+        assert!(text.contains("row 7") && text.contains("50000") && text.contains("32000"));
+    }
+}

@@ -4,7 +4,7 @@
 //! logits into `[N, V]`.
 //!
 //! The statistics are the kernels' own (see [`row_stat`] and
-//! `fused-ce-kernels/src/kernels.rs`): every option, the cancellation-free `p_y - 1`, the
+//! `kernels-cubecl/src/forward.rs`): every option, the cancellation-free `p_y - 1`, the
 //! same values on ignored rows (all 0, predicted -1) and on rows whose target is not a
 //! class (NaN loss, weight 1, zero gradient, never used as an index). All math is f32
 //! whatever the logits' dtype; the gradient is cast back to it once.
@@ -14,28 +14,22 @@
 //! impl to copy).
 
 use burn::tensor::{
-    Bool, DType, Int, Shape, Tensor, TensorMetadata, TensorPrimitive,
+    Bool, DType, Int, Shape, Tensor, TensorMetadata,
     backend::Backend,
     ops::{FloatTensor, IntTensor},
 };
 
 use crate::{
-    backend::{ClassWeights, RowStats, row_stat},
+    backend::{
+        ClassWeights, CrossEntropyInputs, RowStats, TwoPassBackward, float, primitive, row_stat,
+    },
     options::CrossEntropyOptions,
 };
 
-/// Start value of the kernels' running maximum (finite on purpose): a row whose logits
-/// are all below it (all `-inf`, say) gets the kernels' `-inf` log-sum-exp and NaN loss,
-/// and no column of it is an argmax (the prediction is then 0).
-const RUNNING_MAX_START: f32 = -3.0e38;
-
-fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
-}
-
-fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
-    tensor.into_primitive().tensor()
-}
+// The kernels' start value of a running maximum (finite on purpose): a row whose logits
+// are all below it (all `-inf`, say) gets the kernels' `-inf` log-sum-exp and NaN loss,
+// and no column of it is an argmax (the prediction is then 0).
+use fused_ce_kernels::RUNNING_MAX_START;
 
 /// `(N, V)` of `[N, V]` or `[B, T, V]` logits (any rank >= 1: every dimension but the
 /// last counts rows).
@@ -214,11 +208,14 @@ fn fill_minus_one<B: Backend>(
 /// the f32 statistics `[row_stat::COUNT, N]` (contiguous rows) and, when
 /// `options.outputs` asks for accuracy or predictions, the argmax per row.
 pub fn cross_entropy_rows<B: Backend>(
-    logits: FloatTensor<B>,
-    targets: IntTensor<B>,
-    class_weights: Option<ClassWeights<B>>,
+    inputs: CrossEntropyInputs<B>,
     options: &CrossEntropyOptions,
 ) -> RowStats<B> {
+    let CrossEntropyInputs {
+        logits,
+        targets,
+        class_weights,
+    } = inputs;
     let (rows, vocab) = rows_and_vocab(&logits.shape());
     let device = B::float_device(&logits);
     let int_dtype = targets.dtype();
@@ -345,7 +342,7 @@ fn stat_column<B: Backend>(stats: &Tensor<B, 2>, stat: usize, rows: usize) -> Te
 }
 
 /// Gradient, as
-/// [`FusedCrossEntropyBackend::cross_entropy_rows_backward`](crate::FusedCrossEntropyBackend::cross_entropy_rows_backward):
+/// [`FusedCrossEntropyBackend::cross_entropy_backward`](crate::FusedCrossEntropyBackend::cross_entropy_backward):
 /// the logits' shape and dtype; zero rows where the target is ignored or not a class.
 ///
 /// With `g` the incoming gradient of the row (`grad_output [N]` under `Reduction::None`,
@@ -354,16 +351,21 @@ fn stat_column<B: Backend>(stats: &Tensor<B, 2>, stat: usize, rows: usize) -> Te
 /// `E = Bc W + 2 s sz lse`:
 /// `grad_c = (C + E) p_c - Bc w_c` for `c != y` and `C (p_y - 1) + E p_y - Bc w_y` at the
 /// target, with forward's `p_y - 1`; all times `1 - (x'_c / cap)^2` under a softcap.
-#[allow(clippy::too_many_arguments)]
-pub fn cross_entropy_rows_backward<B: Backend>(
-    logits: FloatTensor<B>,
-    targets: IntTensor<B>,
-    class_weights: Option<ClassWeights<B>>,
-    stats: FloatTensor<B>,
-    grad_output: FloatTensor<B>,
-    denominators: Option<FloatTensor<B>>,
+pub fn cross_entropy_backward<B: Backend>(
+    inputs: CrossEntropyInputs<B>,
+    backward: TwoPassBackward<B>,
     options: &CrossEntropyOptions,
 ) -> FloatTensor<B> {
+    let CrossEntropyInputs {
+        logits,
+        targets,
+        class_weights,
+    } = inputs;
+    let TwoPassBackward {
+        stats,
+        grad_output,
+        denominators,
+    } = backward;
     let shape = logits.shape();
     let dtype = logits.dtype();
     let device = B::float_device(&logits);
@@ -467,32 +469,18 @@ mod ndarray {
         NdArrayTensor: From<SharedArray<I>>,
     {
         fn cross_entropy_rows(
-            logits: FloatTensor<Self>,
-            targets: IntTensor<Self>,
-            class_weights: Option<ClassWeights<Self>>,
+            inputs: CrossEntropyInputs<Self>,
             options: &CrossEntropyOptions,
         ) -> RowStats<Self> {
-            cross_entropy_rows::<Self>(logits, targets, class_weights, options)
+            cross_entropy_rows::<Self>(inputs, options)
         }
 
-        fn cross_entropy_rows_backward(
-            logits: FloatTensor<Self>,
-            targets: IntTensor<Self>,
-            class_weights: Option<ClassWeights<Self>>,
-            stats: FloatTensor<Self>,
-            grad_output: FloatTensor<Self>,
-            denominators: Option<FloatTensor<Self>>,
+        fn cross_entropy_backward(
+            inputs: CrossEntropyInputs<Self>,
+            backward: TwoPassBackward<Self>,
             options: &CrossEntropyOptions,
         ) -> FloatTensor<Self> {
-            cross_entropy_rows_backward::<Self>(
-                logits,
-                targets,
-                class_weights,
-                stats,
-                grad_output,
-                denominators,
-                options,
-            )
+            cross_entropy_backward::<Self>(inputs, backward, options)
         }
     }
 }

@@ -6,7 +6,7 @@
 //! other chunks of its row, merges their states into the row's log-sum-exp, and writes
 //! the chunk's gradient from shared memory. The logits are read from DRAM once and the
 //! gradient written once: the training floor. (Re-reading a row from global memory
-//! instead relied on L2 and missed it: v5 and v8 in `docs/performance.md`.)
+//! instead relied on L2 and missed it: docs/history.md.)
 //!
 //! The cubes of a row wait for each other, so a row's cubes must all be resident at once.
 //! A cube takes its chunk from a ticket counter when it starts, so chunks are handed out
@@ -19,12 +19,16 @@
 
 use cubecl::prelude::*;
 
-use crate::kernels::{
-    RUNNING_MAX_START, RowGradient, RowOptions, RowScalars, RowState, absorb_held_target,
-    cube_merge, fast_exp, fast_exp_scalar, finish_row, gradient_coefficients, gradient_from_probs,
-    incoming_scales, is_class, lane_max, lane_sum, mean_denominators, read_target, reduce_span,
-    row_offset, store_gradient_vector, target_share, weights_vector, write_gradient_span,
-    write_ignored_row, zero_vectors,
+use crate::backward::{
+    RowGradient, gradient_coefficients, gradient_from_probs, incoming_scales,
+    store_gradient_vector, write_gradient_span, zero_vectors,
+};
+use crate::cuda_injection::{cache_hints, declare_cache_hints, redefine_cuda_fast_exp};
+use crate::forward::{finish_row, write_ignored_row};
+use crate::row::{
+    RUNNING_MAX_START, RowOptions, RowScalars, RowState, absorb_held_target, cube_merge, fast_exp,
+    fast_exp_scalar, is_class, lane_max, lane_sum, mean_denominators, read_target, reduce_span,
+    row_offset, target_share, weights_vector,
 };
 
 /// Where each value of a chunk's partial state lives among its `PARTIAL_SLOTS` slots of
@@ -44,9 +48,9 @@ pub const PARTIAL_SLOTS: usize = 6;
 /// A slot's value until its chunk publishes. Published f32 bits are kept off it.
 pub const UNPUBLISHED: i32 = -1;
 
-/// How the split kernel runs (each combination compiles its own kernel).
+/// How the one-pass kernel runs (each combination compiles its own kernel).
 #[derive_cube_comptime]
-pub struct SplitOptions {
+pub struct OnePassOptions {
     /// Divide by the mean's denominators (else the gradient of a `Sum`).
     pub mean: bool,
     /// Vectors of shared memory holding a chunk's first vectors; the gradient pass
@@ -59,103 +63,20 @@ pub struct SplitOptions {
     /// (when every chunk is staged it would never run, but would still hold registers).
     pub reread: bool,
     /// Vectors each unit of the re-reading loop loads before storing any. Its registers
-    /// set the kernel's (bf16, over the logits: 63 with 4, 46 with 2, 38 with 1).
+    /// set the kernel's: fewer loads, more cubes per SM.
     pub reread_loads: usize,
     /// The staged vectors are kept as `exp(x - m)` (in the logits' type) with `m` a
     /// reference maximum per unit and step, so their gradient is one multiply per element
     /// instead of an exponential (not with softcap, whose derivative needs the logits).
     pub staged_exps: bool,
-    /// CUDA only (3 by default, `FUSED_CE_STREAMING_ACCESS` for A/B runs; see
-    /// `declare_streaming_access`): bit 0, the loads of the logits that are not read
+    /// CUDA only (see `KernelTuning::cache_hints` and `declare_cache_hints`): bit 0, the loads of the logits that are not read
     /// again from L2 (the staged part, the re-read part's second read) as `ld.global.cs`;
     /// bit 1, the gradient's stores as `st.global.cs`. Both evict first from L2, leaving
     /// it to the unstaged part the gradient pass re-reads. 0: plain loads and stores.
-    pub streaming_access: u32,
+    pub cache_hints: u32,
     /// The gradient is written over the logits (an alias of input 0), else into a buffer
-    /// of its own: only the CUDA C++ names of the buffers differ (`streaming_access`).
+    /// of its own: only the CUDA C++ names of the buffers differ (`cache_hints`).
     pub gradient_in_place: bool,
-}
-
-/// Declares, in the CUDA C++ of the kernel, `fce_buffer_0`: the kernel's first buffer
-/// (the logits; with an in-place gradient also the gradient, an alias of it) whose
-/// element reads become `ld.global.cs` (bit 0 of `mode`) and writes `st.global.cs` (bit
-/// 1), for 16-byte vectors (others stay plain); with a gradient of its own, the same for
-/// it (`fce_buffer_7`, written only), switched on for the whole kernel. `streaming_access`
-/// then switches the kernel's `buffer_0[i]` between the proxy and the plain pointer by a
-/// preprocessor definition. cubecl 0.10 has no cache hints; the declaration travels as a
-/// self-closing comment, as `redefine_cuda_fast_exp`'s does (the SPIR-V compiler drops
-/// comments; the launch asks for it on CUDA only). Needs cubecl 0.10's naming: the
-/// kernel's buffers are `buffer_<binding>`, the gradient the eighth binding when it is
-/// not an alias of the first.
-#[cube]
-fn declare_streaming_access(#[comptime] mode: u32, #[comptime] gradient_in_place: bool) {
-    if comptime!(mode & 1 == 1) {
-        comment!("streaming loads:\n*/\n#define FCE_LOAD_CS 1\n/*");
-    }
-    if comptime!(mode & 2 == 2) {
-        comment!("streaming stores:\n*/\n#define FCE_STORE_CS 1\n/*");
-    }
-    if comptime!(mode != 0) {
-        comment!(
-            r#"streaming access:
-*/
-#ifndef FCE_LOAD_CS
-#define FCE_LOAD_CS 0
-#endif
-#ifndef FCE_STORE_CS
-#define FCE_STORE_CS 0
-#endif
-#define FCE_DECLARE_STREAMING(buf) \
-auto fce_deref_##buf = [](decltype(buf) q) { return *q; }; \
-typedef decltype(fce_deref_##buf(buf)) fce_value_##buf; \
-struct fce_ref_##buf { \
-  decltype(buf) p; \
-  __device__ operator fce_value_##buf() const { \
-    if (FCE_LOAD_CS && sizeof(fce_value_##buf) == 16) { \
-      uint4 bits = __ldcs((const uint4*)p); \
-      fce_value_##buf value; \
-      memcpy(&value, &bits, 16); \
-      return value; \
-    } \
-    return *p; \
-  } \
-  __device__ void operator=(const fce_value_##buf& value) const { \
-    if (FCE_STORE_CS && sizeof(fce_value_##buf) == 16) { \
-      uint4 bits; \
-      memcpy(&bits, &value, 16); \
-      __stcs((uint4*)p, bits); \
-    } else { \
-      *(fce_value_##buf*)p = value; \
-    } \
-  } \
-}; \
-struct fce_ptr_##buf { \
-  decltype(buf) p; \
-  __device__ fce_ref_##buf operator[](unsigned long long i) const { return fce_ref_##buf{p + i}; } \
-}; \
-const fce_ptr_##buf fce_##buf{buf};
-FCE_DECLARE_STREAMING(buffer_0)
-/*"#
-        );
-        if comptime!(!gradient_in_place) {
-            comment!(
-                "streaming gradient stores:\n*/\nFCE_DECLARE_STREAMING(buffer_7)\n#define buffer_7 fce_buffer_7\n/*"
-            );
-        }
-    }
-}
-
-/// From here on in the kernel's text, `buffer_0[i]` goes through `fce_buffer_0` (`on`) or
-/// is the plain pointer again (see `declare_streaming_access`).
-#[cube]
-fn streaming_access(#[comptime] mode: u32, #[comptime] on: bool) {
-    if comptime!(mode != 0) {
-        if comptime!(on) {
-            comment!("streaming access on:\n*/\n#define buffer_0 fce_buffer_0\n/*");
-        } else {
-            comment!("streaming access off:\n*/\n#undef buffer_0\n/*");
-        }
-    }
 }
 
 /// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
@@ -166,11 +87,11 @@ fn published_bits(value: f32) -> i32 {
     select(bits == UNPUBLISHED, i32::new(0x7fff_ffff), bits)
 }
 
-/// Before the split kernel: every slot of `partials` to `UNPUBLISHED`, the ticket counter
+/// Before the one-pass kernel: every slot of `partials` to `UNPUBLISHED`, the ticket counter
 /// to 0 and, for `Mean`, the denominators `[D, n]` from the targets (cube 0).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn split_prologue_kernel<I: Int>(
+pub fn one_pass_prologue_kernel<I: Int>(
     targets: &Tensor<I>,
     class_weights: &Tensor<f32>,
     denominators: &mut Tensor<f32>,
@@ -184,7 +105,7 @@ pub fn split_prologue_kernel<I: Int>(
 ) {
     let len = partials.len();
     let stride = CUBE_COUNT * CUBE_DIM as usize;
-    let mut at = ABSOLUTE_POS as usize;
+    let mut at = ABSOLUTE_POS;
     while at < len {
         partials[at].store(i32::new(UNPUBLISHED as i64));
         at += stride;
@@ -212,11 +133,11 @@ pub fn split_prologue_kernel<I: Int>(
 }
 
 /// Forward that also writes the gradient for an incoming gradient of 1 (divided by the
-/// mean's denominators when `split.mean`), over the logits when `grad` aliases them:
+/// mean's denominators when `one_pass.mean`), over the logits when `grad` aliases them:
 /// one cube per chunk of `chunk_vectors` vectors of a row (see the module's text).
 #[cube(launch_unchecked, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
-pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
+pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
     logits: &Tensor<Vector<F, N>>,
     targets: &Tensor<I>,
     class_weights: &Tensor<f32>,
@@ -230,17 +151,17 @@ pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
     chunk_vectors: u32,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
-    #[comptime] split: SplitOptions,
+    #[comptime] one_pass: OnePassOptions,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    crate::kernels::redefine_cuda_fast_exp(options.cuda_ftz_exp);
-    declare_streaming_access(split.streaming_access, split.gradient_in_place);
-    streaming_access(split.streaming_access, true);
+    redefine_cuda_fast_exp(options.exp_flush_to_zero);
+    declare_cache_hints(one_pass.cache_hints, one_pass.gradient_in_place);
+    cache_hints(one_pass.cache_hints, true);
     let rows = stats.shape(1);
     let vector_size = logits.vector_size();
     let vectors_per_row = logits.shape(2) / vector_size;
     let chunk_vectors = chunk_vectors as usize;
-    let chunks = (vectors_per_row + chunk_vectors - 1) / chunk_vectors;
+    let chunks = vectors_per_row.div_ceil(chunk_vectors);
 
     // The chunk: the next ticket, in the order cubes start.
     let mut shared_ticket = SharedMemory::<u32>::new(1usize);
@@ -266,7 +187,7 @@ pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
             write_ignored_row::<I>(stats, predicted, row, options);
         }
     } else {
-        split_chunk::<F, I, N>(
+        one_pass_chunk::<F, I, N>(
             logits,
             class_weights,
             weight_total,
@@ -283,7 +204,7 @@ pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
             target,
             scalars,
             options,
-            split,
+            one_pass,
         );
     }
 }
@@ -291,8 +212,9 @@ pub fn cross_entropy_split_grad_kernel<F: Float, I: Int, N: Size>(
 /// One chunk of a row that is not ignored: reduce (staging the chunk), exchange, write
 /// the gradient.
 #[cube]
-#[allow(clippy::too_many_arguments)]
-fn split_chunk<F: Float, I: Int, N: Size>(
+// A comptime `if` around a runtime one: merged, the option's code would stay compiled in.
+#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
+fn one_pass_chunk<F: Float, I: Int, N: Size>(
     logits: &Tensor<Vector<F, N>>,
     class_weights: &Tensor<f32>,
     weight_total: &Tensor<f32>,
@@ -309,7 +231,7 @@ fn split_chunk<F: Float, I: Int, N: Size>(
     target: i32,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
-    #[comptime] split: SplitOptions,
+    #[comptime] one_pass: OnePassOptions,
 ) {
     let cube_size = options.cube_size;
     let vector_size = logits.vector_size();
@@ -317,8 +239,8 @@ fn split_chunk<F: Float, I: Int, N: Size>(
     let target_is_class = is_class(target, vocab);
     // When the target is not a class, `target_col` is one no unit reaches.
     let target_col = select(target_is_class, usize::cast_from(target), vocab);
-    let mut staged = SharedMemory::<Vector<F, N>>::new(comptime!(if split.staged_vectors > 0 {
-        split.staged_vectors
+    let mut staged = SharedMemory::<Vector<F, N>>::new(comptime!(if one_pass.staged_vectors > 0 {
+        one_pass.staged_vectors
     } else {
         1
     }));
@@ -326,7 +248,7 @@ fn split_chunk<F: Float, I: Int, N: Size>(
     // 1. Reduce the chunk, keeping it in shared memory when it fits.
     let row_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
     // With `staged_exps`, the unit's staged vectors are kept as `exp(x - reference)`.
-    let (state, reference) = if comptime!(split.staged_exps) {
+    let (state, reference) = if comptime!(one_pass.staged_exps) {
         reduce_chunk_staging_exps::<F, N>(
             logits,
             row_start,
@@ -336,12 +258,12 @@ fn split_chunk<F: Float, I: Int, N: Size>(
             class_weights,
             &mut staged,
             options,
-            split.staged_vectors,
-            split.streaming_access,
+            one_pass.staged_vectors,
+            one_pass.cache_hints,
         )
     } else {
         // Staged and unstaged vectors come through the same loads here: plain ones.
-        streaming_access(split.streaming_access, false);
+        cache_hints(one_pass.cache_hints, false);
         let state = reduce_span::<F, N>(
             logits,
             row_start,
@@ -352,9 +274,9 @@ fn split_chunk<F: Float, I: Int, N: Size>(
             &mut staged,
             scalars.softcap,
             options,
-            split.staged_vectors,
+            one_pass.staged_vectors,
         );
-        streaming_access(split.streaming_access, true);
+        cache_hints(one_pass.cache_hints, true);
         (state, f32::new(0.0))
     };
     let target_vector = target_col / vector_size;
@@ -385,7 +307,7 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         }
         partials[base + slot::MAX].store(published_bits(merged.max));
     }
-    let mut gathered = SharedMemory::<i32>::new(comptime!(split.max_chunks * PARTIAL_SLOTS));
+    let mut gathered = SharedMemory::<i32>::new(comptime!(one_pass.max_chunks * PARTIAL_SLOTS));
     // Unit `u` waits for slot `u % PARTIAL_SLOTS` of chunk `u / PARTIAL_SLOTS` when the
     // options use that slot. (A unit never loops over several slots: cubecl 0.10 made a
     // `break` inside nested loops leave the outer one too.)
@@ -470,7 +392,7 @@ fn split_chunk<F: Float, I: Int, N: Size>(
 
     // 4. The chunk's gradient for an incoming gradient of 1.
     let incoming = select(target_is_class, f32::new(1.0), f32::new(0.0));
-    let (ce_scale, z_scale) = incoming_scales(incoming, denominators, split.mean);
+    let (ce_scale, z_scale) = incoming_scales(incoming, denominators, one_pass.mean);
     let row_grad = gradient_coefficients(
         target_col,
         ce_scale,
@@ -490,19 +412,19 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
         // A select, not `min`: cubecl 0.10 types the constant as 32 bits, and NVRTC finds
         // `min(uint64, uint32)` ambiguous in a 64-bit-indexed kernel.
-        let staged_len = select(len < split.staged_vectors, len, split.staged_vectors);
+        let staged_len = select(len < one_pass.staged_vectors, len, one_pass.staged_vectors);
         // As in `write_gradient_row`: the target's vector is written as if it held no
         // target, then fixed from its logits read before the loop.
         let target_staged = target_at < staged_len;
         let target_in_stage = staged[select(target_staged, target_at, 0usize)];
         let target_logits = logits[in_start + first + target_at];
         let target_values = select(
-            target_staged && comptime!(!split.staged_exps),
+            target_staged && comptime!(!one_pass.staged_exps),
             target_in_stage,
             target_logits,
         );
         // The part not staged first: it was read last, so it is the likeliest in L2.
-        if comptime!(split.reread) {
+        if comptime!(one_pass.reread) {
             write_gradient_span::<F, N>(
                 logits,
                 grad,
@@ -514,10 +436,10 @@ fn split_chunk<F: Float, I: Int, N: Size>(
                 class_weights,
                 scalars.softcap,
                 options,
-                split.reread_loads,
+                one_pass.reread_loads,
             );
         }
-        if comptime!(split.staged_exps) {
+        if comptime!(one_pass.staged_exps) {
             write_staged_exps_gradient::<F, N>(
                 grad,
                 out_start,
@@ -549,8 +471,8 @@ fn split_chunk<F: Float, I: Int, N: Size>(
         }
         // The target's vector: from its kept exponentials when staged as such, else from
         // its logits.
-        let from_exps = holds_target && target_staged && comptime!(split.staged_exps);
-        if comptime!(split.staged_exps) {
+        let from_exps = holds_target && target_staged && comptime!(one_pass.staged_exps);
+        if comptime!(one_pass.staged_exps) {
             if from_exps {
                 let coefficient = fast_exp_scalar(reference - row_grad.lse) * row_grad.prob_coef;
                 grad[out_start + first + target_at] = gradient_from_staged_exps::<F, N>(
@@ -593,7 +515,7 @@ fn split_chunk<F: Float, I: Int, N: Size>(
 /// The staged part first, only its maximum kept as it passes (per lane, two bf16 lanes
 /// per instruction), then its exponentials, then the rest, so that the part the gradient
 /// pass re-reads from L2 is the part read last. (Staging through CUDA's `cp.async` while
-/// the rest streams by was slower: 1.22 against 1.15 ms, docs/performance.md, v21.)
+/// the rest streams by measured slower: docs/history.md.)
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn reduce_chunk_staging_exps<F: Float, N: Size>(
@@ -606,7 +528,7 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
     staged: &mut SharedMemory<Vector<F, N>>,
     #[comptime] options: RowOptions,
     #[comptime] staged_limit: usize,
-    #[comptime] streaming: u32,
+    #[comptime] hints: u32,
 ) -> (RowState, f32) {
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
@@ -632,7 +554,7 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         options,
     );
     // The unstaged part is read again by the gradient pass: plain loads, kept in L2.
-    streaming_access(streaming, false);
+    cache_hints(hints, false);
     let state = reduce_rest::<F, N>(
         logits,
         row_start,
@@ -644,7 +566,7 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         kept,
         options,
     );
-    streaming_access(streaming, true);
+    cache_hints(hints, true);
     // The target's vector, by the unit whose share it is, from its logits (the stage
     // holds exponentials); every unit computes it, the others discard it.
     let target_vector = target_col / vector_size;

@@ -1,0 +1,26 @@
+//! Test hooks (feature `test-hooks`): process-wide switches and counters read on the host
+//! only (never a device read). Not part of the loss's API; the project's tests use them to
+//! prove what the op did. Without the feature they are private and never switched on.
+
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+static POISON_OUTPUTS: AtomicBool = AtomicBool::new(false);
+static IN_PLACE_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
+
+/// Fill every output buffer with NaN before its kernel runs (one extra launch each).
+pub fn set_poison_outputs(enabled: bool) {
+    POISON_OUTPUTS.store(enabled, Ordering::Relaxed);
+}
+
+pub(crate) fn poison_outputs() -> bool {
+    POISON_OUTPUTS.load(Ordering::Relaxed)
+}
+
+/// How many backward launches wrote the gradient over the logits buffer so far.
+pub fn in_place_backward_count() -> usize {
+    IN_PLACE_BACKWARDS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_in_place_backward() {
+    IN_PLACE_BACKWARDS.fetch_add(1, Ordering::Relaxed);
+}
