@@ -1,13 +1,31 @@
 //! Fused cross-entropy loss for Burn.
 //!
-//! Forward and backward are CubeCL kernels (crate `fused-ce-kernels`) that read each row
-//! of logits in place: no N x V temporary in forward, and backward writes the gradient
-//! over the logits when nothing else holds them. Swap Burn's `CrossEntropyLoss` for
-//! [`FusedCrossEntropyLoss`]:
+//! Forward and backward are CubeCL kernels that read each row of logits in place: no
+//! N x V temporary, and the gradient goes over the logits when nothing else holds them.
+//! Swap Burn's `CrossEntropyLoss` for [`FusedCrossEntropyLoss`], built from
+//! [`FusedCrossEntropyLossConfig`]:
 //!
-//! ```ignore
-//! let loss = FusedCrossEntropyLossConfig::new().init(&device).forward(logits, targets);
 //! ```
+//! use burn::backend::{Autodiff, Wgpu};
+//! use burn::tensor::{Distribution, Int, Tensor};
+//! use burn_fused_ce::FusedCrossEntropyLossConfig;
+//!
+//! type B = Autodiff<Wgpu>;
+//! let device = Default::default();
+//! let logits = Tensor::<B, 2>::random([8, 1000], Distribution::Default, &device).require_grad();
+//! let targets = Tensor::<B, 1, Int>::from_ints([1, 2, 3, -100, 5, 6, 7, 8], &device);
+//!
+//! // let loss_fn = burn::nn::loss::CrossEntropyLossConfig::new().init(&device);
+//! let loss_fn = FusedCrossEntropyLossConfig::new().init(&device);
+//! let loss = loss_fn.forward(logits.clone(), targets); // [1]: the mean over 7 rows
+//! let grads = loss.backward();
+//! let grad = logits.grad(&grads).expect("logits require grad"); // [8, 1000]
+//! ```
+//!
+//! Options (reduction, ignore index, label smoothing, z-loss, softcap, class weights, the
+//! [`TargetCheck`], the [`GradientPlan`], [`ExtraOutputs`], [`FastMath`]) are the config's
+//! fields; [`fused_cross_entropy`] is the same loss without a module. Other backends:
+//! [`FusedCrossEntropyBackend`] and [`portable`].
 
 mod api;
 mod autodiff;
@@ -35,3 +53,8 @@ pub use loss::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
 pub use options::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
 };
+
+/// docs/usage.md's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/usage.md")]
+pub struct UsageExamples;
