@@ -20,8 +20,8 @@ use burn::tensor::{
     DType, Distribution, Int, Tensor, TensorData, activation::log_softmax, backend::Backend,
 };
 use burn_fused_ce::{
-    CrossEntropyOptions, FastMath, GradientPlan, KernelTuning, Reduction, fused_cross_entropy,
-    test_hooks,
+    CrossEntropyOptions, FastMath, GradientPlan, KernelTuning, Reduction, TargetCheck,
+    fused_cross_entropy, test_hooks,
 };
 use cubecl::Runtime as _;
 use fused_ce_suite::{AutodiffCube, CubeBackend, Device, RUNTIME_NAME, Runtime};
@@ -171,9 +171,8 @@ struct Measured {
     /// while the device runs this one: runs of 1 and of `Bench::steady_steps` steps queued
     /// back to back, one sync after each (median of `STEADY_RUNS` each), and the slope
     /// between them, `(t_long - t_one) / (steps - 1)`. A run's fixed costs, the host's
-    /// latency before its first kernel and the sync's wake-up after its last (0.1-0.2 ms
-    /// on the H200), cancel; dividing one run of four steps by four (the fifth session's
-    /// figures) still carried a quarter of them.
+    /// latency before its first kernel and the sync's wake-up after its last, cancel;
+    /// dividing one run of four steps by four would still carry a quarter of them.
     steady_ms: Option<f64>,
     /// Device memory reserved by one iteration beyond what its inputs already held.
     extra_mib: Option<f64>,
@@ -451,7 +450,7 @@ impl Bench {
         } = mode
         else {
             let options = CrossEntropyOptions {
-                check_targets: false,
+                target_check: TargetCheck::Off,
                 ..base
             };
             return self.measure(
@@ -460,7 +459,11 @@ impl Bench {
             );
         };
         let mut step_options = CrossEntropyOptions {
-            check_targets: checked,
+            target_check: if checked {
+                TargetCheck::default()
+            } else {
+                TargetCheck::Off
+            },
             reduction: if incoming == Incoming::PerRow {
                 Reduction::None
             } else {

@@ -1,102 +1,391 @@
-//! The main example: train a small causal language model on bytes with the fused loss.
+//! The main example: a GPT-style language model trained on real English text with a real
+//! BPE vocabulary, its LM head and loss computed as one op by the fused linear
+//! cross-entropy.
 //!
-//!   scripts/with-vulkan.sh cargo run --release --example train_lm                  # CPU (lavapipe), a few minutes
-//!   scripts/with-vulkan.sh cargo run --release --example train_lm -- --compare-stock
-//!   CUDARC_CUDA_VERSION=13000 cargo run --release --no-default-features --features cuda \
-//!       --example train_lm -- --big --compare-stock                                  # a GPU
+//!   scripts/with-vulkan.sh cargo run --release --example train_lm            # tiny, CPU (lavapipe)
+//!   scripts/with-vulkan.sh cargo run --release --example train_lm -- --compare
+//!   CUDARC_CUDA_VERSION=13000 cargo run --release --no-default-features \
+//!       --features cuda,autotune --example train_lm -- --size gpt2 --compare --max-batch
 //!
-//! Text: English-like sentences the repository generates. Tokens: bytes. Targets: the input
-//! shifted by one; padding targets are ignored (`ignore_index = 0`). AdamW with a cosine
-//! learning-rate schedule. `--compare-stock` trains the same seeded model with Burn's stock
-//! `CrossEntropyLoss` and prints both loss curves side by side, step time and memory.
+//! Flags: `--size tiny|small|gpt2` (model and batch; tiny by default), `--vocab
+//! gpt2|cl100k` (OpenAI's BPE vocabularies shipped in `tiktoken-rs`: 50257 or 100277
+//! tokens), `--data PATH` (any UTF-8 text file; default: *Around the World in Eighty
+//! Days*, see examples/data/README.md), `--steps N`, `--batch N`, `--loss
+//! stock|fused|linear` (default linear), `--compare` (the same seeded model trained the
+//! three ways, curves and a table), `--max-batch` (with `--compare`: the largest batch
+//! each way fits on the device, by bisection, a few steps per try), `--dtype f32|bf16`
+//! (bf16 on CUDA), `--out DIR` (plots and tables; default target/train_lm).
 
-use burn::backend::Autodiff;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+
+use burn::tensor::backend::AutodiffBackend;
+use burn_fused_ce::FusedCrossEntropyBackend;
 use cubecl::Runtime as _;
 use fused_ce_suite::{
     DefaultBackend, Device, RUNTIME_NAME, Runtime,
-    lm::{LmConfig, LossKind, StepLog, TinyGpt, initial_model, sample, train},
+    lm::{
+        Corpus, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, StepLog, Vocabulary, initial_model,
+        plot::{Curve, loss_curves_svg},
+        sample, train,
+    },
 };
+use indicatif::{ProgressBar, ProgressStyle};
 
-type B = Autodiff<DefaultBackend>;
+/// What the command line asks for.
+struct Args {
+    model: GptConfig,
+    run: RunConfig,
+    vocabulary: Vocabulary,
+    data: Option<PathBuf>,
+    kinds: Vec<LossKind>,
+    max_batch: bool,
+    bf16: bool,
+    out: PathBuf,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |name: &str| -> Option<&str> {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    };
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let number = |name: &str| -> Result<Option<usize>, String> {
+        value(name)
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| format!("{name} takes a number, got {v}"))
+            })
+            .transpose()
+    };
+    let vocabulary = match value("--vocab").unwrap_or("gpt2") {
+        "gpt2" => Vocabulary::Gpt2,
+        "cl100k" => Vocabulary::Cl100k,
+        other => return Err(format!("--vocab gpt2|cl100k, got {other}")),
+    };
+    let vocab = vocabulary.size();
+    let (model, batch, steps, lr) = match value("--size").unwrap_or("tiny") {
+        // Minutes on two CPU cores (lavapipe).
+        "tiny" => (model(vocab, 64, 2, 4, 64), 8, 60, 3e-3),
+        "small" => (model(vocab, 256, 4, 4, 256), 16, 300, 1e-3),
+        // GPT-2 small: 124M parameters with its 50257-token vocabulary.
+        "gpt2" => (model(vocab, 768, 12, 12, 1024), 8, 60, 3e-4),
+        other => return Err(format!("--size tiny|small|gpt2, got {other}")),
+    };
+    let kinds = if flag("--compare") {
+        LossKind::ALL.to_vec()
+    } else {
+        vec![match value("--loss").unwrap_or("linear") {
+            "stock" => LossKind::Stock,
+            "fused" => LossKind::Fused,
+            "linear" => LossKind::FusedLinear,
+            other => return Err(format!("--loss stock|fused|linear, got {other}")),
+        }]
+    };
+    let bf16 = match value("--dtype").unwrap_or("f32") {
+        "f32" => false,
+        "bf16" if cfg!(feature = "cuda") => true,
+        "bf16" => return Err("--dtype bf16 needs the cuda feature".into()),
+        other => return Err(format!("--dtype f32|bf16, got {other}")),
+    };
+    Ok(Args {
+        model,
+        run: RunConfig {
+            batch: number("--batch")?.unwrap_or(batch),
+            steps: number("--steps")?.unwrap_or(steps),
+            lr,
+            seed: 7,
+        },
+        vocabulary,
+        data: value("--data").map(PathBuf::from),
+        kinds,
+        max_batch: flag("--max-batch"),
+        bf16,
+        out: PathBuf::from(value("--out").unwrap_or("target/train_lm")),
+    })
+}
+
+fn model(vocab: usize, d_model: usize, layers: usize, heads: usize, seq_len: usize) -> GptConfig {
+    GptConfig {
+        vocab,
+        d_model,
+        layers,
+        heads,
+        seq_len,
+    }
+}
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str| args.iter().any(|a| a == name);
-    let mut config = if flag("--big") {
-        LmConfig::big()
-    } else {
-        LmConfig::small()
-    };
-    if let Some(steps) = args
-        .iter()
-        .position(|a| a == "--steps")
-        .and_then(|i| args.get(i + 1))
-    {
-        config.steps = steps.parse().unwrap_or(config.steps);
-    }
-    let device = Device::default();
-    println!("training a byte-level transformer on {RUNTIME_NAME}: {config:?}");
-
-    // Both runs start from the same weights.
-    let start = initial_model::<B>(&config, &device);
-    let (fused, model) = run(&config, LossKind::Fused, start.clone(), &device);
-    println!(
-        "sample: {:?}",
-        sample(&model, &config, "the old man ", 80, &device)
-    );
-
-    if flag("--compare-stock") {
-        let (stock, _) = run(&config, LossKind::Stock, start, &device);
-        println!("\n step   fused loss   stock loss   rel diff");
-        let mut worst: f64 = 0.0;
-        for (step, (a, b)) in fused.iter().zip(&stock).enumerate() {
-            let diff = (a.loss - b.loss).abs() / b.loss.abs().max(1e-12);
-            worst = worst.max(diff);
-            if step % 10 == 0 || step + 1 == fused.len() {
-                println!("{step:5}   {:10.5}   {:10.5}   {diff:.2e}", a.loss, b.loss);
-            }
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("train_lm: {error}");
+            std::process::exit(2);
         }
-        println!(
-            "median step: fused {:.2} ms, stock {:.2} ms; largest relative loss difference {worst:.2e}",
-            median_ms(&fused),
-            median_ms(&stock)
-        );
+    };
+    if args.bf16 {
+        #[cfg(feature = "cuda")]
+        run::<burn::backend::Autodiff<fused_ce_suite::DefaultBackendBf16>>(&args);
+    } else {
+        run::<burn::backend::Autodiff<DefaultBackend>>(&args);
     }
 }
 
-/// One training run with per-step logs, and the device memory it reserved.
-fn run(
-    config: &LmConfig,
+/// One way of computing the loss, trained and measured.
+struct Outcome {
     kind: LossKind,
-    start: TinyGpt<B>,
+    logs: Vec<StepLog>,
+    /// Growth of the device's memory pool over the run (pages reserved).
+    pool_growth_mib: f64,
+    largest_batch: Option<usize>,
+}
+
+fn run<B>(args: &Args)
+where
+    B: AutodiffBackend<Device = Device> + FusedCrossEntropyBackend,
+{
+    let device = Device::default();
+    let text = match &args.data {
+        Some(path) => std::fs::read_to_string(path)
+            .unwrap_or_else(|error| panic!("--data {}: {error}", path.display())),
+        None => SAMPLE_TEXT.to_string(),
+    };
+    let corpus = Corpus::new(&text, args.vocabulary);
+    let (config, run) = (args.model, args.run);
+    println!(
+        "GPT-style model on {RUNTIME_NAME}{}: {} layers, d_model {}, {} heads, {:.1}M parameters; {} vocabulary ({} tokens); {} tokens of text; batch {} x {} tokens, {} steps",
+        if args.bf16 { " (bf16)" } else { "" },
+        config.layers,
+        config.d_model,
+        config.heads,
+        config.parameters() as f64 / 1e6,
+        args.vocabulary.name(),
+        config.vocab,
+        corpus.tokens.len(),
+        run.batch,
+        config.seq_len,
+        run.steps,
+    );
+    println!(
+        "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); the results are cached (under target/autotune) for later runs."
+    );
+    let start = initial_model::<B>(&config, run.seed, &device);
+    let client = Runtime::client(&device);
+    let reserved = || {
+        client
+            .memory_usage()
+            .map(|usage| usage.bytes_reserved as f64 / 1048576.0)
+            .unwrap_or(0.0)
+    };
+    let mut outcomes = Vec::new();
+    let mut last_model = None;
+    for &kind in &args.kinds {
+        client.memory_cleanup();
+        let before = reserved();
+        let progress = ProgressBar::new(run.steps as u64);
+        progress.set_style(
+            ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos}/{len} {msg} (ETA {eta})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        progress.set_prefix(kind.name());
+        let (logs, model) = train::<B>(
+            &config,
+            &run,
+            kind,
+            start.clone(),
+            &corpus,
+            &device,
+            |step, log| {
+                let tokens_per_second = log.tokens as f64 / log.seconds;
+                let message = format!(
+                    "loss {:.4}, {tokens_per_second:.0} tokens/s, {:.0} MiB",
+                    log.loss,
+                    reserved()
+                );
+                progress.set_message(message.clone());
+                progress.inc(1);
+                if step % 10 == 0 || step + 1 == run.steps {
+                    progress.suspend(|| println!("[{}] step {step:4}: {message}", kind.name()));
+                }
+            },
+        );
+        progress.finish_and_clear();
+        outcomes.push(Outcome {
+            kind,
+            logs,
+            pool_growth_mib: reserved() - before,
+            largest_batch: None,
+        });
+        last_model = Some(model);
+    }
+    if let Some(model) = &last_model {
+        let prompt = &corpus.tokens[..8.min(corpus.tokens.len())];
+        println!(
+            "sample: {:?}",
+            sample(model, &config, &corpus, prompt, 24, &device)
+        );
+    }
+    if args.max_batch {
+        for outcome in &mut outcomes {
+            outcome.largest_batch = Some(largest_batch::<B>(
+                &config,
+                &run,
+                outcome.kind,
+                &start,
+                &corpus,
+                &device,
+            ));
+            client.memory_cleanup();
+        }
+    }
+    report(args, &outcomes);
+}
+
+/// The largest batch that trains (two steps) without running out of device memory:
+/// doubling from the run's batch, then bisecting.
+fn largest_batch<B>(
+    config: &GptConfig,
+    run: &RunConfig,
+    kind: LossKind,
+    start: &fused_ce_suite::lm::Gpt<B>,
+    corpus: &Corpus,
     device: &Device,
-) -> (Vec<StepLog>, TinyGpt<B>) {
+) -> usize
+where
+    B: AutodiffBackend<Device = Device> + FusedCrossEntropyBackend,
+{
     let client = Runtime::client(device);
-    client.memory_cleanup();
-    let tokens = (config.batch * config.seq_len) as f64;
-    let (logs, model) = train::<B>(config, kind, start, device, |step, log| {
-        if step % 10 == 0 || step + 1 == config.steps {
-            println!(
-                "[{kind:?}] step {step:4}  loss {:.4}  {:.0} tokens/s",
-                log.loss,
-                tokens / log.seconds
+    let fits = |batch: usize| {
+        client.memory_cleanup();
+        let trial = RunConfig {
+            batch,
+            steps: 2,
+            ..*run
+        };
+        let ok = catch_unwind(AssertUnwindSafe(|| {
+            train::<B>(
+                config,
+                &trial,
+                kind,
+                start.clone(),
+                corpus,
+                device,
+                |_, _| {},
+            );
+            B::sync(device).is_ok()
+        }))
+        .unwrap_or(false);
+        println!(
+            "[{}] batch {batch}: {}",
+            kind.name(),
+            if ok { "fits" } else { "does not fit" }
+        );
+        ok
+    };
+    let (mut good, mut bad) = (0, run.batch.max(1));
+    while fits(bad) {
+        good = bad;
+        bad *= 2;
+        if bad > 1 << 16 {
+            return good;
+        }
+    }
+    while bad - good > (good / 16).max(1) {
+        let mid = (good + bad) / 2;
+        if fits(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    good
+}
+
+/// Median step time after the first steps (autotune and warm-up).
+fn median_seconds(logs: &[StepLog]) -> f64 {
+    let skip = (logs.len() / 5)
+        .clamp(1, 10)
+        .min(logs.len().saturating_sub(1));
+    let mut times: Vec<f64> = logs.iter().skip(skip).map(|l| l.seconds).collect();
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Prints and writes the curves and the table.
+fn report(args: &Args, outcomes: &[Outcome]) {
+    let mut table = String::from(
+        "| loss | step ms (median) | tokens/s | pool growth MiB | largest batch | final loss |\n|---|---:|---:|---:|---:|---:|\n",
+    );
+    for o in outcomes {
+        let seconds = median_seconds(&o.logs);
+        let tokens = o.logs.first().map_or(0, |l| l.tokens) as f64;
+        table += &format!(
+            "| {} | {:.1} | {:.0} | {:.0} | {} | {:.4} |\n",
+            o.kind.name(),
+            seconds * 1e3,
+            tokens / seconds.max(1e-12),
+            o.pool_growth_mib,
+            o.largest_batch.map_or("-".to_string(), |b| b.to_string()),
+            o.logs.last().map_or(f64::NAN, |l| l.loss),
+        );
+    }
+    let mut agreement = String::new();
+    if let [first, rest @ ..] = outcomes {
+        for other in rest {
+            let worst = first
+                .logs
+                .iter()
+                .zip(&other.logs)
+                .map(|(a, b)| (a.loss - b.loss).abs() / a.loss.abs().max(1e-12))
+                .fold(0.0f64, f64::max);
+            agreement += &format!(
+                "largest relative difference of the loss curves, {} against {}: {worst:.2e}\n",
+                other.kind.name(),
+                first.kind.name()
             );
         }
-    });
-    if let Ok(usage) = client.memory_usage() {
-        println!(
-            "[{kind:?}] device memory reserved after training: {:.1} MiB",
-            usage.bytes_reserved as f64 / 1048576.0
-        );
     }
-    (logs, model)
-}
-
-fn median_ms(logs: &[StepLog]) -> f64 {
-    let mut times: Vec<f64> = logs.iter().skip(2).map(|l| l.seconds * 1e3).collect();
-    if times.is_empty() {
-        return 0.0;
+    println!("\n{table}\n{agreement}");
+    let curves: Vec<Curve> = outcomes
+        .iter()
+        .map(|o| Curve {
+            name: o.kind.name(),
+            values: o.logs.iter().map(|l| l.loss).collect(),
+        })
+        .collect();
+    let title = format!(
+        "GPT-style LM, {} layers, d_model {}, {} vocabulary: training loss per step",
+        args.model.layers,
+        args.model.d_model,
+        args.vocabulary.name()
+    );
+    let mut csv = String::from("step");
+    for o in outcomes {
+        csv += &format!(",{}", o.kind.name());
     }
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    csv.push('\n');
+    for step in 0..args.run.steps {
+        csv += &step.to_string();
+        for o in outcomes {
+            csv += &format!(",{}", o.logs.get(step).map_or(f64::NAN, |l| l.loss));
+        }
+        csv.push('\n');
+    }
+    let written = std::fs::create_dir_all(&args.out)
+        .and_then(|()| std::fs::write(args.out.join("loss.svg"), loss_curves_svg(&title, &curves)))
+        .and_then(|()| std::fs::write(args.out.join("loss.csv"), csv))
+        .and_then(|()| {
+            std::fs::write(args.out.join("summary.md"), format!("{table}\n{agreement}"))
+        });
+    match written {
+        Ok(()) => println!(
+            "curves and table: {}/{{loss.svg,loss.csv,summary.md}}",
+            args.out.display()
+        ),
+        Err(error) => println!("could not write to {}: {error}", args.out.display()),
+    }
 }

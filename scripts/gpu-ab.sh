@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# A/B on the GPU host: the bench of two or more bundle folders (e.g. gpu-bundle and a
-# copy of an earlier build), alternated, twice each, so that drift between runs shows.
-# Usage there: gpu-bundle/ab.sh gpu-bundle-old gpu-bundle   (CASE / MODES as sweep.sh)
+# A/B on a GPU host: the bench of two or more bundle folders (e.g. gpu-bundle and a copy
+# of an earlier build), alternated, twice each, so that drift between runs shows.
+#
+#   gpu-bundle/ab.sh gpu-bundle-old gpu-bundle      (CASE / MODES as sweep.sh)
 export FUSED_CE_BENCH_SKIP_STOCK=1 FUSED_CE_BENCH_CASE=${CASE:-8192x128256}
-export FUSED_CE_BENCH_MODE=${MODES:-"fwd,fwd+bwd,fwd+bwd other-plan"}
+export FUSED_CE_BENCH_MODE=${MODES:-"fwd,fwd+bwd one-pass unchecked,fwd+bwd two-pass unchecked"}
+export FUSED_CE_BENCH_OUT=${FUSED_CE_BENCH_OUT:-/tmp/fused-ce-ab}
 for d in "$@"; do (cd "$d" && for f in *.gz; do [ -e "$f" ] && gunzip -f "$f"; done; chmod +x throughput); done
 for round in 1 2; do
   for d in "$@"; do

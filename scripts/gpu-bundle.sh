@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # Builds the CUDA executables (release, CUDARC_CUDA_VERSION=13000: the driver and NVRTC
-# are loaded at run time, no toolkit needed here) into gpu-bundle/, stripped, with
-# gpu-bundle/run.sh that runs what is there on a GPU host and logs to $OUT.
+# are loaded at run time, no CUDA toolkit needed to build) into gpu-bundle/, stripped and
+# gzipped, with the scripts that run them on a GPU host that has no Rust: copy the folder
+# there and run `gpu-bundle/run.sh LOGDIR` (see scripts/gpu-run.sh).
 #
-#   scripts/gpu-bundle.sh [suite] [bench] [oracle] [train_lm] [host_overhead]
+#   scripts/gpu-bundle.sh [suite] [bench] [linear_head] [oracle] [train_lm] [host_overhead]
 #                                                  (default: suite bench oracle)
-#
-# A device call carries at most 64 MiB: the executables travel gzipped (run.sh unpacks
-# them), which fits the default three (about 25 MiB); all four may not fit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
@@ -15,11 +13,15 @@ parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(suite bench oracle)
 grep -qx "/$bundle/" .git/info/exclude 2>/dev/null || echo "/$bundle/" >> .git/info/exclude
 rm -rf "$bundle" && mkdir -p "$bundle"
 export CUDARC_CUDA_VERSION=13000
-build=(cargo build --release --no-default-features --features cuda)
+# The bench's report names the commit it measured.
+FUSED_CE_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo '+changes')"
+export FUSED_CE_COMMIT
+build=(cargo build --release --no-default-features --features cuda,autotune)
 for part in "${parts[@]}"; do
   case "$part" in
     suite) build+=(--test suite) ;;
     bench) build+=(--bench throughput) ;;
+    linear_head) build+=(--bench linear_head) ;;
     oracle) build+=(--example torch_oracle) ;;
     train_lm) build+=(--example train_lm) ;;
     host_overhead) build+=(--example host_overhead) ;;

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Runs the CUDA suite and the bench from a gpu-bundle/ folder; logs go to $OUT (or ./logs).
-# Usage on the GPU host: gpu-bundle/run.sh [test-filter]
+# Runs what a gpu-bundle/ folder holds (scripts/gpu-bundle.sh) on a GPU host with no Rust:
+# the CUDA test suite, the PyTorch oracle, the language-model example, then the bench.
+# Logs and the bench's results.{md,csv,svg} go to LOGDIR.
+#
+#   gpu-bundle/run.sh LOGDIR [test-filter]
+#
+# SKIP_BENCH=1 leaves the bench out; SKIP_SUITE=1 the tests.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${OUT:-$here/logs}"; mkdir -p "$out"
-# The bundle carries gzipped executables (scripts/gpu-bundle.sh).
+out="${1:?usage: run.sh LOGDIR [test-filter]}"; mkdir -p "$out"
+filter="${2:-}"
+# The bundle carries gzipped executables.
 for packed in "$here"/*.gz; do
   [ -e "$packed" ] || continue
   gunzip -f "$packed" && chmod +x "${packed%.gz}"
@@ -12,15 +18,17 @@ done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 status=0
-for test in "$here"/*; do
-  name="$(basename "$test")"
-  case "$name" in logs|throughput|torch_oracle|train_lm|host_overhead|*.sh|*.py|*.txt|*.gz) continue ;; esac
-  echo "== test $name"
-  # One test thread: the LLM-sized cases each hold several GB of device memory.
-  "$test" --test-threads=1 ${1:-} > "$out/test-$name.log" 2>&1
-  rc=$?; [ $rc -eq 0 ] || status=$rc
-  grep -E "^test |test result|ok on|error" "$out/test-$name.log" | grep -v "^test .* ok$" | tail -15
-done
+if [ -z "${SKIP_SUITE:-}" ]; then
+  for test in "$here"/*; do
+    name="$(basename "$test")"
+    case "$name" in logs|throughput|linear_head|torch_oracle|train_lm|host_overhead|*.sh|*.py|*.txt|*.gz|*.toml) continue ;; esac
+    echo "== test $name"
+    # One test thread: the LLM-sized cases each hold several GB of device memory.
+    "$test" --test-threads=1 $filter > "$out/test-$name.log" 2>&1
+    rc=$?; [ $rc -eq 0 ] || status=$rc
+    grep -E "^test |test result|ok on|error" "$out/test-$name.log" | grep -v "^test .* ok$" | tail -15
+  done
+fi
 if [ -x "$here/torch_oracle" ] && command -v python3 >/dev/null; then
   echo "== PyTorch oracle"
   if "$here/torch_oracle" /tmp/fused-ce-oracle > "$out/oracle.log" 2>&1; then
@@ -33,12 +41,17 @@ if [ -x "$here/torch_oracle" ] && command -v python3 >/dev/null; then
   rm -rf /tmp/fused-ce-oracle
 fi
 if [ -x "$here/train_lm" ]; then
-  echo "== language model (--big --compare-stock)"
-  "$here/train_lm" --big --compare-stock 2>&1 | tee "$out/train_lm.log" | grep -vE "^\[.*step +[1-9]" | tail -40
+  echo "== language model"
+  "$here/train_lm" ${TRAIN_ARGS:---big --compare} 2>&1 | tee "$out/train_lm.log" | tail -40
   [ ${PIPESTATUS[0]} -eq 0 ] || status=1
+fi
+if [ -x "$here/linear_head" ] && [ -z "${SKIP_BENCH:-}" ]; then
+  echo "== LM head bench"
+  FUSED_CE_BENCH_OUT="$out" "$here/linear_head" --bench 2>&1 | tee "$out/linear_head.log" | tail -12
 fi
 if [ -x "$here/throughput" ] && [ -z "${SKIP_BENCH:-}" ]; then
   echo "== bench"
-  "$here/throughput" --bench 2>&1 | tee "$out/bench.log" | tail -30
+  FUSED_CE_BENCH_OUT="$out" FUSED_CE_BENCH_DEVICE="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    "$here/throughput" --bench 2>&1 | tee "$out/bench.log" | tail -40
 fi
 exit $status

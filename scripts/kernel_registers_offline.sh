@@ -3,10 +3,10 @@
 # no GPU: `examples/cuda_source.rs` (fused-ce-kernels, feature `cuda-source`) writes the
 # kernels' CUDA C++ (IR built through lavapipe), then NVRTC and ptxas from NVIDIA's pip
 # wheels (CUDA 13.0, fetched once into ~/.cache/fused-ce-nvidia) compile them for sm_90a.
-# Registers decide how many cubes an SM holds (docs/performance.md, v16-v18).
+# Registers decide how many cubes an SM holds (docs/history.md).
 #
-#   scripts/kernel_registers_offline.sh [out-dir]      (knobs such as
-#   FUSED_CE_SPLIT_GRAD_LOADS=2 apply as in a run)
+#   scripts/kernel_registers_offline.sh [out-dir]      (FUSED_CE_TUNING="reread_loads=2"
+#   changes the tuning, as in a bench run)
 #   SASS=1 scripts/kernel_registers_offline.sh        (also each kernel's loops, from its
 #   SASS: cuobjdump and nvdisasm 13.2 wheels, fetched once; scripts/sass_loops.py)
 set -euo pipefail

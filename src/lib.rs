@@ -26,6 +26,10 @@ pub type CubeBackend = burn_cubecl::CubeBackend<Runtime, f32, i32, u32>;
 /// The same with autodiff.
 pub type AutodiffCube = burn::backend::Autodiff<CubeBackend>;
 
+/// The same with bf16 as the default float type (CUDA only: lavapipe has no bf16).
+#[cfg(feature = "cuda")]
+pub type DefaultBackendBf16 = burn::backend::Cuda<burn::tensor::bf16>;
+
 /// What a user of this runtime has with Burn's default features: `burn::backend::Wgpu` or
 /// `burn::backend::Cuda`, both `Fusion<CubeBackend<..>>`.
 #[cfg(feature = "cuda")]

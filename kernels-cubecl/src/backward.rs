@@ -424,21 +424,24 @@ pub(crate) fn zero_vectors<F: Float, N: Size>(
     }
 }
 
-/// Backward of the forward-formed gradient: `grad *= g` in place for a scalar incoming
-/// gradient `g`, each cube taking rows in turn; every cube returns at once when `g` is 1
-/// (the usual `loss.backward()`), so that case costs one near-empty launch and no host
-/// read.
+/// Backward of the one pass: `grad *= g / guess` in place for a scalar incoming gradient
+/// `g` and the `guess` the one pass formed the gradient with, each cube taking rows in
+/// turn; every cube returns at once when the guess was right (a training loop's constant
+/// scale), so that case costs one near-empty launch and no host read.
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn scale_gradient_kernel<F: Float, G: Float, N: Size>(
     grad: &mut Tensor<Vector<F, N>>,
     grad_output: &Tensor<G>,
+    guess: &Tensor<f32>,
     #[comptime] cube_size: usize,
     #[define(F, G)] _dtypes: [StorageType; 2],
 ) {
-    let scale = f32::cast_from(grad_output[0]);
-    if scale == f32::new(1.0) {
+    let incoming = f32::cast_from(grad_output[0]);
+    let guessed = guess[0];
+    if incoming == guessed {
         terminate!();
     }
+    let scale = incoming / guessed;
     // The grid may hold fewer cubes than rows: each cube takes every `cubes`-th row.
     let cubes = (CUBE_COUNT_X * CUBE_COUNT_Y) as usize;
     let rows = grad.shape(0) * grad.shape(1);

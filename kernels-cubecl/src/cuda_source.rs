@@ -59,7 +59,7 @@ pub fn one_pass_kernel_source<R: Runtime>(
     let targets = <Tensor<KernelI> as LaunchArg>::register(buffer(2), &mut launcher);
     let class_weights = <Tensor<f32> as LaunchArg>::register(buffer(1), &mut launcher);
     let weight_total = <Tensor<f32> as LaunchArg>::register(buffer(1), &mut launcher);
-    let denominators = <Tensor<f32> as LaunchArg>::register(buffer(1), &mut launcher);
+    let scales = <Tensor<f32> as LaunchArg>::register(buffer(1), &mut launcher);
     let stats = <Tensor<f32> as LaunchArg>::register(buffer(2), &mut launcher);
     let predicted = <Tensor<KernelI> as LaunchArg>::register(buffer(1), &mut launcher);
     let grad = <Tensor<Vector<KernelF, KernelN>> as LaunchArg>::register(grad, &mut launcher);
@@ -81,7 +81,7 @@ pub fn one_pass_kernel_source<R: Runtime>(
         targets,
         class_weights,
         weight_total,
-        denominators,
+        scales,
         stats,
         predicted,
         grad,

@@ -154,12 +154,31 @@ pub fn launch_backward<R: Runtime>(
     }
 }
 
-/// The one-pass kernel's scratch buffers, written by its prologue: f32 `[2]` for the mean's
-/// denominators, i32 `[1]` for the ticket counter, i32 `[plan.partials_len(rows)]`.
+/// The one-pass kernel's scratch buffers, written by its prologue: f32
+/// `[scale_slot::LEN]` for the mean's denominators and the guessed incoming gradient, i32
+/// `[1]` for the ticket counter, i32 `[plan.partials_len(rows)]`.
 pub struct OnePassScratch<R: Runtime> {
-    pub denominators: TensorArg<R>,
+    pub scales: TensorArg<R>,
     pub tickets: TensorArg<R>,
     pub partials: TensorArg<R>,
+}
+
+/// The buffers of one launch of the one pass.
+pub struct OnePassBuffers<R: Runtime> {
+    /// Where the gradient goes (over the logits, or a new buffer).
+    pub target: GradientTarget<R>,
+    pub targets: TensorArg<R>,
+    pub weights: WeightArgs<R>,
+    /// f32 `[row_stat::COUNT, rows]`.
+    pub stats: TensorArg<R>,
+    /// The argmax per row when tracked; any buffer otherwise.
+    pub predicted: TensorArg<R>,
+    /// f32 `[1]`: the incoming gradient the gradient is formed for (the loss's guess).
+    pub guess: TensorArg<R>,
+    /// f32 `[2]`: the mean's denominators `[D, n]` to divide by, when not those of the
+    /// launch's rows (which the prologue then sums from the targets).
+    pub denominators: Option<TensorArg<R>>,
+    pub scratch: OnePassScratch<R>,
 }
 
 /// A second launch argument for the same buffer (`TensorArg` is not `Clone`).
@@ -180,26 +199,32 @@ fn same_arg<R: Runtime>(arg: &TensorArg<R>) -> TensorArg<R> {
     }
 }
 
-/// Forward that also writes the gradient for an incoming gradient of 1, divided by the
-/// mean's denominators when `mean` (see `cross_entropy_one_pass_kernel`): one pass over
-/// the logits, after a small prologue. `target` says where the gradient goes (over the
-/// logits, or a new buffer).
-#[allow(clippy::too_many_arguments)]
+/// Forward that also writes the gradient for the guessed incoming gradient, divided by
+/// the mean's denominators when `mean` (see `cross_entropy_one_pass_kernel`): one pass over
+/// the logits, after a small prologue.
 pub fn launch_one_pass<R: Runtime>(
     client: &ComputeClient<R>,
     shape: RowLaunch,
     plan: OnePassPlan,
-    target: GradientTarget<R>,
-    targets: TensorArg<R>,
-    weights: WeightArgs<R>,
-    stats: TensorArg<R>,
-    predicted: TensorArg<R>,
-    scratch: OnePassScratch<R>,
+    buffers: OnePassBuffers<R>,
     mean: bool,
 ) {
     if shape.rows == 0 {
         return;
     }
+    let OnePassBuffers {
+        target,
+        targets,
+        weights,
+        stats,
+        predicted,
+        guess,
+        denominators,
+        scratch,
+    } = buffers;
+    let given_denominators = denominators.is_some();
+    // Without given denominators the guess is bound in their place, unread.
+    let given = denominators.unwrap_or_else(|| same_arg(&guess));
     let prologue_units = reduction_units(client);
     let prologue_cubes = plan
         .partials_len(shape.rows)
@@ -211,13 +236,16 @@ pub fn launch_one_pass<R: Runtime>(
         CubeDim::new_1d(prologue_units as u32),
         same_arg(&targets),
         same_arg(&weights.weights),
-        same_arg(&scratch.denominators),
+        guess,
+        given,
+        same_arg(&scratch.scales),
         same_arg(&scratch.tickets),
         same_arg(&scratch.partials),
         u32::try_from(shape.vocab).unwrap_or(u32::MAX),
         row_scalars(&shape),
         shape.options_on(false, prologue_units, shape.tuning.row_loads),
         mean,
+        given_denominators,
         shape.int_dtype,
     );
     let one_pass = plan.options(mean, matches!(target, GradientTarget::InPlace(_)));
@@ -237,7 +265,7 @@ pub fn launch_one_pass<R: Runtime>(
             targets,
             weights.weights,
             weights.total,
-            scratch.denominators,
+            scratch.scales,
             stats,
             predicted,
             grad,
@@ -252,13 +280,15 @@ pub fn launch_one_pass<R: Runtime>(
     }
 }
 
-/// `grad *= g` in place for a scalar incoming gradient `g` (`[1]`, any float type
-/// `grad_dtype`), skipped on the device when `g` is 1. `grad` is `[B, T, V]`.
+/// `grad *= g / guess` in place for a scalar incoming gradient `g` (`[1]`, any float type
+/// `grad_dtype`) and the f32 `guess [1]` the one pass formed `grad` with, skipped on the
+/// device when they are equal. `grad` is `[B, T, V]`.
 pub fn launch_scale_gradient<R: Runtime>(
     client: &ComputeClient<R>,
     shape: RowLaunch,
     grad: TensorArg<R>,
     grad_output: TensorArg<R>,
+    guess: TensorArg<R>,
     grad_dtype: StorageType,
 ) {
     if shape.rows == 0 {
@@ -266,8 +296,8 @@ pub fn launch_scale_gradient<R: Runtime>(
     }
     let cube_size = shape.cube_size();
     // As many cubes as the device holds at once, each looping over rows: when the
-    // incoming gradient is 1 every cube exits at once, and 8192 cubes cost 7 us to do
-    // that; a device of unknown size gets one cube per row.
+    // guess was right every cube exits at once, and one cube per row would pay
+    // for thousands of empty cubes; a device of unknown size gets one cube per row.
     let cubes = client
         .properties()
         .hardware
@@ -287,6 +317,7 @@ pub fn launch_scale_gradient<R: Runtime>(
             shape.vector_size,
             grad,
             grad_output,
+            guess,
             cube_size,
             [shape.float_dtype, grad_dtype],
         );

@@ -21,13 +21,13 @@ pub use backward::{GradOptions, cross_entropy_backward_kernel, scale_gradient_ke
 pub use checks::first_bad_target_kernel;
 pub use forward::cross_entropy_forward_kernel;
 pub use launch::{
-    GradientTarget, IncomingGradient, OnePassScratch, WeightArgs, launch_backward,
+    GradientTarget, IncomingGradient, OnePassBuffers, OnePassScratch, WeightArgs, launch_backward,
     launch_first_bad_target, launch_forward, launch_one_pass, launch_reduce_stats,
     launch_scale_gradient,
 };
 pub use one_pass::{
     OnePassOptions, PARTIAL_SLOTS, UNPUBLISHED, cross_entropy_one_pass_kernel,
-    one_pass_prologue_kernel,
+    one_pass_prologue_kernel, scale_slot,
 };
 pub use plan::{LossSettings, MAX_CHUNKS, OnePassPlan, RowLaunch};
 pub use reduce::{ReduceOptions, reduce_stats_kernel};

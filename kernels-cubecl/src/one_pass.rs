@@ -1,5 +1,6 @@
-//! The training step in one pass over the logits, for an incoming gradient known at
-//! forward time (`Mean`/`Sum` under `loss.backward()`; backward rescales it otherwise).
+//! The training step in one pass over the logits, for an incoming gradient guessed at
+//! forward time (`Mean`/`Sum`: the last one this loss saw, 1 at first; backward rescales
+//! the gradient when the guess misses).
 //!
 //! Each row is cut into chunks, one cube per chunk. A cube streams its chunk into shared
 //! memory while reducing it, publishes its partial state in global memory, waits for the
@@ -87,20 +88,35 @@ fn published_bits(value: f32) -> i32 {
     select(bits == UNPUBLISHED, i32::new(0x7fff_ffff), bits)
 }
 
+/// Where each value lives in the one pass's `scales` (f32 `[3]`): the mean's
+/// denominators `D` and `n` (written for `Mean` only) and the guessed incoming gradient.
+pub mod scale_slot {
+    pub const WEIGHT_TOTAL: usize = 0;
+    pub const COUNT: usize = 1;
+    pub const GUESS: usize = 2;
+    /// Length of the buffer.
+    pub const LEN: usize = 3;
+}
+
 /// Before the one-pass kernel: every slot of `partials` to `UNPUBLISHED`, the ticket counter
-/// to 0 and, for `Mean`, the denominators `[D, n]` from the targets (cube 0).
+/// to 0, the guessed incoming gradient `guess [1]` into `scales` and, for `Mean`, the
+/// denominators `D` and `n`: `given [2]` when `given_denominators`, else from the targets
+/// (cube 0).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn one_pass_prologue_kernel<I: Int>(
     targets: &Tensor<I>,
     class_weights: &Tensor<f32>,
-    denominators: &mut Tensor<f32>,
+    guess: &Tensor<f32>,
+    given: &Tensor<f32>,
+    scales: &mut Tensor<f32>,
     tickets: &mut Tensor<Atomic<i32>>,
     partials: &mut Tensor<Atomic<i32>>,
     vocab: u32,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
     #[comptime] mean: bool,
+    #[comptime] given_denominators: bool,
     #[define(I)] _dtype: StorageType,
 ) {
     let len = partials.len();
@@ -113,8 +129,14 @@ pub fn one_pass_prologue_kernel<I: Int>(
     if CUBE_POS == 0 {
         if UNIT_POS == 0 {
             tickets[0].store(i32::new(0));
+            scales[scale_slot::GUESS] = guess[0];
         }
-        if comptime!(mean) {
+        if comptime!(mean && given_denominators) {
+            if UNIT_POS == 0 {
+                scales[scale_slot::WEIGHT_TOTAL] = given[0];
+                scales[scale_slot::COUNT] = given[1];
+            }
+        } else if comptime!(mean) {
             let rows = targets.shape(0) * targets.shape(1);
             let (weight_sum, count) = mean_denominators::<I>(
                 targets,
@@ -125,16 +147,17 @@ pub fn one_pass_prologue_kernel<I: Int>(
                 options,
             );
             if UNIT_POS == 0 {
-                denominators[0] = weight_sum;
-                denominators[1] = count;
+                scales[scale_slot::WEIGHT_TOTAL] = weight_sum;
+                scales[scale_slot::COUNT] = count;
             }
         }
     }
 }
 
-/// Forward that also writes the gradient for an incoming gradient of 1 (divided by the
-/// mean's denominators when `one_pass.mean`), over the logits when `grad` aliases them:
-/// one cube per chunk of `chunk_vectors` vectors of a row (see the module's text).
+/// Forward that also writes the gradient for the guessed incoming gradient in `scales`
+/// (divided by the mean's denominators when `one_pass.mean`), over the logits when `grad`
+/// aliases them: one cube per chunk of `chunk_vectors` vectors of a row (see the module's
+/// text).
 #[cube(launch_unchecked, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
@@ -142,7 +165,7 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
     targets: &Tensor<I>,
     class_weights: &Tensor<f32>,
     weight_total: &Tensor<f32>,
-    denominators: &Tensor<f32>,
+    scales: &Tensor<f32>,
     stats: &mut Tensor<f32>,
     predicted: &mut Tensor<I>,
     grad: &mut Tensor<Vector<F, N>>,
@@ -191,7 +214,7 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
             logits,
             class_weights,
             weight_total,
-            denominators,
+            scales,
             stats,
             predicted,
             grad,
@@ -218,7 +241,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
     logits: &Tensor<Vector<F, N>>,
     class_weights: &Tensor<f32>,
     weight_total: &Tensor<f32>,
-    denominators: &Tensor<f32>,
+    scales: &Tensor<f32>,
     stats: &mut Tensor<f32>,
     predicted: &mut Tensor<I>,
     grad: &mut Tensor<Vector<F, N>>,
@@ -390,9 +413,9 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         options,
     );
 
-    // 4. The chunk's gradient for an incoming gradient of 1.
-    let incoming = select(target_is_class, f32::new(1.0), f32::new(0.0));
-    let (ce_scale, z_scale) = incoming_scales(incoming, denominators, one_pass.mean);
+    // 4. The chunk's gradient for the guessed incoming gradient.
+    let incoming = select(target_is_class, scales[scale_slot::GUESS], f32::new(0.0));
+    let (ce_scale, z_scale) = incoming_scales(incoming, scales, one_pass.mean);
     let row_grad = gradient_coefficients(
         target_col,
         ce_scale,

@@ -10,7 +10,8 @@ use burn::{
 };
 use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyBackend,
-    FusedCrossEntropyLossConfig, Reduction, fused_cross_entropy, try_fused_cross_entropy,
+    FusedCrossEntropyLossConfig, Reduction, TargetCheck, fused_cross_entropy,
+    try_fused_cross_entropy,
 };
 use fused_ce_suite::DefaultBackend;
 
@@ -110,7 +111,11 @@ where
     let device = B::Device::default();
     let name = short_name::<B>();
     let (rows, vocab) = (8, 10);
-    let plain = CrossEntropyOptions::new(Reduction::None);
+    // Reported by the call itself (the deferred default is tested in `defaults.rs`).
+    let plain = CrossEntropyOptions {
+        target_check: TargetCheck::Immediate,
+        ..CrossEntropyOptions::new(Reduction::None)
+    };
     let cases: Vec<(Vec<i64>, CrossEntropyOptions, usize, i64)> = vec![
         // Too large: V itself, far past it.
         (vec![0, 1, 2, 10, 4, 5, 6, 7], plain.clone(), 3, 10),
@@ -159,7 +164,12 @@ where
     ];
     for (values, options, row, value) in cases {
         let context = format!("{name} targets {values:?} {options:?}");
-        let expected = CrossEntropyError::TargetOutOfRange { row, value, vocab };
+        let expected = CrossEntropyError::TargetOutOfRange {
+            row,
+            value,
+            vocab,
+            earlier_call: false,
+        };
         for weights in [None, Some(vec![1.5f32; vocab])] {
             let err = error_2d::<B>([rows, vocab], &values, weights.as_deref(), &options);
             assert_eq!(err, expected, "{context} weights={}", weights.is_some());
@@ -180,6 +190,7 @@ where
             .with_reduction(options.reduction)
             .with_ignore_index(options.ignore_index)
             .with_class_weights(Some(vec![0.5; vocab]))
+            .with_target_check(TargetCheck::Immediate)
             .init::<B>(&device);
         let err = module
             .try_forward(
@@ -645,7 +656,7 @@ fn unchecked_out_of_range_target_on_other_backends() {
     poisoned();
     for reduction in [Reduction::None, Reduction::Sum] {
         let options = CrossEntropyOptions {
-            check_targets: false,
+            target_check: TargetCheck::Off,
             label_smoothing: 0.1,
             ..CrossEntropyOptions::new(reduction)
         };

@@ -10,8 +10,8 @@ use burn::{
 };
 use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, CrossEntropyOutput, ExtraOutputs,
-    FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, Reduction, fused_cross_entropy,
-    test_hooks, try_fused_cross_entropy,
+    FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, Reduction, TargetCheck,
+    fused_cross_entropy, test_hooks, try_fused_cross_entropy,
 };
 use rand::Rng;
 
@@ -133,7 +133,7 @@ pub(crate) fn forward_flat<B: FusedCrossEntropyBackend>(
             .with_z_loss_scale(o.z_loss_scale)
             .with_softcap(o.softcap)
             .with_class_weights(weights.map(|w| w.to_vec()))
-            .with_check_targets(o.check_targets)
+            .with_target_check(o.target_check)
             .with_gradient_plan(o.gradient_plan)
             .with_outputs(o.outputs)
             .try_init::<B>(&device)?;
@@ -775,14 +775,14 @@ fn unchecked_out_of_range_target_poisons_only_its_row() {
     for class_weights in [false, true] {
         for reduction in [Reduction::None, Reduction::Sum] {
             let options = CrossEntropyOptions {
-                check_targets: false,
+                target_check: TargetCheck::Off,
                 ..CrossEntropyOptions::new(reduction)
             };
             check_bad_targets::<CubeBackend>(&options, class_weights);
         }
     }
     let all = CrossEntropyOptions {
-        check_targets: false,
+        target_check: TargetCheck::Off,
         label_smoothing: 0.1,
         z_loss_scale: 1e-4,
         softcap: Some(30.0),
@@ -868,8 +868,8 @@ pub(crate) fn check_bad_targets<B: FusedCrossEntropyBackend>(
     }
 }
 
-/// With the default `check_targets: true`, the same targets are an error naming the first
-/// bad row, and `forward` panics with that message.
+/// With `TargetCheck::Immediate`, the same targets are an error of the call itself naming
+/// the first bad row, and `forward` panics with that message.
 #[test]
 fn checked_out_of_range_target_is_an_error() {
     let device = Device::default();
@@ -881,8 +881,10 @@ fn checked_out_of_range_target_is_an_error() {
     targets[1] = vocab as i64 + 5;
     targets[4] = -3;
     let (logits, _) = logits_tensor::<CubeBackend>(values, rows, vocab, DType::F32, &device);
-    let options = CrossEntropyOptions::new(Reduction::None);
-    assert!(options.check_targets, "checked by default");
+    let options = CrossEntropyOptions {
+        target_check: TargetCheck::Immediate,
+        ..CrossEntropyOptions::new(Reduction::None)
+    };
     let err = try_fused_cross_entropy(
         logits.clone(),
         targets_tensor(&targets, &device),
@@ -896,7 +898,8 @@ fn checked_out_of_range_target_is_an_error() {
         CrossEntropyError::TargetOutOfRange {
             row: 1,
             value: vocab as i64 + 5,
-            vocab
+            vocab,
+            earlier_call: false,
         },
         "seed={seed}"
     );

@@ -4,8 +4,11 @@
 use burn::tensor::{DType, Int, Shape, Tensor, TensorPrimitive, backend::Backend};
 
 use crate::{
-    backend::{ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, first_true},
-    options::{CrossEntropyError, CrossEntropyOptions, Reduction},
+    backend::{ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, first_true},
+    incoming_guess::IncomingGuess,
+    linear::{LinearChunking, LinearHead, LinearInputs},
+    options::{CrossEntropyError, CrossEntropyOptions, Reduction, TargetCheck},
+    target_check::{self, PendingTargetCheck},
 };
 
 /// The loss and the extra outputs asked for in [`CrossEntropyOptions::outputs`].
@@ -46,19 +49,61 @@ pub fn fused_cross_entropy<B: FusedCrossEntropyBackend, const DL: usize, const D
 
 /// The loss and extra outputs, with optional class weights (`[V]`, all `>= 0`), or the
 /// reason the input was refused. Nothing runs on the device before shapes and options are
-/// validated; class weights, and the targets with `options.check_targets`, are checked on
-/// the device and one small result is read back (a sync point).
+/// validated. Class weights are checked on the device and one small result is read back
+/// (a sync point); targets as [`CrossEntropyOptions::target_check`] says. The one pass
+/// guesses an incoming gradient of 1 (a [`crate::FusedCrossEntropyLoss`] remembers the
+/// last one instead).
 pub fn try_fused_cross_entropy<B: FusedCrossEntropyBackend, const DL: usize, const DT: usize>(
     logits: Tensor<B, DL>,
     targets: Tensor<B, DT, Int>,
     class_weights: Option<Tensor<B, 1>>,
     options: &CrossEntropyOptions,
 ) -> Result<CrossEntropyOutput<B, DT>, CrossEntropyError> {
-    cross_entropy_checked(logits, targets, class_weights, options, true)
+    cross_entropy_checked(
+        logits,
+        targets,
+        class_weights,
+        options,
+        true,
+        &IncomingGuess::new(),
+    )
+}
+
+/// The fused linear cross-entropy: the loss of `hidden @ weight + bias` (`hidden [N, H]` or
+/// `[B, T, H]`, `weight [H, V]` as Burn's `Linear` stores it, `bias [V]`) against
+/// `targets` (`[N]` or `[B, T]`), computed in chunks of rows so that the N x V logits are
+/// never whole in memory. Gradients reach the hidden states, the weight and the bias. The
+/// options are the loss's (every reduction and option); `chunking` says how the rows are
+/// cut. Errors as [`try_fused_cross_entropy`].
+pub fn try_fused_linear_cross_entropy<
+    B: FusedCrossEntropyBackend,
+    const DH: usize,
+    const DT: usize,
+>(
+    hidden: Tensor<B, DH>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    targets: Tensor<B, DT, Int>,
+    class_weights: Option<Tensor<B, 1>>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+) -> Result<CrossEntropyOutput<B, DT>, CrossEntropyError> {
+    linear_cross_entropy_checked(
+        hidden,
+        weight,
+        bias,
+        targets,
+        class_weights,
+        options,
+        chunking,
+        true,
+        &IncomingGuess::new(),
+    )
 }
 
 /// Validation, then the op. `check_weight_values` is off when the weights were checked on
-/// the host already (the loss module does that once, at `init`).
+/// the host already (the loss module does that once, at `init`); `guess` is what the one
+/// pass guesses of the incoming gradient.
 pub(crate) fn cross_entropy_checked<
     B: FusedCrossEntropyBackend,
     const DL: usize,
@@ -69,16 +114,107 @@ pub(crate) fn cross_entropy_checked<
     class_weights: Option<Tensor<B, 1>>,
     options: &CrossEntropyOptions,
     check_weight_values: bool,
+    guess: &IncomingGuess,
 ) -> Result<CrossEntropyOutput<B, DT>, CrossEntropyError> {
     options.validate()?;
     let (rows, vocab) = check_shapes(&logits, &targets, class_weights.as_ref())?;
+    let class_weights = checked_values(
+        &targets,
+        class_weights,
+        rows,
+        vocab,
+        options,
+        check_weight_values,
+    )?;
+    let target_dims = targets.dims();
+    let inputs = CrossEntropyInputs {
+        logits: logits.into_primitive().tensor(),
+        targets: targets.into_primitive(),
+        class_weights,
+    };
+    let parts = B::fused_cross_entropy(inputs, options, guess);
+    Ok(shaped_output(parts, target_dims, options.reduction))
+}
+
+/// The fused linear cross-entropy of `hidden` (`[N, H]` or `[B, T, H]`) through the head
+/// `weight [H, V]` and `bias [V]` against `targets` (`[N]` or `[B, T]`): validation, then
+/// the op, as [`cross_entropy_checked`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_cross_entropy_checked<
+    B: FusedCrossEntropyBackend,
+    const DH: usize,
+    const DT: usize,
+>(
+    hidden: Tensor<B, DH>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    targets: Tensor<B, DT, Int>,
+    class_weights: Option<Tensor<B, 1>>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+    check_weight_values: bool,
+    guess: &IncomingGuess,
+) -> Result<CrossEntropyOutput<B, DT>, CrossEntropyError> {
+    options.validate()?;
+    let (rows, vocab) = check_linear_shapes(
+        &hidden,
+        &weight,
+        bias.as_ref(),
+        &targets,
+        class_weights.as_ref(),
+    )?;
+    let class_weights = checked_values(
+        &targets,
+        class_weights,
+        rows,
+        vocab,
+        options,
+        check_weight_values,
+    )?;
+    let target_dims = targets.dims();
+    let width = weight.dims()[0];
+    let inputs = LinearInputs {
+        hidden: hidden.reshape([rows, width]).into_primitive().tensor(),
+        head: LinearHead {
+            weight: weight.into_primitive().tensor(),
+            bias: bias.map(|bias| bias.into_primitive().tensor()),
+        },
+        targets: targets.reshape([rows]).into_primitive(),
+        class_weights,
+    };
+    let parts = B::fused_linear_cross_entropy(inputs, options, chunking, guess);
+    Ok(shaped_output(parts, target_dims, options.reduction))
+}
+
+/// The target and class-weight checks the options ask for (a deferred target check is
+/// started here, earlier calls' are looked at), then the weights as the op takes them.
+fn checked_values<B: FusedCrossEntropyBackend, const DT: usize>(
+    targets: &Tensor<B, DT, Int>,
+    class_weights: Option<Tensor<B, 1>>,
+    rows: usize,
+    vocab: usize,
+    options: &CrossEntropyOptions,
+    check_weight_values: bool,
+) -> Result<Option<ClassWeights<B>>, CrossEntropyError> {
+    if options.target_check == TargetCheck::Deferred {
+        // Earlier calls' checks, as far as the device has run them.
+        target_check::surface_finished()?;
+        if rows > 0 {
+            let read = B::start_target_check(
+                targets.clone().reshape([rows]).into_primitive(),
+                vocab,
+                options.ignore_index,
+            );
+            target_check::defer(PendingTargetCheck { read, rows, vocab });
+        }
+    }
     // Class weights given as a tensor are checked on every call (one small read; the loss
     // module checks its weights once, on the host, at `init`). Targets when asked.
     let weights = class_weights.as_ref().filter(|_| check_weight_values);
-    let check_targets = options.check_targets && rows > 0;
+    let check_targets = options.target_check == TargetCheck::Immediate && rows > 0;
     if check_targets || weights.is_some() {
         check_values(
-            &targets,
+            targets,
             check_targets,
             weights,
             rows,
@@ -86,32 +222,32 @@ pub(crate) fn cross_entropy_checked<
             options.ignore_index,
         )?;
     }
-    let target_dims = targets.dims();
-    let weights = class_weights.map(|weights| {
+    Ok(class_weights.map(|weights| {
         let weights = weights.cast(DType::F32);
         ClassWeights {
             total: weights.clone().sum().into_primitive().tensor(),
             weights: weights.into_primitive().tensor(),
         }
-    });
-    let inputs = CrossEntropyInputs {
-        logits: logits.into_primitive().tensor(),
-        targets: targets.into_primitive(),
-        class_weights: weights,
-    };
-    let parts = B::fused_cross_entropy(inputs, options);
+    }))
+}
 
+/// The op's outputs with the targets' shape (`target_dims`): per-row ones `[N]` or
+/// `[B, T]`, reduced ones `[1]` or `[1, 1]`.
+fn shaped_output<B: Backend, const DT: usize>(
+    parts: LossParts<B>,
+    target_dims: [usize; DT],
+    reduction: Reduction,
+) -> CrossEntropyOutput<B, DT> {
     let per_row_shape = Shape::new(target_dims);
-    let reduced_shape = Shape::new([1; DT]);
-    let loss_shape = if options.reduction == Reduction::None {
+    let loss_shape = if reduction == Reduction::None {
         per_row_shape.clone()
     } else {
-        reduced_shape
+        Shape::new([1; DT])
     };
     let float = |primitive, shape: Shape| -> Tensor<B, DT> {
         Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(primitive)).reshape(shape)
     };
-    Ok(CrossEntropyOutput {
+    CrossEntropyOutput {
         loss: float(parts.loss, loss_shape.clone()),
         z_loss: parts.z_loss.map(|z| float(z, loss_shape)),
         accuracy: parts
@@ -121,7 +257,74 @@ pub(crate) fn cross_entropy_checked<
             .predicted
             .map(|p| Tensor::<B, 1, Int>::from_primitive(p).reshape(per_row_shape.clone())),
         lse: parts.lse.map(|lse| float(lse, per_row_shape)),
-    })
+    }
+}
+
+/// Hidden states `[N, H]` with targets `[N]`, or `[B, T, H]` with `[B, T]`; the head's
+/// `weight [H, V]` and `bias [V]`; class weights `[V]`. Returns `(N, V)`.
+fn check_linear_shapes<B: Backend, const DH: usize, const DT: usize>(
+    hidden: &Tensor<B, DH>,
+    weight: &Tensor<B, 2>,
+    bias: Option<&Tensor<B, 1>>,
+    targets: &Tensor<B, DT, Int>,
+    class_weights: Option<&Tensor<B, 1>>,
+) -> Result<(usize, usize), CrossEntropyError> {
+    let hidden_dims = hidden.dims();
+    let target_dims = targets.dims();
+    if !(DH == 2 || DH == 3) || DT + 1 != DH || hidden_dims[..DT] != target_dims[..] {
+        return Err(CrossEntropyError::ShapeMismatch(format!(
+            "expected hidden states [N, H] with targets [N], or [B, T, H] with [B, T]; got hidden states {hidden_dims:?} and targets {target_dims:?}"
+        )));
+    }
+    let [width, vocab] = weight.dims();
+    if hidden_dims[DH - 1] != width {
+        return Err(CrossEntropyError::ShapeMismatch(format!(
+            "the head's weight {:?} does not take hidden states of width {} (expected [H, V], Burn's Linear layout)",
+            weight.dims(),
+            hidden_dims[DH - 1]
+        )));
+    }
+    if let Some(bias) = bias
+        && bias.dims() != [vocab]
+    {
+        return Err(CrossEntropyError::ShapeMismatch(format!(
+            "the head's bias has shape {:?}, expected [{vocab}]",
+            bias.dims()
+        )));
+    }
+    let rows: usize = target_dims.iter().product();
+    if rows > 0 && vocab == 0 {
+        return Err(CrossEntropyError::ShapeMismatch(format!(
+            "the head's weight {:?} has no classes",
+            weight.dims()
+        )));
+    }
+    if let Some(weights) = class_weights
+        && weights.dims() != [vocab]
+    {
+        return Err(CrossEntropyError::ShapeMismatch(format!(
+            "class weights have shape {:?}, expected [{vocab}] (one per class)",
+            weights.dims()
+        )));
+    }
+    for (name, dtype) in [
+        ("hidden states", hidden.dtype()),
+        ("weight", weight.dtype()),
+    ] {
+        if !dtype.is_float() {
+            return Err(CrossEntropyError::ShapeMismatch(format!(
+                "the {name} must be floats, got {dtype:?}"
+            )));
+        }
+    }
+    if hidden.dtype() != weight.dtype() {
+        return Err(CrossEntropyError::ShapeMismatch(format!(
+            "the hidden states ({:?}) and the weight ({:?}) must have one dtype",
+            hidden.dtype(),
+            weight.dtype()
+        )));
+    }
+    Ok((rows, vocab))
 }
 
 /// Logits `[N, V]` with targets `[N]`, or `[B, T, V]` with `[B, T]`; weights `[V]`.
@@ -207,6 +410,7 @@ fn check_values<B: FusedCrossEntropyBackend, const DT: usize>(
             row: row as usize,
             value,
             vocab,
+            earlier_call: false,
         });
     }
     if let (Some(&class), Some(weights)) = (found.get(2), class_weights)

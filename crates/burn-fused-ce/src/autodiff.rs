@@ -2,8 +2,9 @@
 //! - two passes: forward runs the inner backend's row kernel and keeps the per-row
 //!   statistics; backward hands the incoming gradient (and the mean's denominators)
 //!   straight to the inner backward kernel: one launch, no scale computed on the host;
-//! - one pass (`Mean`/`Sum`): forward also writes the gradient for an incoming gradient
-//!   of 1; backward rescales it on the device (nothing when it is 1).
+//! - one pass (`Mean`/`Sum`): forward also writes the gradient for the guessed incoming
+//!   gradient (the last one the loss saw); backward rescales it on the device when the
+//!   guess missed (nothing when it hit) and remembers the real one for the next call.
 //!
 //! Only the loss is tracked: class weights and the extra outputs get no gradient.
 
@@ -22,11 +23,15 @@ use burn_autodiff::{
 #[cfg(doc)]
 use crate::options::GradientPlan;
 use crate::{
+    autodiff_linear,
     backend::{
-        ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, RowStats,
-        TwoPassBackward,
+        ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale,
+        RowStats, TwoPassBackward,
     },
+    incoming_guess::IncomingGuess,
+    linear::{LinearChunking, LinearInputs},
     options::CrossEntropyOptions,
+    target_check::PendingRead,
 };
 
 /// What backward needs.
@@ -40,8 +45,14 @@ enum CrossEntropyState<B: FusedCrossEntropyBackend> {
         denominators: Option<FloatTensor<B>>,
         options: CrossEntropyOptions,
     },
-    /// The gradient the one pass wrote for an incoming gradient of 1.
-    OnePass { grad: FloatTensor<B> },
+    /// The gradient the one pass wrote for the incoming gradient `guess` (f32 `[1]`), and
+    /// where the real one is remembered for the next call on `device`.
+    OnePass {
+        grad: FloatTensor<B>,
+        guess: FloatTensor<B>,
+        memory: IncomingGuess,
+        device: B::Device,
+    },
 }
 
 #[derive(Debug)]
@@ -76,7 +87,15 @@ impl<B: FusedCrossEntropyBackend> Backward<B, 1> for FusedCrossEntropyBackward {
                 },
                 &options,
             ),
-            CrossEntropyState::OnePass { grad } => B::scale_one_pass_gradient(grad, grad_output),
+            CrossEntropyState::OnePass {
+                grad,
+                guess,
+                memory,
+                device,
+            } => {
+                memory.remember::<B>(&device, grad_output.clone(), guess.clone());
+                B::scale_one_pass_gradient(grad, grad_output, guess)
+            }
         };
         grads.register::<B>(logits_node.id, grad_logits);
     }
@@ -130,6 +149,34 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
         B::first_bad_target(targets, vocab, ignore_index)
     }
 
+    fn fused_linear_cross_entropy(
+        inputs: LinearInputs<Self>,
+        options: &CrossEntropyOptions,
+        chunking: &LinearChunking,
+        guess: &IncomingGuess,
+    ) -> LossParts<Self> {
+        match inputs.head.bias {
+            Some(_) => autodiff_linear::fused_linear_cross_entropy::<B, C, 3>(
+                inputs, options, chunking, guess,
+            ),
+            None => autodiff_linear::fused_linear_cross_entropy::<B, C, 2>(
+                inputs, options, chunking, guess,
+            ),
+        }
+    }
+
+    fn start_read(tensor: IntTensor<Self>) -> PendingRead {
+        B::start_read(tensor)
+    }
+
+    fn start_target_check(
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> PendingRead {
+        B::start_target_check(targets, vocab, ignore_index)
+    }
+
     fn cross_entropy_backward(
         inputs: CrossEntropyInputs<Self>,
         backward: TwoPassBackward<Self>,
@@ -150,6 +197,7 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
     fn fused_cross_entropy(
         inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
+        memory: &IncomingGuess,
     ) -> LossParts<Self> {
         let dtype = inputs.logits.primitive.dtype();
         let node = inputs.logits.node.clone();
@@ -163,9 +211,20 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
             OpsKind::Tracked(prep) if one_pass => {
                 // The logits move into the op: with no other holder, their memory becomes
                 // the gradient.
-                let (rows, grad) = B::cross_entropy_one_pass(inputs, options);
+                let device = B::float_device(&inputs.logits);
+                let guess = memory.guess::<B>(&device);
+                let scale = OnePassScale {
+                    guess: guess.clone(),
+                    denominators: None,
+                };
+                let (rows, grad) = B::cross_entropy_one_pass(inputs, scale, options);
                 let parts = B::reduce_row_stats(rows, options, dtype, false).parts;
-                let state = CrossEntropyState::OnePass { grad };
+                let state = CrossEntropyState::OnePass {
+                    grad,
+                    guess,
+                    memory: memory.clone(),
+                    device,
+                };
                 (prep.finish(state, parts.loss.clone()), parts)
             }
             OpsKind::Tracked(prep) => {
@@ -184,7 +243,7 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                 (prep.finish(state, parts.loss.clone()), parts)
             }
             OpsKind::UnTracked(prep) => {
-                let parts = B::fused_cross_entropy(inputs, options);
+                let parts = B::fused_cross_entropy(inputs, options, memory);
                 (prep.finish(parts.loss.clone()), parts)
             }
         };

@@ -9,7 +9,10 @@ use burn::tensor::{
 
 pub use fused_ce_kernels::row_stat;
 
+use crate::incoming_guess::IncomingGuess;
+use crate::linear::{LinearChunking, LinearInputs, linear_rows};
 use crate::options::{CrossEntropyOptions, Reduction};
+use crate::target_check::PendingRead;
 
 /// Class weights on the device, f32: `weights [V]` and their sum `total [1]`.
 #[derive(Debug, Clone)]
@@ -55,6 +58,15 @@ pub struct TwoPassBackward<B: Backend> {
     pub denominators: Option<FloatTensor<B>>,
 }
 
+/// What the one pass forms the gradient for: the guessed incoming gradient (f32 `[1]`)
+/// and, for `Mean`, the denominators `[D, n]` (f32 `[2]`) when they are the whole
+/// batch's rather than the call's rows' (the fused linear cross-entropy's chunks).
+#[derive(Debug, Clone)]
+pub struct OnePassScale<B: Backend> {
+    pub guess: FloatTensor<B>,
+    pub denominators: Option<FloatTensor<B>>,
+}
+
 /// A Burn backend that can run the fused cross-entropy.
 ///
 /// Callers validate shapes and options first (the typed functions in this crate do).
@@ -74,35 +86,43 @@ pub trait FusedCrossEntropyBackend: Backend {
         options: &CrossEntropyOptions,
     ) -> FloatTensor<Self>;
 
-    /// The one pass: forward that also forms the gradient for an incoming gradient of 1
-    /// (`Mean` or `Sum`; divided by the mean's denominators for `Mean`), in the same pass
-    /// when the backend can, over the logits when nothing else holds them. The default
-    /// runs forward and the two-pass backward.
+    /// The one pass: forward that also forms the gradient for the incoming gradient
+    /// `scale.guess` (`Mean` or `Sum`; divided by the mean's denominators for `Mean`, the
+    /// given ones or those of the call's rows), in the same pass when the backend can,
+    /// over the logits when nothing else holds them. The default runs forward and the
+    /// two-pass backward.
     fn cross_entropy_one_pass(
         inputs: CrossEntropyInputs<Self>,
+        scale: OnePassScale<Self>,
         options: &CrossEntropyOptions,
     ) -> (RowStats<Self>, FloatTensor<Self>) {
         let rows = Self::cross_entropy_rows(inputs.clone(), options);
-        let device =
-            <Self as burn::tensor::ops::FloatTensorOps<Self>>::float_device(&inputs.logits);
+        let denominators = match scale.denominators {
+            Some(given) => Some(given),
+            None => {
+                (options.reduction == Reduction::Mean).then(|| mean_denominators::<Self>(&rows))
+            }
+        };
         let backward = TwoPassBackward {
             stats: rows.stats.clone(),
-            grad_output: primitive(Tensor::<Self, 1>::ones([1], (&device, DType::F32))),
-            denominators: (options.reduction == Reduction::Mean)
-                .then(|| mean_denominators::<Self>(&rows)),
+            grad_output: scale.guess,
+            denominators: denominators.filter(|_| options.reduction == Reduction::Mean),
         };
         let grad = Self::cross_entropy_backward(inputs, backward, options);
         (rows, grad)
     }
 
-    /// Backward of the one pass: `grad * g` for the scalar incoming gradient `g` (`[1]`,
-    /// any float dtype), left as is on the device when `g` is 1.
+    /// Backward of the one pass: `grad * g / guess` for the scalar incoming gradient `g`
+    /// (`[1]`, any float dtype) and the `guess` (f32 `[1]`) the one pass formed `grad`
+    /// for. Cube backends leave `grad` as is on the device when `g` equals the guess.
     fn scale_one_pass_gradient(
         grad: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
+        guess: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         let dtype = grad.dtype();
-        let scale = float::<Self, 1>(grad_output).cast(dtype);
+        let incoming = float::<Self, 1>(grad_output).cast(DType::F32).reshape([1]);
+        let scale = (incoming / float::<Self, 1>(guess)).cast(dtype);
         match grad.shape().num_dims() {
             2 => primitive(float::<Self, 2>(grad) * scale.reshape([1, 1])),
             _ => primitive(float::<Self, 3>(grad) * scale.reshape([1, 1, 1])),
@@ -132,6 +152,36 @@ pub trait FusedCrossEntropyBackend: Backend {
         Tensor::cat(vec![first, value], 0).into_primitive()
     }
 
+    /// Starts reading a small int tensor back to the host without waiting for it: the
+    /// result is looked at later (see [`crate::TargetCheck::Deferred`]). The default reads
+    /// when the result is first polled; cube backends queue the copy at once.
+    fn start_read(tensor: IntTensor<Self>) -> PendingRead {
+        PendingRead::new(Tensor::<Self, 1, Int>::from_primitive(tensor).into_data_async())
+    }
+
+    /// [`Self::first_bad_target`] and the start of its read ([`Self::start_read`]).
+    fn start_target_check(
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> PendingRead {
+        Self::start_read(Self::first_bad_target(targets, vocab, ignore_index))
+    }
+
+    /// The fused linear cross-entropy (see [`crate::try_fused_linear_cross_entropy`]):
+    /// the loss and extra outputs. Backends with autodiff override this to register the
+    /// backward step; the default computes the forward alone, chunk by chunk.
+    fn fused_linear_cross_entropy(
+        inputs: LinearInputs<Self>,
+        options: &CrossEntropyOptions,
+        chunking: &LinearChunking,
+        _guess: &IncomingGuess,
+    ) -> LossParts<Self> {
+        let dtype = inputs.hidden.dtype();
+        let rows = linear_rows::<Self>(inputs, options, chunking);
+        Self::reduce_row_stats(rows, options, dtype, false).parts
+    }
+
     /// The loss and extra outputs from forward's statistics (see [`Reduced`]), on the
     /// device. The default uses tensor ops (about eight small launches for `Mean`); cube
     /// backends run one kernel.
@@ -146,10 +196,11 @@ pub trait FusedCrossEntropyBackend: Backend {
 
     /// The loss (`[N]` for `Reduction::None`, `[1]` otherwise, in the logits' dtype) and
     /// the extra outputs asked for. Backends with autodiff override this to register the
-    /// backward step.
+    /// backward step; the one pass forms the gradient for `guess`'s incoming gradient.
     fn fused_cross_entropy(
         inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
+        _guess: &IncomingGuess,
     ) -> LossParts<Self> {
         let dtype = inputs.logits.dtype();
         let rows = Self::cross_entropy_rows(inputs, options);
@@ -208,8 +259,8 @@ pub(crate) fn lse_row<B: Backend>(stats: FloatTensor<B>) -> FloatTensor<B> {
 /// Reduces the per-row statistics on the device, in f32; the loss is cast to `dtype`
 /// last. `Mean` divides the cross-entropy part by `max(D, MIN_POSITIVE)` and the z-loss
 /// part by `max(n, 1)`: an all-ignored batch gives 0, not NaN. `keep_denominators` (a
-/// tracked `Mean`) also returns `[D, n]` for backward. Each launch here costs ~10 us on
-/// the H200, so only what an output needs is computed.
+/// tracked `Mean`) also returns `[D, n]` for backward. Each launch here has a fixed cost,
+/// so only what an output needs is computed.
 pub(crate) fn reduce_stats<B: Backend>(
     rows: RowStats<B>,
     options: &CrossEntropyOptions,
@@ -224,7 +275,7 @@ pub(crate) fn reduce_stats<B: Backend>(
         return reduce_no_rows::<B>(&stats.device(), options, dtype, rows.predicted);
     }
     // Whole-vector sums of the statistics' rows: Burn's full reductions are fast where a
-    // `sum_dim` over the `[7, N]` matrix measured 0.3 ms on the H200 (one unit per row).
+    // `sum_dim` over the `[7, N]` matrix measured far slower (one unit per row).
     let sum_of = |stat: usize| -> Tensor<B, 1> { stat_row(&stats, stat).sum() };
     // `D` and `n` (clamped), once: the mean and the accuracy share `n`.
     let counts = (options.reduction == Reduction::Mean || wanted.accuracy)

@@ -1,27 +1,35 @@
 //! The op on `CubeBackend<R, ..>` for every cube runtime: Burn tensors in, kernel launch
 //! arguments out. Launch details (cube shape, grid) stay in `fused-ce-kernels`.
 
-use burn::tensor::{DType, Shape, TensorMetadata, ops::FloatTensor};
+use std::any::{Any, TypeId};
+use std::sync::{Mutex, OnceLock};
+
+use burn::tensor::{
+    DType, Shape, TensorData, TensorMetadata, backend::ExecutionError, ops::FloatTensor,
+};
 use burn_cubecl::{
     BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement,
     kernel::into_contiguous,
     ops::numeric::{empty_device_contiguous_dtype, empty_device_dtype, full_device_dtype},
     tensor::CubeTensor,
 };
-use cubecl::prelude::InputScalar;
+use cubecl::prelude::{ComputeClient, InputScalar};
+use cubecl::server::CopyDescriptor;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
-    GradientTarget, IncomingGradient, KernelTuning, LossSettings, OnePassPlan, OnePassScratch,
-    RowLaunch, WeightArgs, launch_backward, launch_first_bad_target, launch_forward,
-    launch_one_pass, launch_reduce_stats, launch_scale_gradient, row_stat,
+    GradientTarget, IncomingGradient, KernelTuning, LossSettings, OnePassBuffers, OnePassPlan,
+    OnePassScratch, RowLaunch, WeightArgs, launch_backward, launch_first_bad_target,
+    launch_forward, launch_one_pass, launch_reduce_stats, launch_scale_gradient, row_stat,
+    scale_slot,
 };
 
 use crate::{
     backend::{
-        CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, Reduced, RowStats,
+        CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale, Reduced, RowStats,
         TwoPassBackward, lse_row, reduce_stats,
     },
     options::{CrossEntropyOptions, Reduction},
+    target_check::PendingRead,
     test_hooks,
 };
 
@@ -318,8 +326,29 @@ where
         result
     }
 
+    fn start_read(tensor: CubeTensor<R>) -> PendingRead {
+        let tensor = into_contiguous(tensor);
+        let (shape, dtype) = (tensor.meta.shape().clone(), tensor.dtype);
+        let descriptor = CopyDescriptor::new(
+            tensor.handle.clone().binding(),
+            shape.clone(),
+            tensor.meta.strides().clone(),
+            tensor.elem_size(),
+        );
+        // Queued now, behind the kernels already queued and before the ones to come; the
+        // future only waits for it.
+        let read = lasting_client(&tensor.client, &tensor.device).read_one_tensor_async(descriptor);
+        PendingRead::new(async move {
+            let bytes = read.await.map_err(|error| ExecutionError::WithContext {
+                reason: error.to_string(),
+            })?;
+            Ok(TensorData::from_bytes(bytes, shape, dtype))
+        })
+    }
+
     fn cross_entropy_one_pass(
         inputs: CrossEntropyInputs<Self>,
+        scale: OnePassScale<Self>,
         options: &CrossEntropyOptions,
     ) -> (RowStats<Self>, FloatTensor<Self>) {
         let CrossEntropyInputs {
@@ -346,18 +375,20 @@ where
         .for_one_pass();
         let plan = OnePassPlan::new(&client, &shape);
         let scratch = one_pass_scratch(&logits, plan.partials_len(shape.rows));
-        launch_one_pass::<R>(
-            &client,
-            shape,
-            plan,
+        let buffers = OnePassBuffers {
             target,
-            targets.into_tensor_arg(),
+            targets: targets.into_tensor_arg(),
             weights,
-            stats.clone().into_tensor_arg(),
-            predicted_arg,
+            stats: stats.clone().into_tensor_arg(),
+            predicted: predicted_arg,
+            guess: scale.guess.into_tensor_arg(),
+            denominators: scale
+                .denominators
+                .filter(|_| mean)
+                .map(|given| given.into_tensor_arg()),
             scratch,
-            mean,
-        );
+        };
+        launch_one_pass::<R>(&client, shape, plan, buffers, mean);
         (
             RowStats {
                 stats,
@@ -371,6 +402,7 @@ where
     fn scale_one_pass_gradient(
         grad: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
+        guess: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         let grad_shape = grad.shape();
         // Scaled in place: the gradient is normally held by the autodiff state alone.
@@ -392,6 +424,7 @@ where
             shape,
             grad.clone().into_tensor_arg(),
             grad_output.clone().into_tensor_arg(),
+            guess.into_tensor_arg(),
             grad_output.dtype.into(),
         );
         reshaped(grad, grad_shape)
@@ -449,6 +482,32 @@ where
     }
 }
 
+/// A client of `device` that lives as long as the process, so a read it starts can
+/// outlive the call that started it (cubecl's read futures borrow their client). One per
+/// runtime and device, made once.
+fn lasting_client<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    device: &R::Device,
+) -> &'static ComputeClient<R> {
+    type Clients = Mutex<Vec<(TypeId, String, &'static (dyn Any + Send + Sync))>>;
+    static CLIENTS: OnceLock<Clients> = OnceLock::new();
+    let key = (TypeId::of::<R>(), format!("{device:?}"));
+    let mut clients = CLIENTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let found = clients
+        .iter()
+        .find(|(runtime, name, _)| (runtime, name) == (&key.0, &key.1))
+        .and_then(|(_, _, client)| client.downcast_ref::<ComputeClient<R>>());
+    if let Some(client) = found {
+        return client;
+    }
+    let lasting: &'static ComputeClient<R> = Box::leak(Box::new(client.clone()));
+    clients.push((key.0, key.1, lasting));
+    lasting
+}
+
 /// Scratch buffers of the one-pass kernel (its prologue initialises them).
 fn one_pass_scratch<R: CubeRuntime>(
     like: &CubeTensor<R>,
@@ -464,7 +523,7 @@ fn one_pass_scratch<R: CubeRuntime>(
         .into_tensor_arg()
     };
     OnePassScratch {
-        denominators: buffer(2, DType::F32),
+        scales: buffer(scale_slot::LEN, DType::F32),
         tickets: buffer(1, DType::I32),
         partials: buffer(partials_len, DType::I32),
     }

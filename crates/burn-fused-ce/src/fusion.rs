@@ -8,8 +8,13 @@
 //! input and output lists variable; the options say which are there.
 
 use core::marker::PhantomData;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
 
-use burn::tensor::{DType, Shape, ops::FloatTensor, ops::IntTensor};
+use burn::tensor::{
+    DType, Shape, TensorData, backend::ExecutionError, ops::FloatTensor, ops::IntTensor,
+};
 use burn_fusion::{
     Fusion, FusionBackend, FusionRuntime, FusionTensor,
     stream::{Operation, OperationStreams},
@@ -18,10 +23,11 @@ use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
 use crate::{
     backend::{
-        ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, RowStats, TwoPassBackward,
-        row_stat,
+        ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, OnePassScale, RowStats,
+        TwoPassBackward, row_stat,
     },
     options::CrossEntropyOptions,
+    target_check::PendingRead,
 };
 
 type Handles<B> =
@@ -39,14 +45,16 @@ fn weights_from<B: FusionBackend + FusedCrossEntropyBackend>(
     })
 }
 
-/// The forward op, or the one pass. Inputs: logits, targets, [weights, total]; outputs:
-/// stats, [grad when `one_pass`], [predicted].
+/// The forward op, or the one pass. Inputs: logits, targets, [weights, total], [guess,
+/// [given denominators] when `one_pass`]; outputs: stats, [grad when `one_pass`],
+/// [predicted].
 #[derive(Debug, Clone)]
 struct ForwardOp<B> {
     desc: CustomOpIr,
     options: CrossEntropyOptions,
     weighted: bool,
     one_pass: bool,
+    given_denominators: bool,
     _backend: PhantomData<B>,
 }
 
@@ -66,9 +74,16 @@ fn inputs_from<B: FusionBackend + FusedCrossEntropyBackend>(
 impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for ForwardOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
         let outputs = &self.desc.outputs;
+        let first_scale = if self.weighted { 4 } else { 2 };
+        let scale = self.one_pass.then(|| OnePassScale {
+            guess: handles.get_float_tensor::<B>(&self.desc.inputs[first_scale]),
+            denominators: self
+                .given_denominators
+                .then(|| handles.get_float_tensor::<B>(&self.desc.inputs[first_scale + 1])),
+        });
         let inputs = inputs_from::<B>(handles, &self.desc.inputs, self.weighted);
-        let rows = if self.one_pass {
-            let (rows, grad) = B::cross_entropy_one_pass(inputs, &self.options);
+        let rows = if let Some(scale) = scale {
+            let (rows, grad) = B::cross_entropy_one_pass(inputs, scale, &self.options);
             handles.register_float_tensor::<B>(&outputs[1].id, grad);
             rows
         } else {
@@ -96,12 +111,14 @@ fn inputs_with_weights<B: FusionBackend>(
 }
 
 /// Registers [`ForwardOp`] in the stream: the statistics, the one pass's gradient when
-/// `one_pass`, and the predictions when the options track the argmax.
+/// given its `scale`, and the predictions when the options track the argmax.
 fn register_forward<B: FusionBackend + FusedCrossEntropyBackend>(
     inputs: CrossEntropyInputs<Fusion<B>>,
     options: &CrossEntropyOptions,
-    one_pass: bool,
+    scale: Option<OnePassScale<Fusion<B>>>,
 ) -> (RowStats<Fusion<B>>, Option<FloatTensor<Fusion<B>>>) {
+    let one_pass = scale.is_some();
+    let given_denominators = scale.as_ref().is_some_and(|s| s.denominators.is_some());
     let CrossEntropyInputs {
         logits,
         targets,
@@ -111,7 +128,11 @@ fn register_forward<B: FusionBackend + FusedCrossEntropyBackend>(
     let rows: usize = targets.shape.iter().product();
     let weighted = class_weights.is_some();
     let (grad_shape, grad_dtype, int_dtype) = (logits.shape.clone(), logits.dtype, targets.dtype);
-    let inputs = inputs_with_weights::<B>([logits, targets], class_weights);
+    let mut inputs = inputs_with_weights::<B>([logits, targets], class_weights);
+    if let Some(scale) = scale {
+        inputs.push(scale.guess);
+        inputs.extend(scale.denominators);
+    }
     let streams = OperationStreams::with_inputs(inputs.iter());
     let output =
         |shape: Shape, dtype: DType| TensorIr::uninit(client.create_empty_handle(), shape, dtype);
@@ -129,6 +150,7 @@ fn register_forward<B: FusionBackend + FusedCrossEntropyBackend>(
         options: options.clone(),
         weighted,
         one_pass,
+        given_denominators,
         _backend: PhantomData,
     };
     let mut outputs = client
@@ -154,21 +176,37 @@ struct ScaleOp<B> {
 
 impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for ScaleOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
-        let ([grad, grad_output], [output]) = self.desc.as_fixed();
+        let ([grad, grad_output, guess], [output]) = self.desc.as_fixed();
         let scaled = B::scale_one_pass_gradient(
             handles.get_float_tensor::<B>(grad),
             handles.get_float_tensor::<B>(grad_output),
+            handles.get_float_tensor::<B>(guess),
         );
         handles.register_float_tensor::<B>(&output.id, scaled);
     }
 }
 
-#[derive(Debug, Clone)]
+/// Where a deferred check's read is put once the stream runs the check.
+type ReadSlot = Arc<Mutex<Option<PendingRead>>>;
+
+/// The target check; with `read_into`, it also starts the read of its result.
+#[derive(Clone)]
 struct CheckOp<B> {
     desc: CustomOpIr,
     vocab: usize,
     ignore_index: i64,
+    read_into: Option<ReadSlot>,
     _backend: PhantomData<B>,
+}
+
+impl<B> core::fmt::Debug for CheckOp<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CheckOp")
+            .field("desc", &self.desc)
+            .field("vocab", &self.vocab)
+            .field("ignore_index", &self.ignore_index)
+            .finish()
+    }
 }
 
 impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for CheckOp<B> {
@@ -179,7 +217,57 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
             self.vocab,
             self.ignore_index,
         );
+        if let Some(slot) = &self.read_into {
+            let read = B::start_read(found.clone());
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(read);
+        }
         handles.register_int_tensor::<B>(&result.id, found);
+    }
+}
+
+/// Registers [`CheckOp`]: the check's result tensor.
+fn register_check<B: FusionBackend + FusedCrossEntropyBackend>(
+    targets: IntTensor<Fusion<B>>,
+    vocab: usize,
+    ignore_index: i64,
+    read_into: Option<ReadSlot>,
+) -> IntTensor<Fusion<B>> {
+    let client = targets.client.clone();
+    let result = TensorIr::uninit(client.create_empty_handle(), Shape::new([2]), targets.dtype);
+    let streams = OperationStreams::with_inputs([&targets]);
+    let desc = CustomOpIr::new(
+        "fused_cross_entropy_check_targets",
+        &[targets.into_ir()],
+        &[result],
+    );
+    let op = CheckOp::<B> {
+        desc: desc.clone(),
+        vocab,
+        ignore_index,
+        read_into,
+        _backend: PhantomData,
+    };
+    let [found] = client
+        .register(streams, OperationIr::Custom(desc), op)
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("the op declares one output"));
+    found
+}
+
+/// The read a [`CheckOp`] starts when the stream runs it: pending until then.
+struct SlotRead {
+    slot: ReadSlot,
+}
+
+impl Future for SlotRead {
+    type Output = Result<TensorData, ExecutionError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.as_mut() {
+            Some(read) => Pin::new(read).poll(cx),
+            None => Poll::Pending,
+        }
     }
 }
 
@@ -215,14 +303,15 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         inputs: CrossEntropyInputs<Self>,
         options: &CrossEntropyOptions,
     ) -> RowStats<Self> {
-        register_forward::<B>(inputs, options, false).0
+        register_forward::<B>(inputs, options, None).0
     }
 
     fn cross_entropy_one_pass(
         inputs: CrossEntropyInputs<Self>,
+        scale: OnePassScale<Self>,
         options: &CrossEntropyOptions,
     ) -> (RowStats<Self>, FloatTensor<Self>) {
-        match register_forward::<B>(inputs, options, true) {
+        match register_forward::<B>(inputs, options, Some(scale)) {
             (rows, Some(grad)) => (rows, grad),
             (_, None) => unreachable!("the op declares its gradient output"),
         }
@@ -233,37 +322,40 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         vocab: usize,
         ignore_index: i64,
     ) -> IntTensor<Self> {
-        let client = targets.client.clone();
-        let result = TensorIr::uninit(client.create_empty_handle(), Shape::new([2]), targets.dtype);
-        let streams = OperationStreams::with_inputs([&targets]);
-        let desc = CustomOpIr::new(
-            "fused_cross_entropy_check_targets",
-            &[targets.into_ir()],
-            &[result],
-        );
-        let op = CheckOp::<B> {
-            desc: desc.clone(),
+        register_check::<B>(targets, vocab, ignore_index, None)
+    }
+
+    fn start_target_check(
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> PendingRead {
+        let device = targets.client.device().clone();
+        let slot = ReadSlot::default();
+        // The result tensor is not needed here: the op hands its read to the slot.
+        drop(register_check::<B>(
+            targets,
             vocab,
             ignore_index,
-            _backend: PhantomData,
-        };
-        let [found] = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("the op declares one output"));
-        found
+            Some(slot.clone()),
+        ));
+        // A blocking wait first runs what the stream holds, the check included.
+        PendingRead::new(SlotRead { slot }).flushed_by(move || {
+            let _ = <Fusion<B> as burn::tensor::backend::Backend>::sync(&device);
+        })
     }
 
     fn scale_one_pass_gradient(
         grad: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
+        guess: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         let client = grad.client.clone();
         let output = TensorIr::uninit(client.create_empty_handle(), grad.shape.clone(), grad.dtype);
-        let streams = OperationStreams::with_inputs([&grad, &grad_output]);
+        let streams = OperationStreams::with_inputs([&grad, &grad_output, &guess]);
         let desc = CustomOpIr::new(
             "fused_cross_entropy_scale_gradient",
-            &[grad.into_ir(), grad_output.into_ir()],
+            &[grad.into_ir(), grad_output.into_ir(), guess.into_ir()],
             &[output],
         );
         let op = ScaleOp::<B> {

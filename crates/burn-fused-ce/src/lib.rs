@@ -29,30 +29,43 @@
 
 mod api;
 mod autodiff;
+mod autodiff_linear;
 mod backend;
 mod cube;
 #[cfg(feature = "fusion")]
 mod fusion;
+mod incoming_guess;
+mod linear;
+mod linear_loss;
 mod loss;
 mod options;
 pub mod portable;
+mod target_check;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 #[cfg(not(feature = "test-hooks"))]
 #[allow(dead_code)]
 mod test_hooks;
 
-pub use api::{CrossEntropyOutput, fused_cross_entropy, try_fused_cross_entropy};
+pub use api::{
+    CrossEntropyOutput, fused_cross_entropy, try_fused_cross_entropy,
+    try_fused_linear_cross_entropy,
+};
 pub use backend::{
-    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, Reduced, RowStats,
-    TwoPassBackward, row_stat,
+    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale, Reduced,
+    RowStats, TwoPassBackward, row_stat,
 };
 #[doc(hidden)]
 pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
+pub use incoming_guess::IncomingGuess;
+pub use linear::{LinearChunking, LinearGradients, LinearHead, LinearInputs};
+pub use linear_loss::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
 pub use loss::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
 pub use options::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
+    TargetCheck,
 };
+pub use target_check::{PendingRead, wait_for_target_checks};
 
 /// docs/usage.md's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -9,8 +9,10 @@ use burn::{
 use crate::{
     api::{CrossEntropyOutput, cross_entropy_checked},
     backend::FusedCrossEntropyBackend,
+    incoming_guess::IncomingGuess,
     options::{
         CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
+        TargetCheck,
     },
 };
 
@@ -37,12 +39,11 @@ pub struct FusedCrossEntropyLossConfig {
     /// One weight per class, all `>= 0` (PyTorch's `weight`).
     #[config(default = "None")]
     pub class_weights: Option<Vec<f32>>,
-    /// Check targets on every call (one small device read); see
-    /// [`CrossEntropyOptions::check_targets`].
-    #[config(default = true)]
-    pub check_targets: bool,
+    /// How bad targets are reported (see [`TargetCheck`]).
+    #[config(default = "TargetCheck::Deferred")]
+    pub target_check: TargetCheck,
     /// How the gradient is formed under autodiff (see [`GradientPlan`]).
-    #[config(default = "GradientPlan::TwoPass")]
+    #[config(default = "GradientPlan::OnePass")]
     pub gradient_plan: GradientPlan,
     /// Extra outputs of [`FusedCrossEntropyLoss::forward_with_outputs`].
     #[config(default = "ExtraOutputs::default()")]
@@ -81,6 +82,7 @@ impl FusedCrossEntropyLossConfig {
         }
         Ok(FusedCrossEntropyLoss {
             options,
+            guess: IncomingGuess::new(),
             class_weights: self
                 .class_weights
                 .as_ref()
@@ -96,7 +98,7 @@ impl FusedCrossEntropyLossConfig {
             label_smoothing: self.label_smoothing,
             z_loss_scale: self.z_loss_scale,
             softcap: self.softcap,
-            check_targets: self.check_targets,
+            target_check: self.target_check,
             gradient_plan: self.gradient_plan,
             outputs: self.outputs,
             fast_math: self.fast_math,
@@ -111,7 +113,10 @@ pub struct FusedCrossEntropyLoss<B: Backend> {
     #[module(skip)]
     options: CrossEntropyOptions,
     /// Constant (not trained), like Burn's `CrossEntropyLoss::weights`.
-    class_weights: Option<Tensor<B, 1>>,
+    pub(crate) class_weights: Option<Tensor<B, 1>>,
+    /// The last incoming gradient, which the one pass forms the next gradient for.
+    #[module(skip)]
+    pub(crate) guess: IncomingGuess,
 }
 
 impl<B: FusedCrossEntropyBackend> FusedCrossEntropyLoss<B> {
@@ -166,6 +171,7 @@ impl<B: FusedCrossEntropyBackend> FusedCrossEntropyLoss<B> {
             self.class_weights.clone(),
             &self.options,
             false,
+            &self.guess,
         )
     }
 

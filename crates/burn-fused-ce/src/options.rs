@@ -51,18 +51,43 @@ impl ExtraOutputs {
 /// How the gradient is formed under autodiff.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub enum GradientPlan {
+    /// `Mean` and `Sum`: forward also writes the gradient in the same pass over the
+    /// logits (rows cut into chunks, each held on chip while its row's chunks exchange
+    /// their statistics; over the logits when nothing else holds them), formed for a
+    /// guessed incoming gradient: the last one this loss saw (1 at first; a loss module
+    /// remembers it between calls, the functions guess 1). Backward does nothing when the
+    /// guess was right, as it is in a training loop with a constant scale
+    /// (`loss.backward()`, `(loss / steps).backward()`), and rescales the gradient once
+    /// when it was not. No host read either way. `Reduction::None`, whose per-row
+    /// gradient is unknown at forward, uses [`GradientPlan::TwoPass`].
+    #[default]
+    OnePass,
     /// Forward keeps per-row statistics (`O(N)`); backward reads the logits again and
     /// writes the gradient (over them when nothing else holds them). Any reduction, any
-    /// incoming gradient.
-    #[default]
+    /// incoming gradient, at the cost of a second read of the logits.
     TwoPass,
-    /// `Mean` and `Sum`: forward also writes the gradient, for an incoming gradient of 1,
-    /// in the same pass over the logits (rows cut into chunks, each held on chip while
-    /// its row's chunks exchange their statistics; over the logits when nothing else
-    /// holds them); backward only rescales it, and does nothing when the incoming
-    /// gradient is 1 (`loss.backward()`). `Reduction::None` uses [`GradientPlan::TwoPass`].
-    /// See docs/performance.md for when each plan is faster.
-    OnePass,
+}
+
+/// How targets outside `[0, V)` that are not the ignore index are reported. Whatever
+/// the check, such a row gets a NaN loss and a zero gradient, and is never used as an
+/// address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum TargetCheck {
+    /// No check.
+    Off,
+    /// The device checks every call's targets and the host reads the result later,
+    /// without waiting for the call's kernels: a bad target makes a later call of the
+    /// loss on the same thread return [`CrossEntropyError::TargetOutOfRange`] (panic in
+    /// `forward`), normally the next one (on CUDA always the next one), before it
+    /// computes anything; [`crate::wait_for_target_checks`] waits for every pending check
+    /// and returns the error at once. The call that received the bad target runs as with
+    /// the check off.
+    #[default]
+    Deferred,
+    /// The device checks the targets and the host waits for the result: the call itself
+    /// returns the error. One device-to-host read per call, which stalls a training
+    /// loop's queue.
+    Immediate,
 }
 
 /// Fast-math switches that change results slightly, for speed. Effective on the CUDA
@@ -114,11 +139,9 @@ pub struct CrossEntropyOptions {
     pub z_loss_scale: f32,
     /// Logits become `c * tanh(x / c)` before everything else (Gemma 2); `c > 0`.
     pub softcap: Option<f32>,
-    /// Check that every target is a class or the ignore index and return an error naming
-    /// the first bad row otherwise. Costs one small device-to-host read per call (a sync
-    /// point); off, a bad row gets a NaN loss and a zero gradient, never an
-    /// out-of-bounds access.
-    pub check_targets: bool,
+    /// How targets that are neither a class nor the ignore index are reported (see
+    /// [`TargetCheck`]).
+    pub target_check: TargetCheck,
     /// How the gradient is formed under autodiff (see [`GradientPlan`]).
     pub gradient_plan: GradientPlan,
     /// Extra outputs computed in the same pass.
@@ -140,7 +163,7 @@ impl Default for CrossEntropyOptions {
             label_smoothing: 0.0,
             z_loss_scale: 0.0,
             softcap: None,
-            check_targets: true,
+            target_check: TargetCheck::default(),
             gradient_plan: GradientPlan::default(),
             outputs: ExtraOutputs::default(),
             fast_math: FastMath::default(),
@@ -205,7 +228,8 @@ impl CrossEntropyOptions {
     }
 }
 
-/// Why the loss refused its input. Every variant is detected before any kernel runs.
+/// Why the loss refused its input. Every variant but a deferred target check's is
+/// detected before any kernel of the call runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CrossEntropyError {
     /// An option outside its domain.
@@ -223,6 +247,8 @@ pub enum CrossEntropyError {
         row: usize,
         value: i64,
         vocab: usize,
+        /// Found by a deferred check: the row is one of an earlier call's targets.
+        earlier_call: bool,
     },
 }
 
@@ -242,9 +268,19 @@ impl core::fmt::Display for CrossEntropyError {
                 f,
                 "fused cross-entropy: class weight {class} is {value}, expected a finite number >= 0"
             ),
-            Self::TargetOutOfRange { row, value, vocab } => write!(
+            Self::TargetOutOfRange {
+                row,
+                value,
+                vocab,
+                earlier_call,
+            } => write!(
                 f,
-                "fused cross-entropy: target {value} at row {row} is not a class in [0, {vocab}) nor the ignore index"
+                "fused cross-entropy: target {value} at row {row}{} is not a class in [0, {vocab}) nor the ignore index",
+                if *earlier_call {
+                    " of an earlier call (checked after it ran)"
+                } else {
+                    ""
+                }
             ),
         }
     }
@@ -270,7 +306,8 @@ mod tests {
         assert_eq!(options.reduction, Reduction::Mean);
         assert_eq!(options.ignore_index, -100);
         assert_eq!(options.label_smoothing, 0.0);
-        assert!(options.check_targets);
+        assert_eq!(options.target_check, TargetCheck::Deferred);
+        assert_eq!(options.gradient_plan, GradientPlan::OnePass);
     }
 
     #[test]
@@ -313,9 +350,10 @@ mod tests {
     #[test]
     fn one_pass_only_for_reduced_losses() {
         let mut options = CrossEntropyOptions::default();
+        assert!(options.one_pass());
+        options.gradient_plan = GradientPlan::TwoPass;
         assert!(!options.one_pass());
         options.gradient_plan = GradientPlan::OnePass;
-        assert!(options.one_pass());
         options.reduction = Reduction::Sum;
         assert!(options.one_pass());
         options.reduction = Reduction::None;
@@ -336,8 +374,16 @@ mod tests {
             row: 7,
             value: 50_000,
             vocab: 32_000,
+            earlier_call: false,
         };
         let text = error.to_string();
         assert!(text.contains("row 7") && text.contains("50000") && text.contains("32000"));
+        let error = CrossEntropyError::TargetOutOfRange {
+            row: 7,
+            value: 50_000,
+            vocab: 32_000,
+            earlier_call: true,
+        };
+        assert!(error.to_string().contains("earlier call"));
     }
 }

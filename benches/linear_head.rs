@@ -1,0 +1,216 @@
+//! The LM head and its loss, one training step (`logits = h W`, the loss, backward to `h`
+//! and `W`), three ways on `Autodiff<Cuda>` / `Autodiff<Wgpu>` (Burn's fusion backend with
+//! its autotuned matmuls, as users run it): Burn's matmul and stock `CrossEntropyLoss`,
+//! Burn's matmul and our fused loss, and our fused linear cross-entropy (chunked, logits
+//! never whole). Per case: the median step time, its matmul rate (6 N H V flops a step),
+//! and the device memory one step adds to the pool beyond its inputs.
+//!
+//! `cargo bench --bench linear_head` (Vulkan; small sizes) or, on a GPU,
+//! `CUDARC_CUDA_VERSION=13000 cargo bench --bench linear_head --no-default-features
+//! --features cuda,autotune` (LLM sizes; the first step of each shape autotunes its
+//! matmuls, which takes minutes the first time and is cached under target/autotune).
+//! `FUSED_CE_BENCH_OUT` (default target/fused-ce-bench): where `linear_head.md` and
+//! `linear_head.csv` go.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::{DType, Distribution, Int, Tensor, TensorData, backend::Backend};
+use burn_fused_ce::{FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig};
+use cubecl::Runtime as _;
+use fused_ce_suite::{DefaultBackend, Device, RUNTIME_NAME, Runtime};
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+
+type B = Autodiff<DefaultBackend>;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Way {
+    /// Burn's matmul, then Burn's stock loss.
+    Stock,
+    /// Burn's matmul, then our loss (default config).
+    Fused,
+    /// Our fused linear cross-entropy (default config).
+    FusedLinear,
+}
+
+impl Way {
+    fn label(self) -> &'static str {
+        match self {
+            Way::Stock => "matmul + Burn's loss",
+            Way::Fused => "matmul + fused loss",
+            Way::FusedLinear => "fused linear CE",
+        }
+    }
+}
+
+/// Rows, width and vocabulary of the head, and its dtype.
+type Case = (usize, usize, usize, DType);
+
+struct Measured {
+    median_ms: f64,
+    pool_growth_mib: f64,
+}
+
+/// Median of `reps` synced steps after `warmup` (the first autotunes), and the pool growth
+/// of one step after the pool's free pages are released.
+fn measure(
+    device: &Device,
+    warmup: usize,
+    reps: usize,
+    mut step: impl FnMut(),
+) -> Option<Measured> {
+    let client = Runtime::client(device);
+    let sync = || <B as Backend>::sync(device).ok();
+    let run = AssertUnwindSafe(|| -> Option<Measured> {
+        for _ in 0..warmup {
+            step();
+            sync()?;
+        }
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            sync()?;
+            let started = Instant::now();
+            step();
+            sync()?;
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        sync()?;
+        client.memory_cleanup();
+        let before = client.memory_usage().ok()?.bytes_reserved;
+        step();
+        sync()?;
+        let after = client.memory_usage().ok()?.bytes_reserved;
+        Some(Measured {
+            median_ms: times[times.len() / 2],
+            pool_growth_mib: after.saturating_sub(before) as f64 / 1048576.0,
+        })
+    });
+    catch_unwind(run).ok().flatten()
+}
+
+fn main() {
+    let llm = cfg!(feature = "cuda");
+    // (rows N, width H, vocabulary V, dtype), warm-up steps, timed steps.
+    let (cases, warmup, reps): (Vec<Case>, usize, usize) = if llm {
+        (
+            vec![
+                (8192, 4096, 128_256, DType::BF16),
+                // Qwen-like: a wide vocabulary on a narrower model.
+                (16384, 2048, 151_936, DType::BF16),
+            ],
+            3,
+            7,
+        )
+    } else {
+        (vec![(256, 64, 4096, DType::F32)], 1, 3)
+    };
+    let device = Device::default();
+    let mut rng = SmallRng::seed_from_u64(0x5eed);
+    println!(
+        "LM head and loss, one training step on {RUNTIME_NAME} (Autodiff over Burn's fusion backend)"
+    );
+    let mut table = String::from(
+        "| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | pool growth MiB |\n|---|---|---|---:|---:|---:|---:|\n",
+    );
+    let mut csv = String::from("rows,width,vocab,dtype,way,step_ms,tflops,pool_growth_mib\n");
+    for (rows, width, vocab, dtype) in cases {
+        let hidden = Tensor::<DefaultBackend, 2>::random(
+            [rows, width],
+            Distribution::Uniform(-1.0, 1.0),
+            &device,
+        )
+        .cast(dtype);
+        let scale = 2.0 / (width as f64).sqrt();
+        let weight = Tensor::<DefaultBackend, 2>::random(
+            [width, vocab],
+            Distribution::Uniform(-scale, scale),
+            &device,
+        )
+        .cast(dtype);
+        let labels: Vec<i32> = (0..rows)
+            .map(|_| rng.random_range(0..vocab as i32))
+            .collect();
+        let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [rows]), &device);
+        let hidden = Tensor::<B, 2>::from_inner(hidden).require_grad();
+        let weight = Tensor::<B, 2>::from_inner(weight).require_grad();
+        let flops = 6.0 * rows as f64 * width as f64 * vocab as f64;
+        let stock_loss = CrossEntropyLossConfig::new().init::<B>(&device);
+        let fused_loss = FusedCrossEntropyLossConfig::new().init::<B>(&device);
+        let linear_loss = FusedLinearCrossEntropyLossConfig::new().init::<B>(&device);
+        let mut head = burn::nn::LinearConfig::new(width, vocab)
+            .with_bias(false)
+            .init::<B>(&device);
+        head.weight = burn::module::Param::from_tensor(weight.clone());
+        let mut fused_ms = None;
+        for way in [Way::Fused, Way::FusedLinear, Way::Stock] {
+            let step = || {
+                let loss = match way {
+                    Way::Stock => {
+                        stock_loss.forward(hidden.clone().matmul(weight.clone()), targets.clone())
+                    }
+                    Way::Fused => {
+                        fused_loss.forward(hidden.clone().matmul(weight.clone()), targets.clone())
+                    }
+                    Way::FusedLinear => linear_loss.forward(hidden.clone(), &head, targets.clone()),
+                };
+                let grads = loss.backward();
+                drop(hidden.grad(&grads));
+                drop(weight.grad(&grads));
+            };
+            let measured = measure(&device, warmup, reps, step);
+            if way == Way::Fused {
+                fused_ms = measured.as_ref().map(|m| m.median_ms);
+            }
+            let case = format!("{rows} x {width} x {vocab}");
+            let dtype_name = format!("{dtype:?}").to_lowercase();
+            match measured {
+                Some(m) => {
+                    let tflops = flops / (m.median_ms / 1e3) / 1e12;
+                    let ratio =
+                        fused_ms.map_or("-".to_string(), |f| format!("{:.3}", m.median_ms / f));
+                    println!(
+                        "{case:<22} {dtype_name:<5} {:<22} {:>9.2} ms {tflops:>7.1} TFLOP/s  x{ratio:<6} {:>8.0} MiB",
+                        way.label(),
+                        m.median_ms,
+                        m.pool_growth_mib
+                    );
+                    table += &format!(
+                        "| {case} | {dtype_name} | {} | {:.2} | {tflops:.1} | {ratio} | {:.0} |\n",
+                        way.label(),
+                        m.median_ms,
+                        m.pool_growth_mib
+                    );
+                    csv += &format!(
+                        "{rows},{width},{vocab},{dtype_name},{},{:.3},{tflops:.2},{:.1}\n",
+                        way.label(),
+                        m.median_ms,
+                        m.pool_growth_mib
+                    );
+                }
+                None => {
+                    println!(
+                        "{case:<22} {dtype_name:<5} {:<22} did not run (out of memory?)",
+                        way.label()
+                    );
+                    table += &format!(
+                        "| {case} | {dtype_name} | {} | - | - | - | - |\n",
+                        way.label()
+                    );
+                }
+            }
+            Runtime::client(&device).memory_cleanup();
+        }
+    }
+    let out =
+        std::env::var("FUSED_CE_BENCH_OUT").unwrap_or_else(|_| "target/fused-ce-bench".into());
+    let written = std::fs::create_dir_all(&out)
+        .and_then(|()| std::fs::write(format!("{out}/linear_head.md"), &table))
+        .and_then(|()| std::fs::write(format!("{out}/linear_head.csv"), &csv));
+    match written {
+        Ok(()) => println!("results: {out}/linear_head.{{md,csv}}"),
+        Err(error) => println!("could not write the results to {out}: {error}"),
+    }
+}

@@ -1,0 +1,392 @@
+//! The fused linear cross-entropy's chunked passes, on any backend that runs the loss:
+//! the LM head `logits = h W + b` and the loss over rows in chunks, so that the N x V
+//! logits are never whole in memory. Each chunk's logits come from the backend's own
+//! (autotuned) matmul; the loss kernels then read them in place and, in the one pass,
+//! write their gradient over them; two more matmuls take that gradient to the hidden
+//! states and the weight.
+
+use burn::tensor::{
+    Bool, DType, Int, Tensor,
+    backend::Backend,
+    ops::{FloatTensor, IntTensor},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    backend::{
+        ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, OnePassScale, RowStats,
+        TwoPassBackward, float, primitive,
+    },
+    options::{CrossEntropyOptions, Reduction},
+};
+
+/// How the fused linear cross-entropy cuts its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct LinearChunking {
+    /// The most bytes one chunk's logits take (their gradient is written over them): the
+    /// rows of a chunk are as many as fit, at least 16. `None`: 256 MiB, which keeps the
+    /// chunk's matmuls large enough to run at the device's matmul rate.
+    pub logits_bytes: Option<usize>,
+    /// Accumulate the weight gradient over the chunks in f32 (Liger-Kernel's
+    /// `accum_dtype`), cast to the weight's dtype at the end. Off: in the weight's dtype,
+    /// one rounding per chunk; on: an f32 `[H, V]` buffer for the whole step.
+    pub f32_weight_gradient: bool,
+}
+
+/// The default budget of one chunk's logits.
+const DEFAULT_LOGITS_BYTES: usize = 256 << 20;
+
+/// The most bytes of one block of the weight gradient's per-chunk product.
+const WEIGHT_BLOCK_BYTES: usize = 64 << 20;
+
+/// Fewest rows in a chunk, whatever the budget.
+const MIN_CHUNK_ROWS: usize = 16;
+
+impl LinearChunking {
+    /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`: as many as the
+    /// budget holds, a multiple of 16 when more than 16 (matmul tiles), at least
+    /// [`MIN_CHUNK_ROWS`], at most `rows`.
+    pub fn rows_per_chunk(&self, rows: usize, vocab: usize, dtype: DType) -> usize {
+        let budget = self.logits_bytes.unwrap_or(DEFAULT_LOGITS_BYTES);
+        let fit = budget / (vocab * dtype.size()).max(1);
+        let fit = if fit > MIN_CHUNK_ROWS {
+            fit - fit % MIN_CHUNK_ROWS
+        } else {
+            MIN_CHUNK_ROWS
+        };
+        fit.min(rows).max(1)
+    }
+}
+
+/// The LM head: `weight [H, V]` (Burn's `Linear` layout) and an optional `bias [V]`.
+#[derive(Debug, Clone)]
+pub struct LinearHead<B: Backend> {
+    pub weight: FloatTensor<B>,
+    pub bias: Option<FloatTensor<B>>,
+}
+
+/// The tensors of one call: `hidden [N, H]`, the head, `targets [N]` and the class
+/// weights when given.
+#[derive(Debug, Clone)]
+pub struct LinearInputs<B: Backend> {
+    pub hidden: FloatTensor<B>,
+    pub head: LinearHead<B>,
+    pub targets: IntTensor<B>,
+    pub class_weights: Option<ClassWeights<B>>,
+}
+
+/// The gradients of the hidden states, the weight and the bias.
+#[derive(Debug, Clone)]
+pub struct LinearGradients<B: Backend> {
+    pub hidden: FloatTensor<B>,
+    pub weight: FloatTensor<B>,
+    pub bias: Option<FloatTensor<B>>,
+}
+
+/// The rows `start..end` of a `[N, ..]` tensor (a view).
+fn rows_of<B: Backend, const D: usize>(
+    tensor: &Tensor<B, D>,
+    start: usize,
+    end: usize,
+) -> Tensor<B, D> {
+    tensor.clone().narrow(0, start, end - start)
+}
+
+/// One chunk's logits: `hidden_c W (+ b)`, from the backend's matmul.
+fn chunk_logits<B: Backend>(
+    hidden: Tensor<B, 2>,
+    weight: &Tensor<B, 2>,
+    bias: Option<&Tensor<B, 1>>,
+) -> Tensor<B, 2> {
+    let logits = hidden.matmul(weight.clone());
+    match bias {
+        Some(bias) => logits + bias.clone().unsqueeze_dim(0),
+        None => logits,
+    }
+}
+
+/// The chunks of `rows` rows: `(start, end)` pairs.
+fn chunks(rows: usize, per_chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..rows)
+        .step_by(per_chunk.max(1))
+        .map(move |start| (start, (start + per_chunk).min(rows)))
+}
+
+/// The per-row statistics of the chunks, as one `RowStats` over all rows.
+fn joined<B: Backend>(parts: Vec<RowStats<B>>, weighted: bool) -> RowStats<B> {
+    let mut stats = Vec::with_capacity(parts.len());
+    let mut predicted = Vec::with_capacity(parts.len());
+    for part in parts {
+        stats.push(float::<B, 2>(part.stats));
+        if let Some(p) = part.predicted {
+            predicted.push(Tensor::<B, 1, Int>::from_primitive(p));
+        }
+    }
+    RowStats {
+        stats: primitive(Tensor::cat(stats, 1)),
+        predicted: (!predicted.is_empty()).then(|| Tensor::cat(predicted, 0).into_primitive()),
+        weighted,
+    }
+}
+
+/// The typed tensors of a call.
+struct Typed<B: Backend> {
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    targets: Tensor<B, 1, Int>,
+}
+
+impl<B: Backend> Typed<B> {
+    fn of(inputs: &LinearInputs<B>) -> Self {
+        Self {
+            hidden: float::<B, 2>(inputs.hidden.clone()),
+            weight: float::<B, 2>(inputs.head.weight.clone()),
+            bias: inputs.head.bias.clone().map(float::<B, 1>),
+            targets: Tensor::from_primitive(inputs.targets.clone()),
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.hidden.dims()[0]
+    }
+
+    fn vocab(&self) -> usize {
+        self.weight.dims()[1]
+    }
+
+    /// The loss kernels' inputs for the chunk `start..end`.
+    fn chunk_inputs(
+        &self,
+        start: usize,
+        end: usize,
+        class_weights: &Option<ClassWeights<B>>,
+    ) -> CrossEntropyInputs<B> {
+        let logits = chunk_logits(
+            rows_of(&self.hidden, start, end),
+            &self.weight,
+            self.bias.as_ref(),
+        );
+        CrossEntropyInputs {
+            logits: primitive(logits),
+            targets: self
+                .targets
+                .clone()
+                .narrow(0, start, end - start)
+                .into_primitive(),
+            class_weights: class_weights.clone(),
+        }
+    }
+}
+
+/// Forward alone: the per-row statistics of every row, one chunk of logits at a time.
+pub(crate) fn linear_rows<B: FusedCrossEntropyBackend>(
+    inputs: LinearInputs<B>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+) -> RowStats<B> {
+    let typed = Typed::of(&inputs);
+    let per_chunk = chunking.rows_per_chunk(typed.rows(), typed.vocab(), typed.hidden.dtype());
+    let parts = chunks(typed.rows(), per_chunk)
+        .map(|(start, end)| {
+            B::cross_entropy_rows(
+                typed.chunk_inputs(start, end, &inputs.class_weights),
+                options,
+            )
+        })
+        .collect();
+    joined(parts, inputs.class_weights.is_some())
+}
+
+/// The mean's denominators over all rows, f32 `[2]`: `D` (the targets' class weights over
+/// non-ignored rows; 1 for a target that is not a class) and `n` (non-ignored rows),
+/// clamped as the loss clamps them. The one pass of each chunk divides by these rather
+/// than by its own rows'.
+fn mean_denominators_of<B: Backend>(
+    targets: &Tensor<B, 1, Int>,
+    class_weights: Option<&ClassWeights<B>>,
+    vocab: usize,
+    ignore_index: i64,
+) -> FloatTensor<B> {
+    let counted: Tensor<B, 1, Bool> = targets.clone().not_equal_elem(ignore_index);
+    let n = counted
+        .clone()
+        .float()
+        .cast(DType::F32)
+        .sum()
+        .clamp_min(1.0);
+    let d = match class_weights {
+        None => n.clone(),
+        Some(weights) => {
+            let is_class = targets
+                .clone()
+                .greater_equal_elem(0)
+                .bool_and(targets.clone().lower_elem(vocab as i64));
+            let class = targets.clone().clamp(0, vocab as i64 - 1);
+            let weight = float::<B, 1>(weights.weights.clone())
+                .gather(0, class)
+                .mask_fill(is_class.bool_not(), 1.0)
+                .mask_fill(counted.bool_not(), 0.0);
+            weight.sum().clamp_min(f32::MIN_POSITIVE)
+        }
+    };
+    primitive(Tensor::cat(vec![d, n], 0))
+}
+
+/// The gradients summed over the chunks so far.
+struct GradientSums<B: Backend> {
+    hidden: Vec<Tensor<B, 2>>,
+    weight: Option<Tensor<B, 2>>,
+    /// f32.
+    bias: Option<Tensor<B, 1>>,
+    f32_weight_gradient: bool,
+}
+
+impl<B: Backend> GradientSums<B> {
+    fn new(chunking: &LinearChunking) -> Self {
+        Self {
+            hidden: Vec::new(),
+            weight: None,
+            bias: None,
+            f32_weight_gradient: chunking.f32_weight_gradient,
+        }
+    }
+
+    /// Takes one chunk's logits gradient (rows `start..end`) to the hidden states, the
+    /// weight and the bias.
+    fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: Tensor<B, 2>) {
+        self.hidden
+            .push(logits_grad.clone().matmul(typed.weight.clone().transpose()));
+        let hidden_t = rows_of(&typed.hidden, start, end).transpose();
+        let [width, vocab] = typed.weight.dims();
+        let sum = self.weight.take().unwrap_or_else(|| {
+            let dtype = if self.f32_weight_gradient {
+                DType::F32
+            } else {
+                typed.weight.dtype()
+            };
+            Tensor::zeros([width, vocab], (&typed.weight.device(), dtype))
+        });
+        // `sum += h_c^T dlogits_c` a block of columns at a time, so the only temporary is
+        // one block of the product (a whole [H, V] one would double the step's memory).
+        let block = self.block_columns(width, vocab, typed.weight.dtype());
+        let mut sum = sum;
+        for first in (0..vocab).step_by(block) {
+            let columns = block.min(vocab - first);
+            let product = hidden_t
+                .clone()
+                .matmul(logits_grad.clone().narrow(1, first, columns))
+                .cast(sum.dtype());
+            let ranges = [0..width, first..first + columns];
+            let updated = sum.clone().slice(ranges.clone()) + product;
+            sum = sum.slice_assign(ranges, updated);
+        }
+        self.weight = Some(sum);
+        if typed.bias.is_some() {
+            let bias = logits_grad.sum_dim(0).reshape([vocab]).cast(DType::F32);
+            self.bias = Some(match self.bias.take() {
+                None => bias,
+                Some(sum) => sum + bias,
+            });
+        }
+    }
+
+    /// Columns of one block of the weight gradient's product: about
+    /// [`WEIGHT_BLOCK_BYTES`], a multiple of 128.
+    fn block_columns(&self, width: usize, vocab: usize, dtype: DType) -> usize {
+        let columns = WEIGHT_BLOCK_BYTES / (width * dtype.size()).max(1);
+        (columns - columns % 128).max(128).min(vocab.max(1))
+    }
+
+    /// The sums in the dtypes of what they are the gradients of.
+    fn finish(self, typed: &Typed<B>) -> LinearGradients<B> {
+        LinearGradients {
+            hidden: primitive(if self.hidden.is_empty() {
+                typed.hidden.zeros_like()
+            } else {
+                Tensor::cat(self.hidden, 0)
+            }),
+            weight: primitive(match self.weight {
+                Some(grad) => grad.cast(typed.weight.dtype()),
+                None => typed.weight.zeros_like(),
+            }),
+            bias: typed.bias.as_ref().map(|bias| {
+                primitive(match self.bias {
+                    Some(grad) => grad.cast(bias.dtype()),
+                    None => bias.zeros_like(),
+                })
+            }),
+        }
+    }
+}
+
+/// The one pass over every chunk: the per-row statistics, and the gradients of the hidden
+/// states, the weight and the bias formed for the incoming gradient `guess` (f32 `[1]`;
+/// `Mean` or `Sum`).
+pub(crate) fn linear_one_pass<B: FusedCrossEntropyBackend>(
+    inputs: LinearInputs<B>,
+    guess: FloatTensor<B>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+) -> (RowStats<B>, LinearGradients<B>) {
+    let typed = Typed::of(&inputs);
+    let (rows, vocab) = (typed.rows(), typed.vocab());
+    let per_chunk = chunking.rows_per_chunk(rows, vocab, typed.hidden.dtype());
+    let denominators = (options.reduction == Reduction::Mean).then(|| {
+        mean_denominators_of(
+            &typed.targets,
+            inputs.class_weights.as_ref(),
+            vocab,
+            options.ignore_index,
+        )
+    });
+    let mut parts = Vec::new();
+    let mut sums = GradientSums::new(chunking);
+    for (start, end) in chunks(rows, per_chunk) {
+        let scale = OnePassScale {
+            guess: guess.clone(),
+            denominators: denominators.clone(),
+        };
+        let chunk = typed.chunk_inputs(start, end, &inputs.class_weights);
+        let (stats, logits_grad) = B::cross_entropy_one_pass(chunk, scale, options);
+        parts.push(stats);
+        sums.add(&typed, start, end, float::<B, 2>(logits_grad));
+    }
+    (
+        joined(parts, inputs.class_weights.is_some()),
+        sums.finish(&typed),
+    )
+}
+
+/// Backward of a forward that kept only the per-row statistics (`stats [COUNT, N]`;
+/// `Reduction::None`, whose per-row gradient `grad_output [N]` is known only now): each
+/// chunk's logits are computed again, their gradient written over them, then taken to the
+/// hidden states, the weight and the bias.
+pub(crate) fn linear_backward<B: FusedCrossEntropyBackend>(
+    inputs: LinearInputs<B>,
+    stats: FloatTensor<B>,
+    grad_output: FloatTensor<B>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+) -> LinearGradients<B> {
+    let typed = Typed::of(&inputs);
+    let (rows, vocab) = (typed.rows(), typed.vocab());
+    let mut sums = GradientSums::new(chunking);
+    if rows == 0 {
+        return sums.finish(&typed);
+    }
+    let per_chunk = chunking.rows_per_chunk(rows, vocab, typed.hidden.dtype());
+    let stats = float::<B, 2>(stats);
+    let grad_output = float::<B, 1>(grad_output).reshape([rows]);
+    for (start, end) in chunks(rows, per_chunk) {
+        let chunk = typed.chunk_inputs(start, end, &inputs.class_weights);
+        let backward = TwoPassBackward {
+            stats: primitive(stats.clone().narrow(1, start, end - start)),
+            grad_output: primitive(rows_of(&grad_output, start, end)),
+            denominators: None,
+        };
+        let logits_grad = B::cross_entropy_backward(chunk, backward, options);
+        sums.add(&typed, start, end, float::<B, 2>(logits_grad));
+    }
+    sums.finish(&typed)
+}

@@ -1,0 +1,153 @@
+//! Deferred target checks ([`TargetCheck::Deferred`]): each call's check runs on the
+//! device and its small result is read back without waiting; the host looks at it at a
+//! later call of the loss on the same thread, or when asked to wait.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use burn::tensor::{TensorData, backend::ExecutionError};
+
+use crate::options::CrossEntropyError;
+#[cfg(doc)]
+use crate::options::TargetCheck;
+
+/// A read of a small device tensor, started (or started by the backend when the check
+/// runs) but not waited for.
+pub struct PendingRead {
+    future: Pin<Box<dyn Future<Output = Result<TensorData, ExecutionError>> + Send>>,
+    /// Before waiting: what makes sure the read gets started (a fusion stream's flush).
+    before_wait: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl PendingRead {
+    /// A read that `future` completes.
+    pub fn new(
+        future: impl Future<Output = Result<TensorData, ExecutionError>> + Send + 'static,
+    ) -> Self {
+        Self {
+            future: Box::pin(future),
+            before_wait: None,
+        }
+    }
+
+    /// The same read, with `flush` run once before any blocking wait for it.
+    pub fn flushed_by(self, flush: impl FnOnce() + Send + 'static) -> Self {
+        Self {
+            before_wait: Some(Box::new(flush)),
+            ..self
+        }
+    }
+
+    /// The result if the read has finished, without waiting (on CUDA, a read queued
+    /// behind unfinished kernels waits for them).
+    fn poll_once(&mut self) -> Poll<Result<TensorData, ExecutionError>> {
+        Pin::new(self).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    /// Waits for the result.
+    fn wait(mut self) -> Result<TensorData, ExecutionError> {
+        if let Some(flush) = self.before_wait.take() {
+            flush();
+        }
+        cubecl::future::block_on(self.future)
+    }
+}
+
+impl Future for PendingRead {
+    type Output = Result<TensorData, ExecutionError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.future.as_mut().poll(cx)
+    }
+}
+
+/// A call's target check whose result the host has not looked at yet: the read of
+/// `[first bad row, its target]` and the call's row count and vocabulary.
+pub struct PendingTargetCheck {
+    pub read: PendingRead,
+    pub rows: usize,
+    pub vocab: usize,
+}
+
+/// Checks kept pending at most: past this, a call waits for the oldest.
+const MOST_PENDING: usize = 4;
+
+thread_local! {
+    static PENDING: RefCell<VecDeque<PendingTargetCheck>> = const { RefCell::new(VecDeque::new()) };
+}
+
+/// The error a finished check reports, if any.
+fn verdict(
+    result: Result<TensorData, ExecutionError>,
+    rows: usize,
+    vocab: usize,
+) -> Result<(), CrossEntropyError> {
+    // A failed read is the device's own error; it surfaces through Burn's next read.
+    let Ok(data) = result else { return Ok(()) };
+    let found = data.convert::<i64>().to_vec::<i64>().unwrap_or_default();
+    match found[..] {
+        [row, value, ..] if (row as usize) < rows => Err(CrossEntropyError::TargetOutOfRange {
+            row: row as usize,
+            value,
+            vocab,
+            earlier_call: true,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Looks at the pending checks of this thread, oldest first, as far as they have finished
+/// (waiting for the oldest while more than [`MOST_PENDING`] are pending), and returns the
+/// first bad target found. On CUDA a check's read is finished once the device has run it,
+/// which it has by the next call in a training loop; elsewhere a read may take longer.
+pub(crate) fn surface_finished() -> Result<(), CrossEntropyError> {
+    PENDING.with(|pending| {
+        let mut pending = pending.borrow_mut();
+        let mut found = Ok(());
+        while let Some(mut check) = pending.pop_front() {
+            let (rows, vocab) = (check.rows, check.vocab);
+            let result = if pending.len() >= MOST_PENDING {
+                check.read.wait()
+            } else {
+                match check.read.poll_once() {
+                    Poll::Ready(result) => result,
+                    Poll::Pending => {
+                        pending.push_front(check);
+                        break;
+                    }
+                }
+            };
+            let verdict = verdict(result, rows, vocab);
+            if found.is_ok() {
+                found = verdict;
+            }
+        }
+        found
+    })
+}
+
+/// Keeps a call's check until a later call, or [`wait_for_target_checks`], looks at it.
+pub(crate) fn defer(check: PendingTargetCheck) {
+    PENDING.with(|pending| pending.borrow_mut().push_back(check));
+}
+
+/// Waits for every target check this thread's calls left pending
+/// ([`TargetCheck::Deferred`]) and returns the first bad target among them, oldest call
+/// first. Call it where a training loop syncs anyway (after the last step, before
+/// reading the loss) to learn of a bad target at once.
+pub fn wait_for_target_checks() -> Result<(), CrossEntropyError> {
+    let checks: Vec<PendingTargetCheck> =
+        PENDING.with(|pending| pending.borrow_mut().drain(..).collect());
+    let mut found = Ok(());
+    for check in checks {
+        let (rows, vocab) = (check.rows, check.vocab);
+        let verdict = verdict(check.read.wait(), rows, vocab);
+        if found.is_ok() {
+            found = verdict;
+        }
+    }
+    found
+}

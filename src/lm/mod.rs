@@ -1,0 +1,12 @@
+//! A GPT-style language model trained on real English text with a real BPE vocabulary,
+//! shared by the `train_lm` example and its test: the LM head's loss as Burn's stock
+//! loss, as our fused loss, and as the fused linear cross-entropy.
+
+pub mod data;
+pub mod model;
+pub mod plot;
+pub mod train;
+
+pub use data::{Corpus, SAMPLE_TEXT, Vocabulary};
+pub use model::{Gpt, GptConfig};
+pub use train::{LossKind, RunConfig, StepLog, initial_model, sample, train};

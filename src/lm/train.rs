@@ -1,0 +1,154 @@
+//! The training loop of the language-model example and its test, with the LM head's loss
+//! computed one of three ways.
+
+use std::time::Instant;
+
+use burn::{
+    lr_scheduler::{LrScheduler, cosine::CosineAnnealingLrSchedulerConfig},
+    module::Module,
+    nn::loss::CrossEntropyLossConfig,
+    optim::{AdamWConfig, GradientsParams, Optimizer},
+    tensor::{ElementConversion, Int, Tensor, TensorData, backend::AutodiffBackend},
+};
+use burn_fused_ce::{
+    FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
+};
+use rand::{SeedableRng, rngs::SmallRng};
+
+use super::data::Corpus;
+use super::model::{Gpt, GptConfig};
+
+/// How the loss over the vocabulary is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossKind {
+    /// The head's logits, then Burn's stock `CrossEntropyLoss`.
+    Stock,
+    /// The head's logits, then our fused loss.
+    Fused,
+    /// The head and the loss as one op: `FusedLinearCrossEntropyLoss`.
+    FusedLinear,
+}
+
+impl LossKind {
+    pub const ALL: [LossKind; 3] = [LossKind::Stock, LossKind::Fused, LossKind::FusedLinear];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LossKind::Stock => "Burn's loss",
+            LossKind::Fused => "fused loss",
+            LossKind::FusedLinear => "fused linear CE",
+        }
+    }
+}
+
+/// A run's sizes and schedule.
+#[derive(Debug, Clone, Copy)]
+pub struct RunConfig {
+    pub batch: usize,
+    pub steps: usize,
+    pub lr: f64,
+    pub seed: u64,
+}
+
+/// What a step reports.
+#[derive(Debug, Clone)]
+pub struct StepLog {
+    pub loss: f64,
+    /// Wall time of the step, the read of its loss (a sync) included.
+    pub seconds: f64,
+    pub tokens: usize,
+}
+
+/// The seeded starting model. Runs to compare start from clones of one.
+pub fn initial_model<B: burn::tensor::backend::Backend>(
+    config: &GptConfig,
+    seed: u64,
+    device: &B::Device,
+) -> Gpt<B> {
+    B::seed(device, seed);
+    let model = Gpt::new(config, device);
+    // Burn initialises parameters lazily, at first use, and a clone of an uninitialised
+    // model initialises on its own: draw the weights now, so clones share them.
+    let record = model.into_record();
+    Gpt::new(config, device).load_record(record)
+}
+
+/// Trains `model` on `corpus` and returns per-step logs and the trained model. Batches are
+/// drawn from `run.seed` on the host, so equal starts see equal data. `on_step` sees each
+/// step's log as it ends.
+pub fn train<B>(
+    config: &GptConfig,
+    run: &RunConfig,
+    kind: LossKind,
+    mut model: Gpt<B>,
+    corpus: &Corpus,
+    device: &B::Device,
+    mut on_step: impl FnMut(usize, &StepLog),
+) -> (Vec<StepLog>, Gpt<B>)
+where
+    B: AutodiffBackend + FusedCrossEntropyBackend,
+{
+    let mut optimizer = AdamWConfig::new().init();
+    let mut schedule = CosineAnnealingLrSchedulerConfig::new(run.lr, run.steps.max(1))
+        .with_min_lr(run.lr / 10.0)
+        .init()
+        .expect("valid learning-rate schedule");
+    let stock = CrossEntropyLossConfig::new().init(device);
+    let fused = FusedCrossEntropyLossConfig::new().init(device);
+    let fused_linear = FusedLinearCrossEntropyLossConfig::new().init(device);
+    let mut rng = SmallRng::seed_from_u64(run.seed);
+    let seq = config.seq_len;
+    let mut logs = Vec::with_capacity(run.steps);
+    for step in 0..run.steps {
+        let started = Instant::now();
+        let (inputs, targets) = corpus.batch(run.batch, seq, &mut rng);
+        let rows = targets.len();
+        let input =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(inputs, [run.batch, seq]), device);
+        let target = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), device);
+        let loss = match kind {
+            LossKind::Stock => stock.forward(model.forward(input), target),
+            LossKind::Fused => fused.forward(model.forward(input), target),
+            LossKind::FusedLinear => fused_linear.forward(model.hidden(input), &model.head, target),
+        };
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optimizer.step(schedule.step(), model, grads);
+        let value: f64 = loss.into_scalar().elem();
+        let log = StepLog {
+            loss: value,
+            seconds: started.elapsed().as_secs_f64(),
+            tokens: rows,
+        };
+        on_step(step, &log);
+        logs.push(log);
+    }
+    (logs, model)
+}
+
+/// Greedy continuation of `prompt` by `len` tokens.
+pub fn sample<B: burn::tensor::backend::Backend>(
+    model: &Gpt<B>,
+    config: &GptConfig,
+    corpus: &Corpus,
+    prompt: &[u32],
+    len: usize,
+    device: &B::Device,
+) -> String {
+    let mut tokens = prompt.to_vec();
+    for _ in 0..len {
+        let context: Vec<i64> = tokens[tokens.len().saturating_sub(config.seq_len)..]
+            .iter()
+            .map(|&t| i64::from(t))
+            .collect();
+        let seq = context.len();
+        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(context, [1, seq]), device);
+        let logits = model.forward(input);
+        let next = logits
+            .slice([seq - 1..seq, 0..config.vocab])
+            .argmax(1)
+            .into_scalar()
+            .elem::<i64>();
+        tokens.push(next as u32);
+    }
+    corpus.decode(&tokens)
+}

@@ -1,0 +1,581 @@
+//! The fused linear cross-entropy against an f64 reference of `hidden @ W + b` and the
+//! loss (the spec's formulas) and against the unfused composition (Burn's matmul, then our
+//! loss): every reduction with non-uniform incoming gradients, every option, class
+//! weights, ignored and all-ignored rows, 3-D input, with and without a bias, the chunk
+//! boundaries (one chunk, a partial last one, many), through the module with Burn's
+//! `Linear` and through the function, on every backend.
+
+use burn::{
+    backend::{Autodiff, NdArray},
+    module::Param,
+    nn::{Linear, LinearConfig},
+    tensor::{DType, Int, Tensor, TensorData, backend::Backend},
+};
+use burn_fused_ce::{
+    CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyBackend, FusedCrossEntropyLossConfig,
+    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, fused_cross_entropy,
+    try_fused_linear_cross_entropy,
+};
+use fused_ce_suite::DefaultBackend;
+use rand::Rng;
+
+use crate::common::*;
+use crate::contract::{REDUCTIONS, describe_grad_error, poisoned, short_name};
+
+/// One case: shapes, options and how the rows are cut.
+#[derive(Debug, Clone)]
+struct LinearCase {
+    rows: usize,
+    width: usize,
+    vocab: usize,
+    dtype: DType,
+    options: CrossEntropyOptions,
+    class_weights: bool,
+    bias: bool,
+    ignore: Ignore,
+    /// Rows per chunk (the budget is set to hold exactly that many rows of logits).
+    chunk_rows: usize,
+    /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
+    three_d: bool,
+    /// Through the module with an `nn::Linear`, else the function.
+    via_module: bool,
+}
+
+impl LinearCase {
+    fn new(rows: usize, width: usize, vocab: usize, dtype: DType, reduction: Reduction) -> Self {
+        Self {
+            rows,
+            width,
+            vocab,
+            dtype,
+            options: CrossEntropyOptions::new(reduction),
+            class_weights: false,
+            bias: true,
+            ignore: Ignore::SomeRows,
+            chunk_rows: 16,
+            three_d: false,
+            via_module: false,
+        }
+    }
+
+    fn chunking(&self) -> LinearChunking {
+        LinearChunking {
+            logits_bytes: Some(self.chunk_rows * self.vocab * self.dtype.size()),
+            f32_weight_gradient: false,
+        }
+    }
+}
+
+fn matmul_f64(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let x = a[i * k + p];
+            for j in 0..n {
+                out[i * n + j] += x * b[p * n + j];
+            }
+        }
+    }
+    out
+}
+
+fn transpose_f64(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = vec![0.0; a.len()];
+    for i in 0..rows {
+        for j in 0..cols {
+            out[j * rows + i] = a[i * cols + j];
+        }
+    }
+    out
+}
+
+/// Relative L2 within `bound`, with the failure described.
+fn check_close(got: &[f64], expected: &[f64], bound: f64, context: &str) {
+    let err = relative_l2(got, expected);
+    assert!(
+        err <= bound,
+        "{context}: error {err:e} > {bound:e}\n{}",
+        describe_grad_error(got, expected)
+    );
+}
+
+/// The bound for values that went through one matmul rounded to `dtype` on top of the
+/// loss's own (the loss's table bound, twice for half types).
+fn bound(dtype: DType) -> f64 {
+    let (_, grad) = tolerance(dtype);
+    if dtype == DType::F32 {
+        1e-4
+    } else {
+        2.0 * grad
+    }
+}
+
+fn check_linear_case<B: FusedCrossEntropyBackend>(case: LinearCase)
+where
+    B::Device: Default,
+{
+    let _backward = shared_device();
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let device = B::Device::default();
+    let LinearCase {
+        rows,
+        width,
+        vocab,
+        dtype,
+        ..
+    } = case;
+    let context = format!("{} {case:?} seed={seed}", short_name::<B>());
+    let reduction = case.options.reduction;
+    // Logits of a few units: hidden states and weights around 1 / sqrt(width).
+    let scale = 2.0 / (width as f32).sqrt();
+    let hidden_values: Vec<f32> = (0..rows * width)
+        .map(|_| rng.random_range(-1.5f32..1.5))
+        .collect();
+    let weight_values: Vec<f32> = (0..width * vocab)
+        .map(|_| rng.random_range(-scale..scale) * 2.0)
+        .collect();
+    let bias_values: Vec<f32> = (0..vocab).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let targets = random_targets(
+        &mut rng,
+        rows,
+        vocab,
+        case.ignore,
+        case.options.ignore_index,
+    );
+    let class_weights = case
+        .class_weights
+        .then(|| random_class_weights(&mut rng, vocab));
+    let row_grad: Vec<f32> = (0..rows).map(|_| rng.random_range(0.5f32..1.5)).collect();
+    let loss_scale = 0.375f32;
+
+    let tensor = |values: &[f32], dims: [usize; 2]| {
+        Tensor::<B, 2>::from_data(TensorData::new(values.to_vec(), dims), &device).cast(dtype)
+    };
+    let hidden = tensor(&hidden_values, [rows, width]);
+    let weight = tensor(&weight_values, [width, vocab]);
+    let bias =
+        Tensor::<B, 1>::from_data(TensorData::new(bias_values, [vocab]), &device).cast(dtype);
+    let (h64, w64, b64) = (
+        to_f64(hidden.clone()),
+        to_f64(weight.clone()),
+        to_f64(bias.clone()),
+    );
+
+    // The f64 reference: logits, loss, and the three gradients.
+    let mut logits64 = matmul_f64(&h64, &w64, rows, width, vocab);
+    if case.bias {
+        for row in 0..rows {
+            for c in 0..vocab {
+                logits64[row * vocab + c] += b64[c];
+            }
+        }
+    }
+    let ref_options = RefOptions::new(&case.options, class_weights.as_deref());
+    let ref_rows = reference_rows(&logits64, vocab, &targets, &ref_options);
+    let ref_loss = reference_loss(&ref_rows, reduction);
+    let incoming: Vec<f64> = match reduction {
+        Reduction::None => row_grad.iter().map(|&g| g as f64).collect(),
+        _ => vec![loss_scale as f64],
+    };
+    let ref_dlogits = reference_grad(&logits64, vocab, &targets, &ref_options, &incoming);
+    let ref_grad_hidden = matmul_f64(
+        &ref_dlogits,
+        &transpose_f64(&w64, width, vocab),
+        rows,
+        vocab,
+        width,
+    );
+    let ref_grad_weight = matmul_f64(
+        &transpose_f64(&h64, rows, width),
+        &ref_dlogits,
+        width,
+        rows,
+        vocab,
+    );
+    let ref_grad_bias: Vec<f64> = (0..vocab)
+        .map(|c| (0..rows).map(|r| ref_dlogits[r * vocab + c]).sum())
+        .collect();
+
+    // Ours under autodiff.
+    type A<B> = Autodiff<B>;
+    let hidden_ad = Tensor::<A<B>, 2>::from_inner(hidden.clone()).require_grad();
+    let weight_ad = Tensor::<A<B>, 2>::from_inner(weight.clone()).require_grad();
+    let bias_ad = Tensor::<A<B>, 1>::from_inner(bias.clone()).require_grad();
+    let targets_ad =
+        Tensor::<A<B>, 1, Int>::from_data(TensorData::new(targets.clone(), [rows]), &device);
+    let weights_ad = class_weights
+        .as_ref()
+        .map(|w| Tensor::<A<B>, 1>::from_floats(w.as_slice(), &device));
+    let loss = if case.via_module {
+        let loss_fn = FusedLinearCrossEntropyLossConfig::new()
+            .with_loss(
+                FusedCrossEntropyLossConfig::new()
+                    .with_reduction(reduction)
+                    .with_ignore_index(case.options.ignore_index)
+                    .with_label_smoothing(case.options.label_smoothing)
+                    .with_z_loss_scale(case.options.z_loss_scale)
+                    .with_softcap(case.options.softcap)
+                    .with_class_weights(class_weights.clone()),
+            )
+            .with_chunking(case.chunking())
+            .init::<A<B>>(&device);
+        let mut head: Linear<A<B>> = LinearConfig::new(width, vocab)
+            .with_bias(case.bias)
+            .init(&device);
+        head.weight = Param::from_tensor(weight_ad.clone());
+        head.bias = case.bias.then(|| Param::from_tensor(bias_ad.clone()));
+        // The parameters are new leaves: read their gradients from the module.
+        let loss = if case.three_d {
+            loss_fn
+                .forward(
+                    hidden_ad.clone().reshape([2, rows / 2, width]),
+                    &head,
+                    targets_ad.reshape([2, rows / 2]),
+                )
+                .reshape([loss_len(reduction, rows)])
+        } else {
+            loss_fn.forward(hidden_ad.clone(), &head, targets_ad)
+        };
+        let objective = objective_of(loss.clone(), reduction, &row_grad, loss_scale, &device);
+        let grads = objective.backward();
+        let grad_weight = to_f64(head.weight.grad(&grads).expect("weight gradient"));
+        let grad_bias = head
+            .bias
+            .as_ref()
+            .map(|b| to_f64(b.grad(&grads).expect("bias gradient")));
+        let grad_hidden = to_f64(hidden_ad.grad(&grads).expect("hidden gradient"));
+        check_gradients(
+            &context,
+            dtype,
+            (&grad_hidden, &grad_weight, grad_bias.as_deref()),
+            (
+                &ref_grad_hidden,
+                &ref_grad_weight,
+                case.bias.then_some(ref_grad_bias.as_slice()),
+            ),
+        );
+        loss
+    } else {
+        let out = if case.three_d {
+            let out = try_fused_linear_cross_entropy(
+                hidden_ad.clone().reshape([2, rows / 2, width]),
+                weight_ad.clone(),
+                case.bias.then(|| bias_ad.clone()),
+                targets_ad.reshape([2, rows / 2]),
+                weights_ad,
+                &case.options,
+                &case.chunking(),
+            )
+            .unwrap_or_else(|e| panic!("{context}: {e}"));
+            out.loss.reshape([loss_len(reduction, rows)])
+        } else {
+            try_fused_linear_cross_entropy(
+                hidden_ad.clone(),
+                weight_ad.clone(),
+                case.bias.then(|| bias_ad.clone()),
+                targets_ad,
+                weights_ad,
+                &case.options,
+                &case.chunking(),
+            )
+            .unwrap_or_else(|e| panic!("{context}: {e}"))
+            .loss
+        };
+        let objective = objective_of(out.clone(), reduction, &row_grad, loss_scale, &device);
+        let grads = objective.backward();
+        let grad_hidden = to_f64(hidden_ad.grad(&grads).expect("hidden gradient"));
+        let grad_weight = to_f64(weight_ad.grad(&grads).expect("weight gradient"));
+        let grad_bias = case
+            .bias
+            .then(|| to_f64(bias_ad.grad(&grads).expect("bias gradient")));
+        check_gradients(
+            &context,
+            dtype,
+            (&grad_hidden, &grad_weight, grad_bias.as_deref()),
+            (
+                &ref_grad_hidden,
+                &ref_grad_weight,
+                case.bias.then_some(ref_grad_bias.as_slice()),
+            ),
+        );
+        out
+    };
+    let (loss_tol, _) = tolerance(dtype);
+    let got = to_f64(loss.inner());
+    check_close(
+        &got,
+        &ref_loss,
+        loss_tol.max(bound(dtype) / 2.0),
+        &format!("{context}: loss"),
+    );
+
+    // The unfused composition on the same inputs, in the same dtype: Burn's matmul, then
+    // our loss.
+    let logits = match case.bias {
+        true => hidden.matmul(weight) + bias.unsqueeze_dim(0),
+        false => hidden.matmul(weight),
+    };
+    let weights = class_weights
+        .as_ref()
+        .map(|w| Tensor::<B, 1>::from_floats(w.as_slice(), &device));
+    let unfused = burn_fused_ce::try_fused_cross_entropy(
+        logits,
+        Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), &device),
+        weights,
+        &case.options,
+    )
+    .unwrap_or_else(|e| panic!("{context}: unfused: {e}"))
+    .loss;
+    check_close(
+        &got,
+        &to_f64(unfused),
+        bound(dtype),
+        &format!("{context}: against the unfused loss"),
+    );
+}
+
+fn loss_len(reduction: Reduction, rows: usize) -> usize {
+    if reduction == Reduction::None {
+        rows
+    } else {
+        1
+    }
+}
+
+/// The training objective: `sum(loss * g)` with a non-uniform `g` per row for `None`,
+/// `loss * s` otherwise.
+fn objective_of<B: Backend>(
+    loss: Tensor<Autodiff<B>, 1>,
+    reduction: Reduction,
+    row_grad: &[f32],
+    scale: f32,
+    device: &B::Device,
+) -> Tensor<Autodiff<B>, 1> {
+    match reduction {
+        Reduction::None => {
+            let g = Tensor::<Autodiff<B>, 1>::from_floats(row_grad, device).cast(loss.dtype());
+            (loss * g).sum()
+        }
+        _ => loss * scale,
+    }
+}
+
+#[allow(clippy::type_complexity)]
+fn check_gradients(
+    context: &str,
+    dtype: DType,
+    (hidden, weight, bias): (&[f64], &[f64], Option<&[f64]>),
+    (ref_hidden, ref_weight, ref_bias): (&[f64], &[f64], Option<&[f64]>),
+) {
+    let bound = bound(dtype);
+    let all_zero = |v: &[f64]| v.iter().all(|x| *x == 0.0);
+    for (name, got, expected) in [
+        ("hidden", hidden, ref_hidden),
+        ("weight", weight, ref_weight),
+    ] {
+        if all_zero(expected) {
+            assert!(all_zero(got), "{context}: the {name} gradient must be 0");
+        } else {
+            check_close(got, expected, bound, &format!("{context}: {name} gradient"));
+        }
+    }
+    match (bias, ref_bias) {
+        (Some(got), Some(expected)) if all_zero(expected) => {
+            assert!(all_zero(got), "{context}: the bias gradient must be 0")
+        }
+        (Some(got), Some(expected)) => {
+            check_close(got, expected, bound, &format!("{context}: bias gradient"))
+        }
+        (None, None) => {}
+        _ => panic!("{context}: a bias gradient exactly when there is a bias"),
+    }
+}
+
+/// Every reduction x dtype, alternating the options, the bias, the chunking, 3-D input and
+/// the module.
+fn check_linear_matrix<B: FusedCrossEntropyBackend>(dtypes: &[DType])
+where
+    B::Device: Default,
+{
+    let mut n = 0;
+    for &dtype in dtypes {
+        for reduction in REDUCTIONS {
+            for (rows, chunk_rows) in [(37, 16), (32, 1000), (100, 16), (40, 24)] {
+                n += 1;
+                let mut case = LinearCase::new(rows, 24, 67, dtype, reduction);
+                case.chunk_rows = chunk_rows;
+                case.bias = n % 3 != 0;
+                case.three_d = rows % 2 == 0 && n % 2 == 0;
+                case.via_module = n % 4 < 2;
+                if n % 2 == 1 {
+                    case.options.label_smoothing = 0.1;
+                    case.options.z_loss_scale = 1e-3;
+                    case.options.softcap = Some(12.0);
+                }
+                case.class_weights = n % 5 < 2;
+                check_linear_case::<B>(case);
+            }
+        }
+    }
+    // All rows ignored: loss 0 for Mean, gradients exactly 0.
+    for reduction in REDUCTIONS {
+        let mut case = LinearCase::new(20, 16, 33, DType::F32, reduction);
+        case.ignore = Ignore::AllRows;
+        check_linear_case::<B>(case);
+    }
+}
+
+#[test]
+fn linear_on_the_cube_backend() {
+    poisoned();
+    check_linear_matrix::<CubeBackend>(&float_dtypes());
+}
+
+#[test]
+fn linear_on_the_default_fusion_backend() {
+    poisoned();
+    check_linear_matrix::<DefaultBackend>(&float_dtypes());
+}
+
+#[test]
+fn linear_on_ndarray_through_the_portable_path() {
+    check_linear_matrix::<NdArray>(&[DType::F32]);
+}
+
+/// The guess of the one pass carries over between steps of one module: a changing scale.
+#[test]
+fn linear_guess_across_steps() {
+    type B = Autodiff<CubeBackend>;
+    let _backward = shared_device();
+    let device = Device::default();
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let (rows, width, vocab) = (33, 16, 50);
+    let loss_fn = FusedLinearCrossEntropyLossConfig::new()
+        .with_chunking(LinearChunking {
+            logits_bytes: Some(16 * vocab * 4),
+            f32_weight_gradient: true,
+        })
+        .init::<B>(&device);
+    let head: Linear<B> = LinearConfig::new(width, vocab).init(&device);
+    for (step, scale) in [1.0f32, 0.5, 0.5, 2.0, 0.0, 2.0].into_iter().enumerate() {
+        let hidden_values: Vec<f32> = (0..rows * width)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
+        let hidden =
+            Tensor::<B, 2>::from_data(TensorData::new(hidden_values, [rows, width]), &device)
+                .require_grad();
+        let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), &device);
+        let loss = loss_fn.forward(hidden.clone(), &head, targets.clone());
+        let grads = (loss * scale).backward();
+        let got = to_f64(head.weight.grad(&grads).expect("weight gradient"));
+        // The unfused composition with a scale of its own.
+        let hidden2 = Tensor::<B, 2>::from_inner(hidden.inner());
+        let weight2 = Tensor::<B, 2>::from_inner(head.weight.val().inner()).require_grad();
+        let bias2 = Tensor::<B, 1>::from_inner(head.bias.as_ref().expect("a bias").val().inner());
+        let logits = hidden2.matmul(weight2.clone()) + bias2.unsqueeze_dim(0);
+        let unfused = fused_cross_entropy(logits, targets, &CrossEntropyOptions::default());
+        let grads2 = (unfused * scale).backward();
+        let expected = to_f64(weight2.grad(&grads2).expect("weight gradient"));
+        let context = format!("step {step} scale {scale} seed={seed}");
+        if scale == 0.0 {
+            assert!(got.iter().all(|v| *v == 0.0), "{context}: zero gradient");
+        } else {
+            check_close(&got, &expected, 1e-4, &context);
+        }
+    }
+}
+
+/// The extra outputs come from the same chunks.
+#[test]
+fn linear_extra_outputs() {
+    type B = CubeBackend;
+    let _backward = shared_device();
+    let device = Device::default();
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let (rows, width, vocab) = (45, 12, 40);
+    let hidden_values: Vec<f32> = (0..rows * width)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let weight_values: Vec<f32> = (0..width * vocab)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
+    let hidden = Tensor::<B, 2>::from_data(TensorData::new(hidden_values, [rows, width]), &device);
+    let weight = Tensor::<B, 2>::from_data(TensorData::new(weight_values, [width, vocab]), &device);
+    let targets_t = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), &device);
+    let options = CrossEntropyOptions {
+        z_loss_scale: 1e-3,
+        outputs: ExtraOutputs::all(),
+        ..CrossEntropyOptions::default()
+    };
+    let chunking = LinearChunking {
+        logits_bytes: Some(16 * vocab * 4),
+        f32_weight_gradient: false,
+    };
+    let fused = try_fused_linear_cross_entropy(
+        hidden.clone(),
+        weight.clone(),
+        None,
+        targets_t.clone(),
+        None,
+        &options,
+        &chunking,
+    )
+    .expect("valid input");
+    let unfused =
+        burn_fused_ce::try_fused_cross_entropy(hidden.matmul(weight), targets_t, None, &options)
+            .expect("valid input");
+    let close = |a: Tensor<B, 1>, b: Tensor<B, 1>, what: &str| {
+        check_close(
+            &to_f64(a),
+            &to_f64(b),
+            1e-4,
+            &format!("seed={seed}: {what}"),
+        )
+    };
+    close(fused.loss, unfused.loss, "loss");
+    close(
+        fused.z_loss.expect("z-loss"),
+        unfused.z_loss.expect("z-loss"),
+        "z-loss",
+    );
+    close(
+        fused.accuracy.expect("accuracy"),
+        unfused.accuracy.expect("accuracy"),
+        "accuracy",
+    );
+    close(fused.lse.expect("lse"), unfused.lse.expect("lse"), "lse");
+    assert_eq!(
+        fused
+            .predicted
+            .expect("predicted")
+            .into_data()
+            .to_vec::<i32>()
+            .ok(),
+        unfused
+            .predicted
+            .expect("predicted")
+            .into_data()
+            .to_vec::<i32>()
+            .ok(),
+        "seed={seed}: predictions"
+    );
+}
+
+#[test]
+fn chunk_rows_follow_the_budget() {
+    let chunking = LinearChunking::default();
+    // 256 MiB of bf16 logits of 128256 classes: 1046 rows, a multiple of 16 below.
+    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 1040);
+    assert_eq!(chunking.rows_per_chunk(100, 128_256, DType::BF16), 100);
+    let small = LinearChunking {
+        logits_bytes: Some(1),
+        f32_weight_gradient: false,
+    };
+    assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
+    assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
+}
