@@ -427,17 +427,25 @@ pub(crate) fn zero_vectors<F: Float, N: Size>(
 /// Backward of the one pass: `grad *= g / guess` in place for a scalar incoming gradient
 /// `g` and the `guess` the one pass formed the gradient with, each cube taking rows in
 /// turn; every cube returns at once when the guess was right (a training loop's constant
-/// scale), so that case costs one near-empty launch and no host read.
+/// scale), so that case costs one near-empty launch and no host read. Also writes the
+/// next call's guess: `g` when it is finite and not 0 (a gradient formed for 0 or NaN
+/// could not be rescaled), else the same guess.
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn scale_gradient_kernel<F: Float, G: Float, N: Size>(
     grad: &mut Tensor<Vector<F, N>>,
     grad_output: &Tensor<G>,
     guess: &Tensor<f32>,
+    next_guess: &mut Tensor<f32>,
     #[comptime] cube_size: usize,
     #[define(F, G)] _dtypes: [StorageType; 2],
 ) {
     let incoming = f32::cast_from(grad_output[0]);
     let guessed = guess[0];
+    if CUBE_POS == 0 && UNIT_POS == 0 {
+        let usable =
+            !f32::is_nan(incoming) && !f32::is_inf(incoming) && incoming != f32::new(0.0);
+        next_guess[0] = select(usable, incoming, guessed);
+    }
     if incoming == guessed {
         terminate!();
     }

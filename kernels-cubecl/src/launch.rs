@@ -282,18 +282,18 @@ pub fn launch_one_pass<R: Runtime>(
 
 /// `grad *= g / guess` in place for a scalar incoming gradient `g` (`[1]`, any float type
 /// `grad_dtype`) and the f32 `guess [1]` the one pass formed `grad` with, skipped on the
-/// device when they are equal. `grad` is `[B, T, V]`.
+/// device when they are equal; the next guess into f32 `next_guess [1]`. `grad` is
+/// `[B, T, V]` with at least one row.
+#[allow(clippy::too_many_arguments)]
 pub fn launch_scale_gradient<R: Runtime>(
     client: &ComputeClient<R>,
     shape: RowLaunch,
     grad: TensorArg<R>,
     grad_output: TensorArg<R>,
     guess: TensorArg<R>,
+    next_guess: TensorArg<R>,
     grad_dtype: StorageType,
 ) {
-    if shape.rows == 0 {
-        return;
-    }
     let cube_size = shape.cube_size();
     // As many cubes as the device holds at once, each looping over rows: when the
     // guess was right every cube exits at once, and one cube per row would pay
@@ -318,6 +318,7 @@ pub fn launch_scale_gradient<R: Runtime>(
             grad,
             grad_output,
             guess,
+            next_guess,
             cube_size,
             [shape.float_dtype, grad_dtype],
         );

@@ -93,8 +93,9 @@ impl<B: FusedCrossEntropyBackend> Backward<B, 1> for FusedCrossEntropyBackward {
                 memory,
                 device,
             } => {
-                memory.remember::<B>(&device, grad_output.clone(), guess.clone());
-                B::scale_one_pass_gradient(grad, grad_output, guess)
+                let (grad, next) = B::scale_one_pass_gradient(grad, grad_output, guess);
+                memory.remember::<B>(&device, next);
+                grad
             }
         };
         grads.register::<B>(logits_node.id, grad_logits);

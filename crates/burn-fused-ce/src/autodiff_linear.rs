@@ -51,20 +51,21 @@ enum LinearState<B: FusedCrossEntropyBackend> {
 #[derive(Debug)]
 struct FusedLinearCrossEntropyBackward<const N: usize>;
 
-/// `grad * g / guess` for a gradient of any rank (the scale works on rows).
+/// `grad * g / guess` for a gradient of any rank (the scale works on rows), and the next
+/// guess.
 fn rescaled<B: FusedCrossEntropyBackend>(
     grad: FloatTensor<B>,
     grad_output: &FloatTensor<B>,
     guess: &FloatTensor<B>,
-) -> FloatTensor<B> {
+) -> (FloatTensor<B>, FloatTensor<B>) {
     let shape = grad.shape();
     let rows = if shape.num_dims() == 1 {
         B::float_reshape(grad, burn::tensor::Shape::new([1, shape[0]]))
     } else {
         grad
     };
-    let scaled = B::scale_one_pass_gradient(rows, grad_output.clone(), guess.clone());
-    B::float_reshape(scaled, shape)
+    let (scaled, next) = B::scale_one_pass_gradient(rows, grad_output.clone(), guess.clone());
+    (B::float_reshape(scaled, shape), next)
 }
 
 impl<B: FusedCrossEntropyBackend, const N: usize> Backward<B, N>
@@ -89,13 +90,14 @@ impl<B: FusedCrossEntropyBackend, const N: usize> Backward<B, N>
                 memory,
                 device,
             } => {
-                memory.remember::<B>(&device, grad_output.clone(), guess.clone());
+                let (weight, next) = rescaled::<B>(formed.weight, &grad_output, &guess);
+                memory.remember::<B>(&device, next);
                 LinearGradients {
-                    hidden: rescaled::<B>(formed.hidden, &grad_output, &guess),
-                    weight: rescaled::<B>(formed.weight, &grad_output, &guess),
+                    hidden: rescaled::<B>(formed.hidden, &grad_output, &guess).0,
+                    weight,
                     bias: formed
                         .bias
-                        .map(|bias| rescaled::<B>(bias, &grad_output, &guess)),
+                        .map(|bias| rescaled::<B>(bias, &grad_output, &guess).0),
                 }
             }
             LinearState::Rows {

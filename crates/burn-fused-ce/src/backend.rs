@@ -9,7 +9,7 @@ use burn::tensor::{
 
 pub use fused_ce_kernels::row_stat;
 
-use crate::incoming_guess::IncomingGuess;
+use crate::incoming_guess::{IncomingGuess, next_guess};
 use crate::linear::{LinearChunking, LinearInputs, linear_rows};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::target_check::PendingRead;
@@ -114,19 +114,24 @@ pub trait FusedCrossEntropyBackend: Backend {
 
     /// Backward of the one pass: `grad * g / guess` for the scalar incoming gradient `g`
     /// (`[1]`, any float dtype) and the `guess` (f32 `[1]`) the one pass formed `grad`
-    /// for. Cube backends leave `grad` as is on the device when `g` equals the guess.
+    /// for (`[N, V]` or `[B, T, V]`), and the guess for the next call (see
+    /// [`crate::incoming_guess::next_guess`]). Cube backends leave `grad` as is on the
+    /// device when `g` equals the guess, and form the next guess in the same launch.
     fn scale_one_pass_gradient(
         grad: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
         guess: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let dtype = grad.dtype();
-        let incoming = float::<Self, 1>(grad_output).cast(DType::F32).reshape([1]);
-        let scale = (incoming / float::<Self, 1>(guess)).cast(dtype);
-        match grad.shape().num_dims() {
+        let incoming = float::<Self, 1>(grad_output.clone())
+            .cast(DType::F32)
+            .reshape([1]);
+        let scale = (incoming / float::<Self, 1>(guess.clone())).cast(dtype);
+        let scaled = match grad.shape().num_dims() {
             2 => primitive(float::<Self, 2>(grad) * scale.reshape([1, 1])),
             _ => primitive(float::<Self, 3>(grad) * scale.reshape([1, 1, 1])),
-        }
+        };
+        (scaled, next_guess::<Self>(grad_output, guess))
     }
 
     /// The input check: `[first bad row, its target]` (`[2]`, the targets' int type) for

@@ -28,6 +28,7 @@ use crate::{
         CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale, Reduced, RowStats,
         TwoPassBackward, lse_row, reduce_stats,
     },
+    incoming_guess::next_guess,
     options::{CrossEntropyOptions, Reduction},
     target_check::PendingRead,
     test_hooks,
@@ -403,8 +404,12 @@ where
         grad: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
         guess: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let grad_shape = grad.shape();
+        let rows: usize = grad_shape.iter().take(grad_shape.num_dims() - 1).product();
+        if rows == 0 {
+            return (grad, next_guess::<Self>(grad_output, guess));
+        }
         // Scaled in place: the gradient is normally held by the autodiff state alone.
         let grad = if grad.can_mut() { grad } else { grad.copy() };
         let grad = rows_view(grad);
@@ -419,15 +424,17 @@ where
             settings: LossSettings::default(),
             tuning: KernelTuning::for_device(&grad.client),
         };
+        let next = f32_buffer(&grad, Shape::new([1]));
         launch_scale_gradient::<R>(
             &grad.client.clone(),
             shape,
             grad.clone().into_tensor_arg(),
             grad_output.clone().into_tensor_arg(),
             guess.into_tensor_arg(),
+            next.clone().into_tensor_arg(),
             grad_output.dtype.into(),
         );
-        reshaped(grad, grad_shape)
+        (reshaped(grad, grad_shape), next)
     }
 
     fn cross_entropy_backward(

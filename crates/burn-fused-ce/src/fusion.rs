@@ -176,13 +176,14 @@ struct ScaleOp<B> {
 
 impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for ScaleOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
-        let ([grad, grad_output, guess], [output]) = self.desc.as_fixed();
-        let scaled = B::scale_one_pass_gradient(
+        let ([grad, grad_output, guess], [output, next]) = self.desc.as_fixed();
+        let (scaled, next_guess) = B::scale_one_pass_gradient(
             handles.get_float_tensor::<B>(grad),
             handles.get_float_tensor::<B>(grad_output),
             handles.get_float_tensor::<B>(guess),
         );
         handles.register_float_tensor::<B>(&output.id, scaled);
+        handles.register_float_tensor::<B>(&next.id, next_guess);
     }
 }
 
@@ -349,24 +350,25 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         grad: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
         guess: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let client = grad.client.clone();
         let output = TensorIr::uninit(client.create_empty_handle(), grad.shape.clone(), grad.dtype);
+        let next = TensorIr::uninit(client.create_empty_handle(), Shape::new([1]), DType::F32);
         let streams = OperationStreams::with_inputs([&grad, &grad_output, &guess]);
         let desc = CustomOpIr::new(
             "fused_cross_entropy_scale_gradient",
             &[grad.into_ir(), grad_output.into_ir(), guess.into_ir()],
-            &[output],
+            &[output, next],
         );
         let op = ScaleOp::<B> {
             desc: desc.clone(),
             _backend: PhantomData,
         };
-        let [scaled] = client
+        let [scaled, next] = client
             .register(streams, OperationIr::Custom(desc), op)
             .try_into()
-            .unwrap_or_else(|_| unreachable!("the op declares one output"));
-        scaled
+            .unwrap_or_else(|_| unreachable!("the op declares two outputs"));
+        (scaled, next)
     }
 
     fn cross_entropy_backward(

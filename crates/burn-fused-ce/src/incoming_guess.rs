@@ -40,21 +40,9 @@ impl IncomingGuess {
             .unwrap_or_else(|| primitive(Tensor::<B, 1>::ones([1], (device, DType::F32))))
     }
 
-    /// Remembers the guess for the next call on `device`: the real incoming gradient
-    /// `incoming` (`[1]`, any float dtype) when it is finite and not 0, else `current`
-    /// (a gradient formed for 0 or NaN could not be rescaled). On the device.
-    pub(crate) fn remember<B: Backend>(
-        &self,
-        device: &B::Device,
-        incoming: FloatTensor<B>,
-        current: FloatTensor<B>,
-    ) {
-        let incoming = float::<B, 1>(incoming).cast(DType::F32).reshape([1]);
-        let usable = incoming
-            .clone()
-            .is_finite()
-            .bool_and(incoming.clone().not_equal_elem(0.0));
-        let next = primitive(float::<B, 1>(current).mask_where(usable, incoming));
+    /// Remembers `next` (f32 `[1]`, see [`next_guess`]) as the guess for the next call on
+    /// `device`.
+    pub(crate) fn remember<B: Backend>(&self, device: &B::Device, next: FloatTensor<B>) {
         let mut remembered = self.remembered.lock().unwrap_or_else(|e| e.into_inner());
         let existing = remembered
             .iter_mut()
@@ -68,6 +56,22 @@ impl IncomingGuess {
             })),
         }
     }
+}
+
+/// The guess for the next call after one whose real incoming gradient was `incoming`
+/// (`[1]`, any float dtype) and whose guess was `current` (f32 `[1]`): `incoming` when it
+/// is finite and not 0 (a gradient formed for 0 or NaN could not be rescaled), else
+/// `current`. On the device, with tensor ops (cube backends do it inside the rescale).
+pub(crate) fn next_guess<B: Backend>(
+    incoming: FloatTensor<B>,
+    current: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let incoming = float::<B, 1>(incoming).cast(DType::F32).reshape([1]);
+    let usable = incoming
+        .clone()
+        .is_finite()
+        .bool_and(incoming.clone().not_equal_elem(0.0));
+    primitive(float::<B, 1>(current).mask_where(usable, incoming))
 }
 
 impl core::fmt::Debug for IncomingGuess {
