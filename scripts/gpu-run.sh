@@ -5,7 +5,8 @@
 #
 #   gpu-bundle/run.sh LOGDIR [test-filter]
 #
-# SKIP_BENCH=1 leaves the bench out; SKIP_SUITE=1 the tests.
+# SKIP_SUITE=1, SKIP_ORACLE=1, SKIP_TRAIN=1 and SKIP_BENCH=1 leave those parts out;
+# TRAIN_ARGS gives the language model's flags (default: --size gpt2 --compare).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: run.sh LOGDIR [test-filter]}"; mkdir -p "$out"
@@ -29,7 +30,7 @@ if [ -z "${SKIP_SUITE:-}" ]; then
     grep -E "^test |test result|ok on|error" "$out/test-$name.log" | grep -v "^test .* ok$" | tail -15
   done
 fi
-if [ -x "$here/torch_oracle" ] && command -v python3 >/dev/null; then
+if [ -x "$here/torch_oracle" ] && [ -z "${SKIP_ORACLE:-}" ] && command -v python3 >/dev/null; then
   echo "== PyTorch oracle"
   if "$here/torch_oracle" /tmp/fused-ce-oracle > "$out/oracle.log" 2>&1; then
     python3 "$here/torch_check.py" /tmp/fused-ce-oracle > "$out/oracle-check.log" 2>&1
@@ -40,9 +41,10 @@ if [ -x "$here/torch_oracle" ] && command -v python3 >/dev/null; then
   [ $rc -eq 0 ] || status=$rc
   rm -rf /tmp/fused-ce-oracle
 fi
-if [ -x "$here/train_lm" ]; then
+if [ -x "$here/train_lm" ] && [ -z "${SKIP_TRAIN:-}" ]; then
   echo "== language model"
-  "$here/train_lm" ${TRAIN_ARGS:---big --compare} 2>&1 | tee "$out/train_lm.log" | tail -40
+  "$here/train_lm" ${TRAIN_ARGS:---size gpt2 --compare} --out "$out/train_lm" 2>&1 \
+    | tee "$out/train_lm.log" | grep -v "^\[" | tail -40
   [ ${PIPESTATUS[0]} -eq 0 ] || status=1
 fi
 if [ -x "$here/linear_head" ] && [ -z "${SKIP_BENCH:-}" ]; then

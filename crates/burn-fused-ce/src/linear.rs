@@ -259,14 +259,16 @@ impl<B: Backend> GradientSums<B> {
             .push(logits_grad.clone().matmul(typed.weight.clone().transpose()));
         let hidden_t = rows_of(&typed.hidden, start, end).transpose();
         let [width, vocab] = typed.weight.dims();
-        let sum = self.weight.take().unwrap_or_else(|| {
-            let dtype = if self.f32_weight_gradient {
-                DType::F32
-            } else {
-                typed.weight.dtype()
-            };
-            Tensor::zeros([width, vocab], (&typed.weight.device(), dtype))
-        });
+        let sum = match self.weight.take() {
+            // The first chunk's product is the sum so far, in the weight's dtype.
+            None if !self.f32_weight_gradient => {
+                self.weight = Some(hidden_t.matmul(logits_grad.clone()));
+                self.add_bias(typed, logits_grad);
+                return;
+            }
+            None => Tensor::zeros([width, vocab], (&typed.weight.device(), DType::F32)),
+            Some(sum) => sum,
+        };
         // `sum += h_c^T dlogits_c` a block of columns at a time, so the only temporary is
         // one block of the product (a whole [H, V] one would double the step's memory).
         let block = self.block_columns(width, vocab, typed.weight.dtype());
@@ -282,8 +284,16 @@ impl<B: Backend> GradientSums<B> {
             sum = sum.slice_assign(ranges, updated);
         }
         self.weight = Some(sum);
+        self.add_bias(typed, logits_grad);
+    }
+
+    /// The chunk's bias gradient (its column sums, in f32) into the sum.
+    fn add_bias(&mut self, typed: &Typed<B>, logits_grad: Tensor<B, 2>) {
         if typed.bias.is_some() {
-            let bias = logits_grad.sum_dim(0).reshape([vocab]).cast(DType::F32);
+            let bias = logits_grad
+                .sum_dim(0)
+                .reshape([typed.vocab()])
+                .cast(DType::F32);
             self.bias = Some(match self.bias.take() {
                 None => bias,
                 Some(sum) => sum + bias,
