@@ -9,7 +9,7 @@
 //! fixed costs cancel), each against its own floor (the copy measured the same way).
 //!
 //! `cargo bench --bench throughput` (Vulkan; small sizes) or, on a GPU,
-//! `CUDARC_CUDA_VERSION=13000 cargo bench --bench throughput --no-default-features --features cuda`
+//! `CUDARC_CUDA_VERSION=13000 cargo bench --bench throughput --no-default-features --features cuda,autotune`
 //! (LLM sizes). `FUSED_CE_BENCH_CASES=small|llm` overrides the choice of sizes.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -31,12 +31,13 @@ done
 "${build[@]}"
 "${build[@]}" --message-format=json 2>/dev/null \
   | python3 -c '
-import json, sys
+import json, os, sys
+root = os.path.abspath("Cargo.toml")
 for line in sys.stdin:
     msg = json.loads(line)
     if msg.get("reason") == "compiler-artifact" and msg.get("executable") \
             and msg["target"]["kind"][0] in ("test", "bench", "example") \
-            and msg["package_id"].split("#")[0].endswith("main"):
+            and os.path.abspath(msg.get("manifest_path", "")) == root:
         print(msg["target"]["name"], msg["executable"])
 ' | while read -r name exe; do
     cp "$exe" "$bundle/$name" && strip "$bundle/$name" && gzip -9 "$bundle/$name"

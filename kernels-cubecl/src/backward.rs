@@ -442,8 +442,7 @@ pub fn scale_gradient_kernel<F: Float, G: Float, N: Size>(
     let incoming = f32::cast_from(grad_output[0]);
     let guessed = guess[0];
     if CUBE_POS == 0 && UNIT_POS == 0 {
-        let usable =
-            !f32::is_nan(incoming) && !f32::is_inf(incoming) && incoming != f32::new(0.0);
+        let usable = !f32::is_nan(incoming) && !f32::is_inf(incoming) && incoming != f32::new(0.0);
         next_guess[0] = select(usable, incoming, guessed);
     }
     if incoming == guessed {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     backend::{
         ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, OnePassScale, RowStats,
-        TwoPassBackward, float, primitive,
+        TwoPassBackward, float, primitive, row_stat,
     },
     options::{CrossEntropyOptions, Reduction},
 };
@@ -112,8 +112,24 @@ fn chunks(rows: usize, per_chunk: usize) -> impl Iterator<Item = (usize, usize)>
         .map(move |start| (start, (start + per_chunk).min(rows)))
 }
 
-/// The per-row statistics of the chunks, as one `RowStats` over all rows.
-fn joined<B: Backend>(parts: Vec<RowStats<B>>, weighted: bool) -> RowStats<B> {
+/// The per-row statistics of the chunks, as one `RowStats` over all rows (none: zero
+/// rows, on `device`, with an empty argmax when `argmax`).
+fn joined<B: Backend>(
+    parts: Vec<RowStats<B>>,
+    weighted: bool,
+    argmax: bool,
+    device: &B::Device,
+) -> RowStats<B> {
+    if parts.is_empty() {
+        return RowStats {
+            stats: primitive(Tensor::<B, 2>::zeros(
+                [row_stat::COUNT, 0],
+                (device, DType::F32),
+            )),
+            predicted: argmax.then(|| Tensor::<B, 1, Int>::empty([0], device).into_primitive()),
+            weighted,
+        };
+    }
     let mut stats = Vec::with_capacity(parts.len());
     let mut predicted = Vec::with_capacity(parts.len());
     for part in parts {
@@ -195,7 +211,12 @@ pub(crate) fn linear_rows<B: FusedCrossEntropyBackend>(
             )
         })
         .collect();
-    joined(parts, inputs.class_weights.is_some())
+    joined(
+        parts,
+        inputs.class_weights.is_some(),
+        options.outputs.needs_argmax(),
+        &typed.hidden.device(),
+    )
 }
 
 /// The mean's denominators over all rows, f32 `[2]`: `D` (the targets' class weights over
@@ -363,7 +384,12 @@ pub(crate) fn linear_one_pass<B: FusedCrossEntropyBackend>(
         sums.add(&typed, start, end, float::<B, 2>(logits_grad));
     }
     (
-        joined(parts, inputs.class_weights.is_some()),
+        joined(
+            parts,
+            inputs.class_weights.is_some(),
+            options.outputs.needs_argmax(),
+            &typed.hidden.device(),
+        ),
         sums.finish(&typed),
     )
 }
