@@ -20,8 +20,8 @@ use burn::tensor::{
     DType, Distribution, Int, Tensor, TensorData, activation::log_softmax, backend::Backend,
 };
 use burn_fused_ce::{
-    CrossEntropyOptions, FastMath, GradientPlan, KernelTuning, Reduction, TargetCheck,
-    fused_cross_entropy, test_hooks,
+    CrossEntropyOptions, FastMath, FusedCrossEntropyLossConfig, GradientPlan, KernelTuning,
+    Reduction, TargetCheck, fused_cross_entropy, test_hooks,
 };
 use cubecl::Runtime as _;
 use fused_ce_suite::{AutodiffCube, CubeBackend, Device, RUNTIME_NAME, Runtime};
@@ -485,8 +485,23 @@ impl Bench {
         // A fresh copy per iteration, made outside the timed region and moved into the loss.
         let owned =
             || Tensor::<AutodiffCube, 2>::from_inner(logits.clone().mul_scalar(1.0)).require_grad();
+        // A loss module, as a training loop holds one: it remembers the incoming gradient
+        // the one pass guesses. With `FUSED_CE_TUNING` the functional form, which takes
+        // the tuning (and guesses 1).
+        let module = FusedCrossEntropyLossConfig::new()
+            .with_reduction(step_options.reduction)
+            .with_label_smoothing(step_options.label_smoothing)
+            .with_z_loss_scale(step_options.z_loss_scale)
+            .with_softcap(step_options.softcap)
+            .with_target_check(step_options.target_check)
+            .with_gradient_plan(step_options.gradient_plan)
+            .with_fast_math(step_options.fast_math)
+            .init::<AutodiffCube>(&self.device);
         self.measure(owned, |x| {
-            let loss = fused_cross_entropy(x, targets_ad(), &step_options);
+            let loss = match self.tuning {
+                None => module.forward(x, targets_ad()),
+                Some(_) => fused_cross_entropy(x, targets_ad(), &step_options),
+            };
             let loss = match incoming {
                 Incoming::One => loss,
                 Incoming::Scaled => loss * 0.25,
