@@ -124,7 +124,8 @@ pub(crate) fn forward_flat<B: FusedCrossEntropyBackend>(
 ) -> Result<FlatOutput<B>, CrossEntropyError> {
     let device = logits.device();
     let [rows, vocab] = logits.dims();
-    if via_module {
+    // The module takes no kernel tuning: a case that forces one runs through the function.
+    if via_module && options.tuning.is_none() {
         let o = options.clone();
         let module = FusedCrossEntropyLossConfig::new()
             .with_reduction(o.reduction)

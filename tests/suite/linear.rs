@@ -100,11 +100,12 @@ fn check_close(got: &[f64], expected: &[f64], bound: f64, context: &str) {
 }
 
 /// The bound for values that went through one matmul rounded to `dtype` on top of the
-/// loss's own (the loss's table bound, twice for half types).
+/// loss's own: the loss's table bound twice for half types; for f32, a matmul on tensor
+/// cores (TF32 operands, relative error near 3e-4) as CUDA runs it.
 fn bound(dtype: DType) -> f64 {
     let (_, grad) = tolerance(dtype);
     if dtype == DType::F32 {
-        1e-4
+        1e-3
     } else {
         2.0 * grad
     }

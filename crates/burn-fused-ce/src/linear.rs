@@ -36,9 +36,6 @@ pub struct LinearChunking {
 /// The default budget of one chunk's logits.
 const DEFAULT_LOGITS_BYTES: usize = 256 << 20;
 
-/// The most bytes of one block of the weight gradient's per-chunk product.
-const WEIGHT_BLOCK_BYTES: usize = 64 << 20;
-
 /// Fewest rows in a chunk, whatever the budget.
 const MIN_CHUNK_ROWS: usize = 16;
 
@@ -278,33 +275,21 @@ impl<B: Backend> GradientSums<B> {
     fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: Tensor<B, 2>) {
         self.hidden
             .push(logits_grad.clone().matmul(typed.weight.clone().transpose()));
-        let hidden_t = rows_of(&typed.hidden, start, end).transpose();
-        let [width, vocab] = typed.weight.dims();
-        let sum = match self.weight.take() {
-            // The first chunk's product is the sum so far, in the weight's dtype.
-            None if !self.f32_weight_gradient => {
-                self.weight = Some(hidden_t.matmul(logits_grad.clone()));
-                self.add_bias(typed, logits_grad);
-                return;
-            }
-            None => Tensor::zeros([width, vocab], (&typed.weight.device(), DType::F32)),
-            Some(sum) => sum,
+        // `grad_W += h_c^T dlogits_c`. Under Burn's fusion backend the add runs as the
+        // matmul's epilogue; the product is still a whole [H, V] buffer until then (an
+        // in-place accumulating matmul would save it).
+        let product = rows_of(&typed.hidden, start, end)
+            .transpose()
+            .matmul(logits_grad.clone());
+        let product = if self.f32_weight_gradient {
+            product.cast(DType::F32)
+        } else {
+            product
         };
-        // `sum += h_c^T dlogits_c` a block of columns at a time, so the only temporary is
-        // one block of the product (a whole [H, V] one would double the step's memory).
-        let block = self.block_columns(width, vocab, typed.weight.dtype());
-        let mut sum = sum;
-        for first in (0..vocab).step_by(block) {
-            let columns = block.min(vocab - first);
-            let product = hidden_t
-                .clone()
-                .matmul(logits_grad.clone().narrow(1, first, columns))
-                .cast(sum.dtype());
-            let ranges = [0..width, first..first + columns];
-            let updated = sum.clone().slice(ranges.clone()) + product;
-            sum = sum.slice_assign(ranges, updated);
-        }
-        self.weight = Some(sum);
+        self.weight = Some(match self.weight.take() {
+            None => product,
+            Some(sum) => sum + product,
+        });
         self.add_bias(typed, logits_grad);
     }
 
@@ -320,13 +305,6 @@ impl<B: Backend> GradientSums<B> {
                 Some(sum) => sum + bias,
             });
         }
-    }
-
-    /// Columns of one block of the weight gradient's product: about
-    /// [`WEIGHT_BLOCK_BYTES`], a multiple of 128.
-    fn block_columns(&self, width: usize, vocab: usize, dtype: DType) -> usize {
-        let columns = WEIGHT_BLOCK_BYTES / (width * dtype.size()).max(1);
-        (columns - columns % 128).max(128).min(vocab.max(1))
     }
 
     /// The sums in the dtypes of what they are the gradients of.
