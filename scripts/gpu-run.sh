@@ -9,15 +9,15 @@
 # TRAIN_ARGS gives the language model's flags (default: --size gpt2 --compare).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: run.sh LOGDIR [test-filter]}"; mkdir -p "$out"
+logs="${1:?usage: run.sh LOGDIR [test-filter]}"; mkdir -p "$logs"
 filter="${2:-}"
 # The bundle carries gzipped executables.
 for packed in "$here"/*.gz; do
   [ -e "$packed" ] || continue
   gunzip -f "$packed" && chmod +x "${packed%.gz}"
 done
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
-cat "$out/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$logs/gpu.txt" 2>&1
+cat "$logs/gpu.txt"
 status=0
 if [ -z "${SKIP_SUITE:-}" ]; then
   for test in "$here"/*; do
@@ -25,35 +25,35 @@ if [ -z "${SKIP_SUITE:-}" ]; then
     case "$name" in logs|throughput|linear_head|torch_oracle|train_lm|host_overhead|*.sh|*.py|*.txt|*.gz|*.toml) continue ;; esac
     echo "== test $name"
     # One test thread: the LLM-sized cases each hold several GB of device memory.
-    "$test" --test-threads=1 $filter > "$out/test-$name.log" 2>&1
+    "$test" --test-threads=1 $filter > "$logs/test-$name.log" 2>&1
     rc=$?; [ $rc -eq 0 ] || status=$rc
-    grep -E "^test |test result|ok on|error" "$out/test-$name.log" | grep -v "^test .* ok$" | tail -15
+    grep -E "^test |test result|ok on|error" "$logs/test-$name.log" | grep -v "^test .* ok$" | tail -15
   done
 fi
 if [ -x "$here/torch_oracle" ] && [ -z "${SKIP_ORACLE:-}" ] && command -v python3 >/dev/null; then
   echo "== PyTorch oracle"
-  if "$here/torch_oracle" /tmp/fused-ce-oracle > "$out/oracle.log" 2>&1; then
-    python3 "$here/torch_check.py" /tmp/fused-ce-oracle > "$out/oracle-check.log" 2>&1
-    rc=$?; cat "$out/oracle-check.log"
+  if "$here/torch_oracle" /tmp/fused-ce-oracle > "$logs/oracle.log" 2>&1; then
+    python3 "$here/torch_check.py" /tmp/fused-ce-oracle > "$logs/oracle-check.log" 2>&1
+    rc=$?; cat "$logs/oracle-check.log"
   else
-    rc=1; tail -5 "$out/oracle.log"
+    rc=1; tail -5 "$logs/oracle.log"
   fi
   [ $rc -eq 0 ] || status=$rc
   rm -rf /tmp/fused-ce-oracle
 fi
 if [ -x "$here/train_lm" ] && [ -z "${SKIP_TRAIN:-}" ]; then
   echo "== language model"
-  "$here/train_lm" ${TRAIN_ARGS:---size gpt2 --compare} --out "$out/train_lm" 2>&1 \
-    | tee "$out/train_lm.log" | grep -v "^\[" | tail -40
+  "$here/train_lm" ${TRAIN_ARGS:---size gpt2 --compare} --out "$logs/train_lm" 2>&1 \
+    | tee "$logs/train_lm.log" | grep -v "^\[" | tail -40
   [ ${PIPESTATUS[0]} -eq 0 ] || status=1
 fi
 if [ -x "$here/linear_head" ] && [ -z "${SKIP_BENCH:-}" ]; then
   echo "== LM head bench"
-  FUSED_CE_BENCH_OUT="$out" "$here/linear_head" --bench 2>&1 | tee "$out/linear_head.log" | tail -12
+  FUSED_CE_BENCH_OUT="$logs" "$here/linear_head" --bench 2>&1 | tee "$logs/linear_head.log" | tail -12
 fi
 if [ -x "$here/throughput" ] && [ -z "${SKIP_BENCH:-}" ]; then
   echo "== bench"
-  FUSED_CE_BENCH_OUT="$out" FUSED_CE_BENCH_DEVICE="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-    "$here/throughput" --bench 2>&1 | tee "$out/bench.log" | tail -40
+  FUSED_CE_BENCH_OUT="$logs" FUSED_CE_BENCH_DEVICE="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    "$here/throughput" --bench 2>&1 | tee "$logs/bench.log" | tail -40
 fi
 exit $status

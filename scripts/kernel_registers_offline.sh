@@ -11,7 +11,7 @@
 #   SASS: cuobjdump and nvdisasm 13.2 wheels, fetched once; scripts/sass_loops.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-target/cuda-source}"
+sources="${1:-target/cuda-source}"
 cache="${HOME}/.cache/fused-ce-nvidia"
 root="$cache/nvidia/cu13"
 if [ ! -x "$root/bin/ptxas" ] || [ ! -e "$root/lib/libnvrtc.so.13" ]; then
@@ -23,8 +23,8 @@ if [ ! -x "$root/bin/ptxas" ] || [ ! -e "$root/lib/libnvrtc.so.13" ]; then
   chmod +x "$root"/bin/*
 fi
 scripts/with-vulkan.sh cargo run -q -p fused-ce-kernels --features cuda-source \
-  --example cuda_source -- "$out" > /dev/null
-LD_LIBRARY_PATH="$root/lib" NVIDIA_ROOT="$root" python3 scripts/nvrtc_registers.py "$out"/*.cu
+  --example cuda_source -- "$sources" > /dev/null
+LD_LIBRARY_PATH="$root/lib" NVIDIA_ROOT="$root" python3 scripts/nvrtc_registers.py "$sources"/*.cu
 if [ -n "${SASS:-}" ]; then
   if [ ! -x "$root/bin/cuobjdump" ] || [ ! -x "$root/bin/nvdisasm" ]; then
     python3 -m pip download --no-deps -q -d "$cache/wheels" \
@@ -34,7 +34,7 @@ if [ -n "${SASS:-}" ]; then
     done
     chmod +x "$root"/bin/*
   fi
-  for cubin in "$out"/*.cubin; do
+  for cubin in "$sources"/*.cubin; do
     echo "== $(basename "$cubin" .cubin)"
     PATH="$root/bin:$PATH" cuobjdump -sass "$cubin" > "${cubin%.cubin}.sass"
     python3 scripts/sass_loops.py "${cubin%.cubin}.sass"
