@@ -10,11 +10,19 @@ use burn::{
     tensor::{Distribution, Int, Tensor, TensorData},
 };
 use burn_fused_ce::{FusedCrossEntropyLossConfig, Reduction};
-use fused_ce_suite::{DefaultBackend, RUNTIME_NAME};
 
 /// What a Burn user has: `burn::backend::Wgpu` (or `Cuda`) with its default fusion, under
 /// autodiff.
-type B = Autodiff<DefaultBackend>;
+#[cfg(not(feature = "cuda"))]
+type Gpu = burn::backend::Wgpu;
+#[cfg(feature = "cuda")]
+type Gpu = burn::backend::Cuda;
+type B = Autodiff<Gpu>;
+const RUNTIME_NAME: &str = if cfg!(feature = "cuda") {
+    "CUDA"
+} else {
+    "wgpu"
+};
 
 fn main() {
     let device = Default::default();
