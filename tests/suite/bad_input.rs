@@ -403,8 +403,8 @@ fn invalid_options_are_refused() {
     }
 }
 
-/// A negative or non-finite class weight: checked on the device by the function (with
-/// `check_targets`), on the host by `try_init`.
+/// A negative or non-finite class weight: checked on the device by the function (on
+/// every call, whatever the target check), on the host by `try_init`.
 #[test]
 fn invalid_class_weights_are_refused() {
     let device = Device::default();
@@ -649,7 +649,7 @@ fn empty_batch_on_every_backend() {
     check_empty::<NdArray>();
 }
 
-/// `check_targets: false` on the fusion backend and NdArray too: a NaN loss and a zero
+/// `TargetCheck::Off` on the fusion backend and NdArray too: a NaN loss and a zero
 /// gradient row for the bad rows only (the plain backend is in contract.rs).
 #[test]
 fn unchecked_out_of_range_target_on_other_backends() {

@@ -766,7 +766,7 @@ fn confident_prediction_keeps_target_gradient() {
     }
 }
 
-/// With `check_targets: false`, a target outside `[0, V)` that is not the ignore index:
+/// With `TargetCheck::Off`, a target outside `[0, V)` that is not the ignore index:
 /// that row's loss is NaN and its gradient row zero; other rows are unaffected and
 /// nothing is read out of bounds (with class weights too, which the kernel indexes by
 /// target).
