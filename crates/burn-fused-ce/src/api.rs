@@ -271,11 +271,7 @@ fn check_linear_shapes<B: Backend, const DH: usize, const DT: usize>(
 ) -> Result<(usize, usize), CrossEntropyError> {
     let hidden_dims = hidden.dims();
     let target_dims = targets.dims();
-    if !(DH == 2 || DH == 3) || DT + 1 != DH || hidden_dims[..DT] != target_dims[..] {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "expected hidden states [N, H] with targets [N], or [B, T, H] with [B, T]; got hidden states {hidden_dims:?} and targets {target_dims:?}"
-        )));
-    }
+    check_rows(&hidden_dims, &target_dims, "hidden states", "H")?;
     let [width, vocab] = weight.dims();
     if hidden_dims[DH - 1] != width {
         return Err(CrossEntropyError::ShapeMismatch(format!(
@@ -299,14 +295,7 @@ fn check_linear_shapes<B: Backend, const DH: usize, const DT: usize>(
             weight.dims()
         )));
     }
-    if let Some(weights) = class_weights
-        && weights.dims() != [vocab]
-    {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "class weights have shape {:?}, expected [{vocab}] (one per class)",
-            weights.dims()
-        )));
-    }
+    check_class_weights(class_weights, vocab)?;
     for (name, dtype) in [
         ("hidden states", hidden.dtype()),
         ("weight", weight.dtype()),
@@ -327,6 +316,41 @@ fn check_linear_shapes<B: Backend, const DH: usize, const DT: usize>(
     Ok((rows, vocab))
 }
 
+/// An input of rows `[N, last]` with targets `[N]`, or `[B, T, last]` with `[B, T]`.
+fn check_rows(
+    input_dims: &[usize],
+    target_dims: &[usize],
+    input: &str,
+    last: &str,
+) -> Result<(), CrossEntropyError> {
+    let rank = input_dims.len();
+    if !(rank == 2 || rank == 3)
+        || target_dims.len() + 1 != rank
+        || input_dims[..rank - 1] != target_dims[..]
+    {
+        return Err(CrossEntropyError::ShapeMismatch(format!(
+            "expected {input} [N, {last}] with targets [N], or [B, T, {last}] with [B, T]; got {input} {input_dims:?} and targets {target_dims:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Class weights, when given, are `[vocab]`: one per class.
+fn check_class_weights<B: Backend>(
+    class_weights: Option<&Tensor<B, 1>>,
+    vocab: usize,
+) -> Result<(), CrossEntropyError> {
+    match class_weights {
+        Some(weights) if weights.dims() != [vocab] => {
+            Err(CrossEntropyError::ShapeMismatch(format!(
+                "class weights have shape {:?}, expected [{vocab}] (one per class)",
+                weights.dims()
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Logits `[N, V]` with targets `[N]`, or `[B, T, V]` with `[B, T]`; weights `[V]`.
 /// Returns `(N, V)`.
 fn check_shapes<B: Backend, const DL: usize, const DT: usize>(
@@ -336,11 +360,7 @@ fn check_shapes<B: Backend, const DL: usize, const DT: usize>(
 ) -> Result<(usize, usize), CrossEntropyError> {
     let logits_dims = logits.dims();
     let target_dims = targets.dims();
-    if !(DL == 2 || DL == 3) || DT + 1 != DL || logits_dims[..DT] != target_dims[..] {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "expected logits [N, V] with targets [N], or [B, T, V] with [B, T]; got logits {logits_dims:?} and targets {target_dims:?}"
-        )));
-    }
+    check_rows(&logits_dims, &target_dims, "logits", "V")?;
     let vocab = logits_dims[DL - 1];
     let rows: usize = target_dims.iter().product();
     if rows > 0 && vocab == 0 {
@@ -348,14 +368,7 @@ fn check_shapes<B: Backend, const DL: usize, const DT: usize>(
             "logits {logits_dims:?} have no classes"
         )));
     }
-    if let Some(weights) = class_weights
-        && weights.dims() != [vocab]
-    {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "class weights have shape {:?}, expected [{vocab}] (one per class)",
-            weights.dims()
-        )));
-    }
+    check_class_weights(class_weights, vocab)?;
     if !logits.dtype().is_float() {
         return Err(CrossEntropyError::ShapeMismatch(format!(
             "logits must be floats, got {:?}",
