@@ -331,7 +331,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         vocab: usize,
         ignore_index: i64,
     ) -> PendingRead {
-        let device = targets.client.device().clone();
+        let client = targets.client.clone();
         let slot = ReadSlot::default();
         // The result tensor is not needed here: the op hands its read to the slot.
         drop(register_check::<B>(
@@ -340,10 +340,9 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             ignore_index,
             Some(slot.clone()),
         ));
-        // A blocking wait first runs what the stream holds, the check included.
-        PendingRead::new(SlotRead { slot }).flushed_by(move || {
-            let _ = <Fusion<B> as burn::tensor::backend::Backend>::sync(&device);
-        })
+        // A blocking wait first runs what this thread's stream holds, the check included,
+        // without waiting for the device.
+        PendingRead::new(SlotRead { slot }).flushed_by(move || client.sync(|| ()))
     }
 
     fn scale_one_pass_gradient(

@@ -76,12 +76,12 @@ pub enum TargetCheck {
     /// No check.
     Off,
     /// The device checks every call's targets and the host reads the result later,
-    /// without waiting for the call's kernels: a bad target makes a later call of the
-    /// loss on the same thread return [`CrossEntropyError::TargetOutOfRange`] (panic in
-    /// `forward`), normally the next one (on CUDA always the next one), before it
-    /// computes anything; [`crate::wait_for_target_checks`] waits for every pending check
-    /// and returns the error at once. The call that received the bad target runs as with
-    /// the check off.
+    /// without waiting for the call's kernels: a bad target makes the second later call
+    /// of the loss on the same thread return [`CrossEntropyError::TargetOutOfRange`]
+    /// (panic in `forward`) before it computes anything;
+    /// [`crate::wait_for_target_checks`] waits for every pending check and returns the
+    /// error at once. The call that received the bad target, and the one after it, run
+    /// as with the check off.
     #[default]
     Deferred,
     /// The device checks the targets and the host waits for the result: the call itself

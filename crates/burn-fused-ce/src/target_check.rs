@@ -1,12 +1,12 @@
 //! Deferred target checks ([`TargetCheck::Deferred`]): each call's check runs on the
-//! device and its small result is read back without waiting; the host looks at it at a
-//! later call of the loss on the same thread, or when asked to wait.
+//! device and its small result is read back without waiting; the host looks at it two
+//! calls of the loss later on the same thread, or when asked to wait.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use burn::tensor::{TensorData, backend::ExecutionError};
 
@@ -41,12 +41,6 @@ impl PendingRead {
         }
     }
 
-    /// The result if the read has finished, without waiting (on CUDA, a read queued
-    /// behind unfinished kernels waits for them).
-    fn poll_once(&mut self) -> Poll<Result<TensorData, ExecutionError>> {
-        Pin::new(self).poll(&mut Context::from_waker(Waker::noop()))
-    }
-
     /// Waits for the result.
     fn wait(mut self) -> Result<TensorData, ExecutionError> {
         if let Some(flush) = self.before_wait.take() {
@@ -72,8 +66,12 @@ pub struct PendingTargetCheck {
     pub vocab: usize,
 }
 
-/// Checks kept pending at most: past this, a call waits for the oldest.
-const MOST_PENDING: usize = 4;
+/// Checks a call leaves pending: those of the calls just before it. Waiting for the
+/// previous call's check would let the device run dry: that call's loss kernels sit
+/// behind its check and may not have reached the device yet (cubecl batches launches),
+/// so the host would sleep while the device idles. The check two calls back is behind
+/// a whole step of queued work and has normally run by then.
+const LEFT_PENDING: usize = 1;
 
 thread_local! {
     static PENDING: RefCell<VecDeque<PendingTargetCheck>> = const { RefCell::new(VecDeque::new()) };
@@ -99,34 +97,28 @@ fn verdict(
     }
 }
 
-/// Looks at the pending checks of this thread, oldest first, as far as they have finished
-/// (waiting for the oldest while more than [`MOST_PENDING`] are pending), and returns the
-/// first bad target found. On CUDA a check's read is finished once the device has run it,
-/// which it has by the next call in a training loop; elsewhere a read may take longer.
+/// Waits for the pending checks of this thread but the newest [`LEFT_PENDING`], oldest
+/// first, and returns the first bad target found.
 pub(crate) fn surface_finished() -> Result<(), CrossEntropyError> {
-    PENDING.with(|pending| {
+    let due: Vec<PendingTargetCheck> = PENDING.with(|pending| {
         let mut pending = pending.borrow_mut();
-        let mut found = Ok(());
-        while let Some(mut check) = pending.pop_front() {
-            let (rows, vocab) = (check.rows, check.vocab);
-            let result = if pending.len() >= MOST_PENDING {
-                check.read.wait()
-            } else {
-                match check.read.poll_once() {
-                    Poll::Ready(result) => result,
-                    Poll::Pending => {
-                        pending.push_front(check);
-                        break;
-                    }
-                }
-            };
-            let verdict = verdict(result, rows, vocab);
-            if found.is_ok() {
-                found = verdict;
-            }
+        let due = pending.len().saturating_sub(LEFT_PENDING);
+        pending.drain(..due).collect()
+    });
+    first_error(due)
+}
+
+/// Waits for `checks` and returns the first bad target among them.
+fn first_error(checks: Vec<PendingTargetCheck>) -> Result<(), CrossEntropyError> {
+    let mut found = Ok(());
+    for check in checks {
+        let (rows, vocab) = (check.rows, check.vocab);
+        let verdict = verdict(check.read.wait(), rows, vocab);
+        if found.is_ok() {
+            found = verdict;
         }
-        found
-    })
+    }
+    found
 }
 
 /// Keeps a call's check until a later call, or [`wait_for_target_checks`], looks at it.
@@ -139,15 +131,5 @@ pub(crate) fn defer(check: PendingTargetCheck) {
 /// first. Call it where a training loop syncs anyway (after the last step, before
 /// reading the loss) to learn of a bad target at once.
 pub fn wait_for_target_checks() -> Result<(), CrossEntropyError> {
-    let checks: Vec<PendingTargetCheck> =
-        PENDING.with(|pending| pending.borrow_mut().drain(..).collect());
-    let mut found = Ok(());
-    for check in checks {
-        let (rows, vocab) = (check.rows, check.vocab);
-        let verdict = verdict(check.read.wait(), rows, vocab);
-        if found.is_ok() {
-            found = verdict;
-        }
-    }
-    found
+    first_error(PENDING.with(|pending| pending.borrow_mut().drain(..).collect()))
 }
