@@ -6,7 +6,9 @@
 #   gpu-bundle/run.sh LOGDIR [test-filter]
 #
 # SKIP_SUITE=1, SKIP_ORACLE=1, SKIP_TRAIN=1 and SKIP_BENCH=1 leave those parts out;
-# TRAIN_ARGS gives the language model's flags (default: --size gpt2 --compare).
+# TRAIN_ARGS gives the language model's flags (default: --size gpt2 --compare);
+# TEST_THREADS runs that many tests at once (default 1: the LLM-sized cases each hold
+# several GB of device memory).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${1:?usage: run.sh LOGDIR [test-filter]}"; mkdir -p "$logs"
@@ -24,8 +26,7 @@ if [ -z "${SKIP_SUITE:-}" ]; then
     name="$(basename "$test")"
     case "$name" in logs|throughput|linear_head|torch_oracle|train_lm|host_overhead|*.sh|*.py|*.txt|*.gz|*.toml) continue ;; esac
     echo "== test $name"
-    # One test thread: the LLM-sized cases each hold several GB of device memory.
-    "$test" --test-threads=1 $filter > "$logs/test-$name.log" 2>&1
+    "$test" --test-threads="${TEST_THREADS:-1}" $filter > "$logs/test-$name.log" 2>&1
     rc=$?; [ $rc -eq 0 ] || status=$rc
     grep -E "^test |test result|ok on|error" "$logs/test-$name.log" | grep -v "^test .* ok$" | tail -15
   done
