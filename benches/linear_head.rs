@@ -3,7 +3,9 @@
 //! its autotuned matmuls, as users run it): Burn's matmul and stock `CrossEntropyLoss`,
 //! Burn's matmul and our fused loss, and our fused linear cross-entropy (chunked, logits
 //! never whole). Per case: the median step time, its matmul rate (6 N H V flops a step),
-//! and the device memory one step adds to the pool beyond its inputs.
+//! and the device memory one step adds to the pool beyond its inputs. Then each matmul of
+//! the step alone, on all rows and on one chunk of the fused linear cross-entropy's rows,
+//! to show where the fused step's time goes.
 //!
 //! `cargo bench --bench linear_head` (Vulkan; small sizes) or, on a GPU,
 //! `CUDARC_CUDA_VERSION=13000 cargo bench --bench linear_head --no-default-features
@@ -18,7 +20,9 @@ use std::time::Instant;
 use burn::backend::Autodiff;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Distribution, Int, Tensor, TensorData, backend::Backend};
-use burn_fused_ce::{FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig};
+use burn_fused_ce::{
+    FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, LinearChunking,
+};
 use cubecl::Runtime as _;
 use fused_ce_suite::{DefaultBackend, Device, RUNTIME_NAME, Runtime};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -116,7 +120,7 @@ fn main() {
         "| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | pool growth MiB |\n|---|---|---|---:|---:|---:|---:|\n",
     );
     let mut csv = String::from("rows,width,vocab,dtype,way,step_ms,tflops,pool_growth_mib\n");
-    for (rows, width, vocab, dtype) in cases {
+    for &(rows, width, vocab, dtype) in &cases {
         let hidden = Tensor::<DefaultBackend, 2>::random(
             [rows, width],
             Distribution::Uniform(-1.0, 1.0),
@@ -204,6 +208,8 @@ fn main() {
             Runtime::client(&device).memory_cleanup();
         }
     }
+    let matmul_table = matmul_breakdown(&cases, warmup, reps, &device);
+    table += &matmul_table;
     let out =
         std::env::var("FUSED_CE_BENCH_OUT").unwrap_or_else(|_| "target/fused-ce-bench".into());
     let written = std::fs::create_dir_all(&out)
@@ -213,4 +219,69 @@ fn main() {
         Ok(()) => println!("results: {out}/linear_head.{{md,csv}}"),
         Err(error) => println!("could not write the results to {out}: {error}"),
     }
+}
+
+/// Each matmul of the head's training step alone, on the inner fusion backend: on all `N`
+/// rows (the unfused head) and on one chunk of the rows the fused linear cross-entropy
+/// takes at a time (its default chunking), written as the fused op writes them; the
+/// weight gradient's chunk product also with the add into the running sum.
+fn matmul_breakdown(cases: &[Case], warmup: usize, reps: usize, device: &Device) -> String {
+    type F = DefaultBackend;
+    type Run<'a> = dyn Fn() + 'a;
+    let mut table =
+        String::from("\n| N x H x V | rows | matmul | ms | TFLOP/s |\n|---|---:|---|---:|---:|\n");
+    println!("each matmul of the step alone (the weight gradient's add included where named)");
+    for &(rows, width, vocab, dtype) in cases {
+        let chunk = LinearChunking::default().rows_per_chunk(rows, vocab, dtype);
+        let uniform = Distribution::Uniform(-1.0, 1.0);
+        let weight = Tensor::<F, 2>::random([width, vocab], uniform, device).cast(dtype);
+        let sum = Tensor::<F, 2>::random([width, vocab], uniform, device).cast(dtype);
+        for part in [rows, chunk] {
+            let hidden = Tensor::<F, 2>::random([part, width], uniform, device).cast(dtype);
+            let grad = Tensor::<F, 2>::random([part, vocab], uniform, device).cast(dtype);
+            let flops = 2.0 * part as f64 * width as f64 * vocab as f64;
+            let matmuls: [(&str, Box<Run>); 4] = [
+                (
+                    "logits = h W",
+                    Box::new(|| drop(hidden.clone().matmul(weight.clone()))),
+                ),
+                (
+                    "grad_h = dlogits W^T",
+                    Box::new(|| drop(grad.clone().matmul(weight.clone().transpose()))),
+                ),
+                (
+                    "grad_W = h^T dlogits",
+                    Box::new(|| drop(hidden.clone().transpose().matmul(grad.clone()))),
+                ),
+                (
+                    "grad_W = sum + h^T dlogits",
+                    Box::new(|| {
+                        drop(sum.clone() + hidden.clone().transpose().matmul(grad.clone()))
+                    }),
+                ),
+            ];
+            for (name, run) in matmuls {
+                let case = format!("{rows} x {width} x {vocab}");
+                match measure(device, warmup, reps, &*run) {
+                    Some(m) => {
+                        let tflops = flops / (m.median_ms / 1e3) / 1e12;
+                        println!(
+                            "{case:<22} {part:>6} rows  {name:<28} {:>8.3} ms {tflops:>7.1} TFLOP/s",
+                            m.median_ms
+                        );
+                        table += &format!(
+                            "| {case} | {part} | {name} | {:.3} | {tflops:.1} |\n",
+                            m.median_ms
+                        );
+                    }
+                    None => println!("{case:<22} {part:>6} rows  {name:<28} did not run"),
+                }
+            }
+            if part == chunk {
+                break;
+            }
+        }
+        Runtime::client(device).memory_cleanup();
+    }
+    table
 }
