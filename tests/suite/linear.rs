@@ -580,3 +580,54 @@ fn chunk_rows_follow_the_budget() {
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
 }
+
+/// An empty batch: the loss's `N = 0` results (0 for `Mean` and `Sum`, an empty tensor for
+/// `None`), and for `Mean` and `Sum` a backward that gives an empty hidden-state gradient
+/// and a zero weight and bias gradient.
+fn check_empty_batch<I: FusedCrossEntropyBackend>()
+where
+    I::Device: Default,
+{
+    type B<I> = Autodiff<I>;
+    let device = I::Device::default();
+    let (width, vocab) = (8, 41);
+    for reduction in REDUCTIONS {
+        let context = format!("{} {reduction:?}", short_name::<I>());
+        let hidden = Tensor::<B<I>, 2>::empty([0, width], &device).require_grad();
+        let weight = Tensor::<B<I>, 2>::ones([width, vocab], &device).require_grad();
+        let bias = Tensor::<B<I>, 1>::ones([vocab], &device).require_grad();
+        let targets = targets_tensor::<B<I>>(&[], &device);
+        let out = try_fused_linear_cross_entropy(
+            hidden.clone(),
+            weight.clone(),
+            Some(bias.clone()),
+            targets,
+            None,
+            &CrossEntropyOptions::new(reduction),
+            &LinearChunking::default(),
+        )
+        .unwrap_or_else(|e| panic!("{context}: refused: {e}"));
+        if reduction == Reduction::None {
+            // Not read back: Burn 0.21 on CUDA cannot read an empty tensor (alignment).
+            assert_eq!(out.loss.dims(), [0], "{context}");
+            continue;
+        }
+        assert_eq!(to_f64(out.loss.clone().inner()), vec![0.0], "{context}");
+        let grads = out.loss.backward();
+        let grad_hidden = hidden.grad(&grads).expect("a hidden-state gradient");
+        assert_eq!(grad_hidden.dims(), [0, width], "{context}");
+        let grad_weight = to_f64(weight.grad(&grads).expect("a weight gradient"));
+        assert!(grad_weight.iter().all(|v| *v == 0.0), "{context}: weight");
+        let grad_bias = to_f64(bias.grad(&grads).expect("a bias gradient"));
+        assert!(grad_bias.iter().all(|v| *v == 0.0), "{context}: bias");
+    }
+}
+
+#[test]
+fn empty_batch() {
+    poisoned();
+    let _backward = shared_device();
+    check_empty_batch::<CubeBackend>();
+    check_empty_batch::<DefaultBackend>();
+    check_empty_batch::<NdArray>();
+}
