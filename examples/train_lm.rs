@@ -14,7 +14,9 @@
 //! stock|fused|linear` (default linear), `--compare` (the same seeded model trained the
 //! three ways, curves and a table), `--max-batch` (with `--compare`: the largest batch
 //! each way fits on the device, by bisection, a few steps per try), `--dtype f32|bf16`
-//! (bf16 on CUDA), `--out DIR` (plots and tables; default target/train_lm).
+//! (bf16 on CUDA), `--devices N` (data parallel: each global batch split over N replicas
+//! on the first N GPUs through burn-collective; on wgpu the replicas share the device),
+//! `--out DIR` (plots and tables; default target/train_lm).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -23,11 +25,11 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_fused_ce::FusedCrossEntropyBackend;
 use cubecl::Runtime as _;
 use fused_ce_suite::{
-    DefaultBackend, Device, RUNTIME_NAME, Runtime,
+    DefaultBackend, Device, RUNTIME_NAME, Runtime, devices,
     lm::{
         Corpus, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, StepLog, Vocabulary, initial_model,
         plot::{Curve, loss_curves_svg},
-        sample, train,
+        sample, train, train_data_parallel,
     },
 };
 use indicatif::{ProgressBar, ProgressStyle};
@@ -41,6 +43,7 @@ struct Args {
     kinds: Vec<LossKind>,
     max_batch: bool,
     bf16: bool,
+    devices: usize,
     out: PathBuf,
 }
 
@@ -104,6 +107,7 @@ fn parse_args() -> Result<Args, String> {
         kinds,
         max_batch: flag("--max-batch"),
         bf16,
+        devices: number("--devices")?.unwrap_or(1).max(1),
         out: PathBuf::from(value("--out").unwrap_or("target/train_lm")),
     })
 }
@@ -192,27 +196,47 @@ where
                 .progress_chars("=> "),
         );
         progress.set_prefix(kind.name());
-        let (logs, model) = train::<B>(
-            &config,
-            &run,
-            kind,
-            start.clone(),
-            &corpus,
-            &device,
-            |step, log| {
-                let tokens_per_second = log.tokens as f64 / log.seconds;
-                let message = format!(
-                    "loss {:.4}, {tokens_per_second:.0} tokens/s, {:.0} MiB",
-                    log.loss,
-                    reserved()
-                );
-                progress.set_message(message.clone());
-                progress.inc(1);
-                if step % 10 == 0 || step + 1 == run.steps {
-                    progress.suspend(|| println!("[{}] step {step:4}: {message}", kind.name()));
+        let on_step = |step: usize, log: &StepLog| {
+            let tokens_per_second = log.tokens as f64 / log.seconds;
+            let message = format!(
+                "loss {:.4}, {tokens_per_second:.0} tokens/s, {:.0} MiB",
+                log.loss,
+                reserved()
+            );
+            progress.set_message(message.clone());
+            progress.inc(1);
+            if step.is_multiple_of(10) || step + 1 == run.steps {
+                progress.suspend(|| println!("[{}] step {step:4}: {message}", kind.name()));
+            }
+        };
+        let (logs, model) = if args.devices > 1 {
+            let devices = devices(args.devices);
+            match train_data_parallel::<B>(
+                &config,
+                &run,
+                kind,
+                start.clone(),
+                &corpus,
+                &devices,
+                on_step,
+            ) {
+                Ok(trained) => trained,
+                Err(error) => {
+                    eprintln!("train_lm: {error}");
+                    std::process::exit(2);
                 }
-            },
-        );
+            }
+        } else {
+            train::<B>(
+                &config,
+                &run,
+                kind,
+                start.clone(),
+                &corpus,
+                &device,
+                on_step,
+            )
+        };
         progress.finish_and_clear();
         outcomes.push(Outcome {
             kind,

@@ -9,6 +9,11 @@ mod runtime {
     pub use cubecl::cuda::CudaDevice as Device;
     pub type Runtime = cubecl::cuda::CudaRuntime;
     pub const NAME: &str = "cuda";
+
+    /// The first `count` GPUs.
+    pub fn devices(count: usize) -> Vec<Device> {
+        (0..count).map(|index| Device { index }).collect()
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -16,9 +21,15 @@ mod runtime {
     pub use burn::backend::wgpu::WgpuDevice as Device;
     pub type Runtime = burn::backend::wgpu::WgpuRuntime;
     pub const NAME: &str = "vulkan (wgpu)";
+
+    /// `count` times the default device: replicas that share it (cubecl 0.10's wgpu
+    /// runtime has no transfer between two devices).
+    pub fn devices(count: usize) -> Vec<Device> {
+        vec![Device::default(); count]
+    }
 }
 
-pub use runtime::{Device, NAME as RUNTIME_NAME, Runtime};
+pub use runtime::{Device, NAME as RUNTIME_NAME, Runtime, devices};
 
 /// The plain cube backend on this build's runtime (no fusion). Its float parameter only
 /// seeds the device's default dtype: tensors are cast explicitly where dtype matters.

@@ -4,9 +4,11 @@
 
 pub mod data;
 pub mod model;
+pub mod parallel;
 pub mod plot;
 pub mod train;
 
 pub use data::{Corpus, SAMPLE_TEXT, Vocabulary};
 pub use model::{Gpt, GptConfig};
+pub use parallel::{ParallelError, train_data_parallel};
 pub use train::{LossKind, RunConfig, StepLog, initial_model, sample, train};

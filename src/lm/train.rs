@@ -4,14 +4,18 @@
 use std::time::Instant;
 
 use burn::{
-    lr_scheduler::{LrScheduler, cosine::CosineAnnealingLrSchedulerConfig},
+    lr_scheduler::{
+        LrScheduler,
+        cosine::{CosineAnnealingLrScheduler, CosineAnnealingLrSchedulerConfig},
+    },
     module::Module,
-    nn::loss::CrossEntropyLossConfig,
-    optim::{AdamWConfig, GradientsParams, Optimizer},
+    nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig},
+    optim::{AdamW, AdamWConfig, GradientsParams, Optimizer, adaptor::OptimizerAdaptor},
     tensor::{ElementConversion, Int, Tensor, TensorData, backend::AutodiffBackend},
 };
 use burn_fused_ce::{
-    FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
+    FusedCrossEntropyBackend, FusedCrossEntropyLoss, FusedCrossEntropyLossConfig,
+    FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig,
 };
 use rand::{SeedableRng, rngs::SmallRng};
 
@@ -73,6 +77,63 @@ pub fn initial_model<B: burn::tensor::backend::Backend>(
     Gpt::new(config, device).load_record(record)
 }
 
+/// One replica's training state: the optimizer, the learning-rate schedule and the loss
+/// modules (the fused ones remember the incoming gradient they guess).
+pub(crate) struct Trainer<B: AutodiffBackend + FusedCrossEntropyBackend> {
+    optimizer: OptimizerAdaptor<AdamW, Gpt<B>, B>,
+    schedule: CosineAnnealingLrScheduler,
+    stock: CrossEntropyLoss<B>,
+    fused: FusedCrossEntropyLoss<B>,
+    fused_linear: FusedLinearCrossEntropyLoss<B>,
+    kind: LossKind,
+}
+
+impl<B: AutodiffBackend + FusedCrossEntropyBackend> Trainer<B> {
+    pub(crate) fn new(run: &RunConfig, kind: LossKind, device: &B::Device) -> Self {
+        Self {
+            optimizer: AdamWConfig::new().init(),
+            schedule: CosineAnnealingLrSchedulerConfig::new(run.lr, run.steps.max(1))
+                .with_min_lr(run.lr / 10.0)
+                .init()
+                .expect("valid learning-rate schedule"),
+            stock: CrossEntropyLossConfig::new().init(device),
+            fused: FusedCrossEntropyLossConfig::new().init(device),
+            fused_linear: FusedLinearCrossEntropyLossConfig::new().init(device),
+            kind,
+        }
+    }
+
+    /// One step on `sequences` sequences (`inputs` and `targets`, `[sequences * seq]`
+    /// each): the mean loss over their tokens, backward, `sync` on the gradients (an
+    /// all-reduce across replicas, or nothing), the optimizer. Returns the model and the
+    /// loss, not read back.
+    pub(crate) fn step(
+        &mut self,
+        model: Gpt<B>,
+        (inputs, targets): (Vec<i64>, Vec<i64>),
+        seq: usize,
+        device: &B::Device,
+        sync: impl FnOnce(GradientsParams) -> GradientsParams,
+    ) -> (Gpt<B>, Tensor<B, 1>) {
+        let rows = targets.len();
+        let sequences = rows / seq;
+        let input =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(inputs, [sequences, seq]), device);
+        let target = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), device);
+        let loss = match self.kind {
+            LossKind::Stock => self.stock.forward(model.forward(input), target),
+            LossKind::Fused => self.fused.forward(model.forward(input), target),
+            LossKind::FusedLinear => {
+                self.fused_linear
+                    .forward(model.hidden(input), &model.head, target)
+            }
+        };
+        let grads = sync(GradientsParams::from_grads(loss.backward(), &model));
+        let model = self.optimizer.step(self.schedule.step(), model, grads);
+        (model, loss)
+    }
+}
+
 /// Trains `model` on `corpus` and returns per-step logs and the trained model. Batches are
 /// drawn from `run.seed` on the host, so equal starts see equal data. `on_step` sees each
 /// step's log as it ends.
@@ -88,34 +149,18 @@ pub fn train<B>(
 where
     B: AutodiffBackend + FusedCrossEntropyBackend,
 {
-    let mut optimizer = AdamWConfig::new().init();
-    let mut schedule = CosineAnnealingLrSchedulerConfig::new(run.lr, run.steps.max(1))
-        .with_min_lr(run.lr / 10.0)
-        .init()
-        .expect("valid learning-rate schedule");
-    let stock = CrossEntropyLossConfig::new().init(device);
-    let fused = FusedCrossEntropyLossConfig::new().init(device);
-    let fused_linear = FusedLinearCrossEntropyLossConfig::new().init(device);
+    let mut trainer = Trainer::new(run, kind, device);
     let mut rng = SmallRng::seed_from_u64(run.seed);
     let seq = config.seq_len;
     let mut logs = Vec::with_capacity(run.steps);
     for step in 0..run.steps {
         let started = Instant::now();
-        let (inputs, targets) = corpus.batch(run.batch, seq, &mut rng);
-        let rows = targets.len();
-        let input =
-            Tensor::<B, 2, Int>::from_data(TensorData::new(inputs, [run.batch, seq]), device);
-        let target = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), device);
-        let loss = match kind {
-            LossKind::Stock => stock.forward(model.forward(input), target),
-            LossKind::Fused => fused.forward(model.forward(input), target),
-            LossKind::FusedLinear => fused_linear.forward(model.hidden(input), &model.head, target),
-        };
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optimizer.step(schedule.step(), model, grads);
-        let value: f64 = loss.into_scalar().elem();
+        let batch = corpus.batch(run.batch, seq, &mut rng);
+        let rows = batch.1.len();
+        let (next, loss) = trainer.step(model, batch, seq, device, |grads| grads);
+        model = next;
         let log = StepLog {
-            loss: value,
+            loss: loss.into_scalar().elem(),
             seconds: started.elapsed().as_secs_f64(),
             tokens: rows,
         };

@@ -1,11 +1,16 @@
 //! The language-model example's training loop on real text with GPT-2's vocabulary: Burn's
 //! stock loss, our fused loss and the fused linear cross-entropy give the same loss curve,
-//! step by step, from the same seeded start.
+//! step by step, from the same seeded start; and data-parallel training (two replicas on
+//! one device, through burn-collective) follows the one-device curve with the fused loss
+//! and with the fused linear cross-entropy.
 
 use burn::backend::Autodiff;
 use fused_ce_suite::{
     DefaultBackend,
-    lm::{Corpus, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, Vocabulary, initial_model, train},
+    lm::{
+        Corpus, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, Vocabulary, initial_model, train,
+        train_data_parallel,
+    },
 };
 
 use crate::common::*;
@@ -59,5 +64,80 @@ fn the_three_losses_train_alike_step_by_step() {
         curves[0][0] > 9.0,
         "seed={seed}: starts near ln(50257) = 10.8: {}",
         curves[0][0]
+    );
+}
+
+#[test]
+fn two_replicas_train_the_one_device_curve() {
+    let _backward = shared_device();
+    let seed = fresh_seed();
+    let corpus = Corpus::new(&SAMPLE_TEXT[..20_000], Vocabulary::Gpt2);
+    let config = GptConfig {
+        vocab: Vocabulary::Gpt2.size(),
+        d_model: 32,
+        layers: 1,
+        heads: 2,
+        seq_len: 16,
+    };
+    let run = RunConfig {
+        batch: 4,
+        steps: 3,
+        lr: 3e-3,
+        seed,
+    };
+    let device = Default::default();
+    let start = initial_model::<Autodiff<DefaultBackend>>(&config, seed, &device);
+    for kind in [LossKind::Fused, LossKind::FusedLinear] {
+        let (one, _) = train(
+            &config,
+            &run,
+            kind,
+            start.clone(),
+            &corpus,
+            &device,
+            |_, _| {},
+        );
+        let devices = [device.clone(), device.clone()];
+        let (two, _) = train_data_parallel(
+            &config,
+            &run,
+            kind,
+            start.clone(),
+            &corpus,
+            &devices,
+            |_, _| {},
+        )
+        .unwrap_or_else(|e| panic!("seed={seed} {}: {e}", kind.name()));
+        assert_eq!(two.len(), run.steps, "seed={seed}: one log per step");
+        for (step, (a, b)) in one.iter().zip(&two).enumerate() {
+            let diff = (a.loss - b.loss).abs() / a.loss.abs();
+            assert!(
+                diff <= 1e-4,
+                "seed={seed} {} step {step}: one device {} vs two replicas {}",
+                kind.name(),
+                a.loss,
+                b.loss
+            );
+            assert_eq!(
+                b.tokens,
+                run.batch * config.seq_len,
+                "the global batch's tokens"
+            );
+        }
+    }
+    let uneven = RunConfig { batch: 3, ..run };
+    let devices = [device.clone(), device.clone()];
+    assert!(
+        train_data_parallel(
+            &config,
+            &uneven,
+            LossKind::Fused,
+            start,
+            &corpus,
+            &devices,
+            |_, _| {}
+        )
+        .is_err(),
+        "a batch of 3 does not split over 2 devices"
     );
 }
