@@ -15,10 +15,9 @@ use fused_ce_suite::{
 
 use crate::common::*;
 
-#[test]
-fn the_three_losses_train_alike_step_by_step() {
-    let _backward = shared_device();
-    let seed = fresh_seed();
+/// A tiny model on the first 20,000 bytes of the example text with GPT-2's vocabulary:
+/// the corpus, the model's config and a run of `steps` steps of 4 sequences.
+fn tiny_run(seed: u64, steps: usize) -> (Corpus, GptConfig, RunConfig) {
     let corpus = Corpus::new(&SAMPLE_TEXT[..20_000], Vocabulary::Gpt2);
     let config = GptConfig {
         vocab: Vocabulary::Gpt2.size(),
@@ -29,10 +28,18 @@ fn the_three_losses_train_alike_step_by_step() {
     };
     let run = RunConfig {
         batch: 4,
-        steps: 4,
+        steps,
         lr: 3e-3,
         seed,
     };
+    (corpus, config, run)
+}
+
+#[test]
+fn the_three_losses_train_alike_step_by_step() {
+    let _backward = shared_device();
+    let seed = fresh_seed();
+    let (corpus, config, run) = tiny_run(seed, 4);
     let device = Default::default();
     let start = initial_model::<Autodiff<DefaultBackend>>(&config, seed, &device);
     let curves: Vec<Vec<f64>> = LossKind::ALL
@@ -71,20 +78,7 @@ fn the_three_losses_train_alike_step_by_step() {
 fn two_replicas_train_the_one_device_curve() {
     let _backward = shared_device();
     let seed = fresh_seed();
-    let corpus = Corpus::new(&SAMPLE_TEXT[..20_000], Vocabulary::Gpt2);
-    let config = GptConfig {
-        vocab: Vocabulary::Gpt2.size(),
-        d_model: 32,
-        layers: 1,
-        heads: 2,
-        seq_len: 16,
-    };
-    let run = RunConfig {
-        batch: 4,
-        steps: 3,
-        lr: 3e-3,
-        seed,
-    };
+    let (corpus, config, run) = tiny_run(seed, 3);
     let device = Default::default();
     let start = initial_model::<Autodiff<DefaultBackend>>(&config, seed, &device);
     for kind in [LossKind::Fused, LossKind::FusedLinear] {
