@@ -67,8 +67,8 @@ pub fn train_data_parallel<B>(
 where
     B: AutodiffBackend + FusedCrossEntropyBackend,
 {
-    let replicas = devices.len().max(1);
-    if devices.is_empty() || !run.batch.is_multiple_of(replicas) {
+    let replicas = devices.len();
+    if replicas == 0 || !run.batch.is_multiple_of(replicas) {
         return Err(ParallelError::UnevenBatch {
             batch: run.batch,
             devices: devices.len(),
@@ -147,25 +147,14 @@ where
 {
     let mut trainer = Trainer::new(run, kind, device);
     let mut rng = SmallRng::seed_from_u64(run.seed);
-    let mut failure = None;
     for step in 0..run.steps {
         let started = Instant::now();
         let (inputs, targets) = corpus.batch(run.batch, seq, &mut rng);
         let mine = rank * share * seq..(rank + 1) * share * seq;
         let batch = (inputs[mine.clone()].to_vec(), targets[mine].to_vec());
-        let (next, loss) = trainer.step(model, batch, seq, device, |grads| {
-            match grads.all_reduce::<B::InnerBackend>(peer, ReduceOperation::Mean) {
-                Ok(averaged) => averaged,
-                Err(error) => {
-                    failure = Some(error);
-                    burn::optim::GradientsParams::new()
-                }
-            }
-        });
-        model = next;
-        if let Some(error) = failure.take() {
-            return Err(error.into());
-        }
+        let (grads, loss) = trainer.gradients(&model, batch, seq, device);
+        let grads = grads.all_reduce::<B::InnerBackend>(peer, ReduceOperation::Mean)?;
+        model = trainer.apply(model, grads);
         let loss = collective::all_reduce::<B::InnerBackend>(
             peer,
             loss.inner().into_primitive().tensor(),

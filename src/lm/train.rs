@@ -103,18 +103,15 @@ impl<B: AutodiffBackend + FusedCrossEntropyBackend> Trainer<B> {
         }
     }
 
-    /// One step on `sequences` sequences (`inputs` and `targets`, `[sequences * seq]`
-    /// each): the mean loss over their tokens, backward, `sync` on the gradients (an
-    /// all-reduce across replicas, or nothing), the optimizer. Returns the model and the
-    /// loss, not read back.
-    pub(crate) fn step(
-        &mut self,
-        model: Gpt<B>,
+    /// The mean loss over the tokens of `inputs` and `targets` (`[sequences * seq]` each)
+    /// and its gradients. The loss is not read back.
+    pub(crate) fn gradients(
+        &self,
+        model: &Gpt<B>,
         (inputs, targets): (Vec<i64>, Vec<i64>),
         seq: usize,
         device: &B::Device,
-        sync: impl FnOnce(GradientsParams) -> GradientsParams,
-    ) -> (Gpt<B>, Tensor<B, 1>) {
+    ) -> (GradientsParams, Tensor<B, 1>) {
         let rows = targets.len();
         let sequences = rows / seq;
         let input =
@@ -128,9 +125,12 @@ impl<B: AutodiffBackend + FusedCrossEntropyBackend> Trainer<B> {
                     .forward(model.hidden(input), &model.head, target)
             }
         };
-        let grads = sync(GradientsParams::from_grads(loss.backward(), &model));
-        let model = self.optimizer.step(self.schedule.step(), model, grads);
-        (model, loss)
+        (GradientsParams::from_grads(loss.backward(), model), loss)
+    }
+
+    /// The optimizer's step with `grads` at the schedule's next learning rate.
+    pub(crate) fn apply(&mut self, model: Gpt<B>, grads: GradientsParams) -> Gpt<B> {
+        self.optimizer.step(self.schedule.step(), model, grads)
     }
 }
 
@@ -157,8 +157,8 @@ where
         let started = Instant::now();
         let batch = corpus.batch(run.batch, seq, &mut rng);
         let rows = batch.1.len();
-        let (next, loss) = trainer.step(model, batch, seq, device, |grads| grads);
-        model = next;
+        let (grads, loss) = trainer.gradients(&model, batch, seq, device);
+        model = trainer.apply(model, grads);
         let log = StepLog {
             loss: loss.into_scalar().elem(),
             seconds: started.elapsed().as_secs_f64(),
