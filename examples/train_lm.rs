@@ -15,7 +15,9 @@
 //! three ways, curves and a table), `--max-batch` (with `--compare`: the largest batch
 //! each way fits on the device, by bisection, a few steps per try), `--dtype f32|bf16`
 //! (bf16 on CUDA), `--devices N` (data parallel: each global batch split over N replicas
-//! on the first N GPUs through burn-collective; on wgpu the replicas share the device),
+//! on the first N GPUs through burn-collective, on the plain cube backend (Burn's fusion
+//! backend lost tensors between the replicas' threads); on wgpu the replicas share the
+//! device),
 //! `--out DIR` (plots and tables; default target/train_lm).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -130,11 +132,19 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if args.bf16 {
+    // Several replicas train on the plain cube backend: under Burn 0.21's fusion backend,
+    // tensors that burn-collective's all-reduce hands between the replicas' threads were
+    // lost on two GPUs (a fusion stream panicked).
+    use burn::backend::Autodiff;
+    match (args.bf16, args.devices > 1) {
         #[cfg(feature = "cuda")]
-        run::<burn::backend::Autodiff<fused_ce_suite::DefaultBackendBf16>>(&args);
-    } else {
-        run::<burn::backend::Autodiff<DefaultBackend>>(&args);
+        (true, false) => run::<Autodiff<fused_ce_suite::DefaultBackendBf16>>(&args),
+        #[cfg(feature = "cuda")]
+        (true, true) => run::<Autodiff<fused_ce_suite::CubeBackendBf16>>(&args),
+        (false, false) => run::<Autodiff<DefaultBackend>>(&args),
+        (false, true) => run::<fused_ce_suite::AutodiffCube>(&args),
+        #[cfg(not(feature = "cuda"))]
+        (true, _) => unreachable!("--dtype bf16 is refused without the cuda feature"),
     }
 }
 

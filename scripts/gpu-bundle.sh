@@ -4,13 +4,16 @@
 # gzipped, with the scripts that run them on a GPU host that has no Rust: copy the folder
 # there and run `gpu-bundle/run.sh LOGDIR` (see scripts/gpu-run.sh).
 #
-#   scripts/gpu-bundle.sh [suite] [bench] [linear_head] [oracle] [train_lm] [host_overhead]
+#   scripts/gpu-bundle.sh [suite] [bench] [linear_head] [vocab_parallel] [oracle] [train_lm]
+#                         [host_overhead]
 #                                                  (default: suite bench oracle)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
 parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(suite bench oracle)
-grep -qx "/$bundle/" .git/info/exclude 2>/dev/null || echo "/$bundle/" >> .git/info/exclude
+exclude="$(git rev-parse --git-path info/exclude)"
+mkdir -p "$(dirname "$exclude")"
+grep -qx "/$bundle/" "$exclude" 2>/dev/null || echo "/$bundle/" >> "$exclude"
 rm -rf "$bundle" && mkdir -p "$bundle"
 export CUDARC_CUDA_VERSION=13000
 # The bench's report names the commit it measured.
@@ -22,6 +25,7 @@ for part in "${parts[@]}"; do
     suite) build+=(--test suite) ;;
     bench) build+=(--bench throughput) ;;
     linear_head) build+=(--bench linear_head) ;;
+    vocab_parallel) build+=(--bench vocab_parallel) ;;
     oracle) build+=(--example torch_oracle) ;;
     train_lm) build+=(--example train_lm) ;;
     host_overhead) build+=(--example host_overhead) ;;

@@ -24,7 +24,7 @@ status=0
 if [ -z "${SKIP_SUITE:-}" ]; then
   for test in "$here"/*; do
     name="$(basename "$test")"
-    case "$name" in logs|throughput|linear_head|torch_oracle|train_lm|host_overhead|*.sh|*.py|*.txt|*.gz|*.toml) continue ;; esac
+    case "$name" in logs|throughput|linear_head|vocab_parallel|torch_oracle|train_lm|host_overhead|*.sh|*.py|*.txt|*.gz|*.toml) continue ;; esac
     echo "== test $name"
     "$test" --test-threads="${TEST_THREADS:-1}" $filter > "$logs/test-$name.log" 2>&1
     rc=$?; [ $rc -eq 0 ] || status=$rc
@@ -51,6 +51,10 @@ fi
 if [ -x "$here/linear_head" ] && [ -z "${SKIP_BENCH:-}" ]; then
   echo "== LM head bench"
   FUSED_CE_BENCH_OUT="$logs" "$here/linear_head" --bench 2>&1 | tee "$logs/linear_head.log" | tail -12
+fi
+if [ -x "$here/vocab_parallel" ] && [ -z "${SKIP_BENCH:-}" ]; then
+  echo "== vocabulary-parallel bench"
+  FUSED_CE_BENCH_OUT="$logs" "$here/vocab_parallel" --bench 2>&1 | tee "$logs/vocab_parallel.log" | tail -8
 fi
 if [ -x "$here/throughput" ] && [ -z "${SKIP_BENCH:-}" ]; then
   echo "== bench"

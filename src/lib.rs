@@ -14,6 +14,11 @@ mod runtime {
     pub fn devices(count: usize) -> Vec<Device> {
         (0..count).map(|index| Device { index }).collect()
     }
+
+    /// How many GPUs this machine has.
+    pub fn device_count() -> usize {
+        <Runtime as cubecl::Runtime>::client(&Device::default()).device_count_total()
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -27,9 +32,14 @@ mod runtime {
     pub fn devices(count: usize) -> Vec<Device> {
         vec![Device::default(); count]
     }
+
+    /// Devices that can exchange tensors: one.
+    pub fn device_count() -> usize {
+        1
+    }
 }
 
-pub use runtime::{Device, NAME as RUNTIME_NAME, Runtime, devices};
+pub use runtime::{Device, NAME as RUNTIME_NAME, Runtime, device_count, devices};
 
 /// The plain cube backend on this build's runtime (no fusion). Its float parameter only
 /// seeds the device's default dtype: tensors are cast explicitly where dtype matters.
@@ -40,6 +50,9 @@ pub type AutodiffCube = burn::backend::Autodiff<CubeBackend>;
 /// The same with bf16 as the default float type (CUDA only: lavapipe has no bf16).
 #[cfg(feature = "cuda")]
 pub type DefaultBackendBf16 = burn::backend::Cuda<burn::tensor::bf16>;
+/// The plain cube backend with bf16 as the default float type (CUDA only).
+#[cfg(feature = "cuda")]
+pub type CubeBackendBf16 = burn_cubecl::CubeBackend<Runtime, burn::tensor::bf16, i32, u32>;
 
 /// What a user of this runtime has with Burn's default features: `burn::backend::Wgpu` or
 /// `burn::backend::Cuda`, both `Fusion<CubeBackend<..>>`.

@@ -11,7 +11,10 @@ use burn::{
         self, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation,
     },
     module::Module,
-    tensor::{ElementConversion, Tensor, TensorPrimitive, backend::AutodiffBackend},
+    tensor::{
+        ElementConversion, Tensor, TensorPrimitive,
+        backend::{AutodiffBackend, Backend},
+    },
 };
 use burn_fused_ce::FusedCrossEntropyBackend;
 use rand::{SeedableRng, rngs::SmallRng};
@@ -96,14 +99,7 @@ where
                     let trained = replica_steps(
                         run, kind, model, corpus, device, peer, rank, share, seq, &sender,
                     );
-                    // Every replica reaches this point before any leaves the collective.
-                    let barrier = Tensor::<B::InnerBackend, 1>::zeros([1], device);
-                    collective::all_reduce::<B::InnerBackend>(
-                        peer,
-                        barrier.into_primitive().tensor(),
-                        ReduceOperation::Sum,
-                    )?;
-                    collective::finish_collective::<B::InnerBackend>(peer)?;
+                    leave_collective::<B::InnerBackend>(peer, device)?;
                     trained
                 })
             })
@@ -124,6 +120,21 @@ where
         let first = models.into_iter().next().expect("at least one replica");
         Ok((logs, first))
     })
+}
+
+/// Leaves burn-collective once every peer has reached this point (one last all-reduce),
+/// so that no peer leaves while another still reduces.
+pub fn leave_collective<B: Backend>(
+    peer: PeerId,
+    device: &B::Device,
+) -> Result<(), CollectiveError> {
+    let barrier = Tensor::<B, 1>::zeros([1], device);
+    collective::all_reduce::<B>(
+        peer,
+        barrier.into_primitive().tensor(),
+        ReduceOperation::Sum,
+    )?;
+    collective::finish_collective::<B>(peer)
 }
 
 /// One replica's steps: its share of each global batch (every replica draws the same

@@ -496,3 +496,11 @@ pub fn shared_device() -> std::sync::RwLockReadGuard<'static, ()> {
 pub fn exclusive_device() -> std::sync::RwLockWriteGuard<'static, ()> {
     BACKWARD_LOCK.write().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Burn's collective keeps one set of peers per backend type: tests that register peers
+/// hold this.
+static PEERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn collective_peers() -> std::sync::MutexGuard<'static, ()> {
+    PEERS.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -13,3 +13,4 @@ mod lm;
 mod options;
 mod ownership_and_autodiff;
 mod shapes;
+mod vocab_parallel;

@@ -9,6 +9,7 @@ use crate::{
     linear::{LinearChunking, LinearHead, LinearInputs},
     options::{CrossEntropyError, CrossEntropyOptions, Reduction, TargetCheck},
     target_check::{self, PendingTargetCheck},
+    vocab_parallel::{ShardExchange, VocabShard},
 };
 
 /// The loss and the extra outputs asked for in [`CrossEntropyOptions::outputs`].
@@ -99,6 +100,55 @@ pub fn try_fused_linear_cross_entropy<
         true,
         &IncomingGuess::new(),
     )
+}
+
+/// The vocabulary-parallel cross-entropy on one shard: `logits` are this device's classes
+/// (`[N, V_s]` or `[B, T, V_s]`, `V_s` = `shard.classes().len()`), `targets` the whole
+/// vocabulary's class indices (`[N]` or `[B, T]`, the same on every shard), and the class
+/// weights, when given, the whole vocabulary's (`[V]`). Every shard calls it with the same
+/// targets and options; `exchange` sums a few numbers per row over the shards (see
+/// [`ShardExchange`]). Returns the whole vocabulary's loss and extra outputs, the same on
+/// every shard; under autodiff the gradient reaches this shard's logits. Errors as
+/// [`try_fused_cross_entropy`], and the exchange's.
+pub fn try_vocab_parallel_cross_entropy<
+    B: FusedCrossEntropyBackend,
+    E: ShardExchange,
+    const DL: usize,
+    const DT: usize,
+>(
+    logits: Tensor<B, DL>,
+    targets: Tensor<B, DT, Int>,
+    class_weights: Option<Tensor<B, 1>>,
+    shard: &VocabShard,
+    options: &CrossEntropyOptions,
+    exchange: &E,
+) -> Result<CrossEntropyOutput<B, DT>, CrossEntropyError> {
+    options.validate()?;
+    let target_dims = targets.dims();
+    let (rows, width) = check_logits(&logits, &targets, "V_s")?;
+    let classes = shard.classes().len();
+    if width != classes {
+        return Err(CrossEntropyError::ShapeMismatch(format!(
+            "logits {:?} do not hold vocabulary shard {} of {} ({classes} classes)",
+            logits.dims(),
+            shard.index(),
+            shard.count()
+        )));
+    }
+    check_class_weights(class_weights.as_ref(), shard.vocab())?;
+    let class_weights =
+        checked_values(&targets, class_weights, rows, shard.vocab(), options, true)?;
+    if rows == 0 {
+        // Nothing to exchange: every shard sees the same empty batch.
+        return cross_entropy_checked(logits, targets, None, options, false, &IncomingGuess::new());
+    }
+    let inputs = CrossEntropyInputs {
+        logits: logits.into_primitive().tensor(),
+        targets: targets.into_primitive(),
+        class_weights,
+    };
+    let parts = B::vocab_parallel_cross_entropy(inputs, shard, options, exchange)?;
+    Ok(shaped_output(parts, target_dims, options.reduction))
 }
 
 /// Validation, then the op. `check_weight_values` is off when the weights were checked on
@@ -358,9 +408,21 @@ fn check_shapes<B: Backend, const DL: usize, const DT: usize>(
     targets: &Tensor<B, DT, Int>,
     class_weights: Option<&Tensor<B, 1>>,
 ) -> Result<(usize, usize), CrossEntropyError> {
+    let (rows, vocab) = check_logits(logits, targets, "V")?;
+    check_class_weights(class_weights, vocab)?;
+    Ok((rows, vocab))
+}
+
+/// Float logits `[N, V]` with targets `[N]`, or `[B, T, V]` with `[B, T]`, with a class
+/// when there are rows (`last` names `V` in errors). Returns `(N, V)`.
+fn check_logits<B: Backend, const DL: usize, const DT: usize>(
+    logits: &Tensor<B, DL>,
+    targets: &Tensor<B, DT, Int>,
+    last: &str,
+) -> Result<(usize, usize), CrossEntropyError> {
     let logits_dims = logits.dims();
     let target_dims = targets.dims();
-    check_rows(&logits_dims, &target_dims, "logits", "V")?;
+    check_rows(&logits_dims, &target_dims, "logits", last)?;
     let vocab = logits_dims[DL - 1];
     let rows: usize = target_dims.iter().product();
     if rows > 0 && vocab == 0 {
@@ -368,7 +430,6 @@ fn check_shapes<B: Backend, const DL: usize, const DT: usize>(
             "logits {logits_dims:?} have no classes"
         )));
     }
-    check_class_weights(class_weights, vocab)?;
     if !logits.dtype().is_float() {
         return Err(CrossEntropyError::ShapeMismatch(format!(
             "logits must be floats, got {:?}",

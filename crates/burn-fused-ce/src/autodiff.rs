@@ -23,15 +23,16 @@ use burn_autodiff::{
 #[cfg(doc)]
 use crate::options::GradientPlan;
 use crate::{
-    autodiff_linear,
+    autodiff_linear, autodiff_vocab_parallel,
     backend::{
         ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale,
         RowStats, TwoPassBackward,
     },
     incoming_guess::IncomingGuess,
     linear::{LinearChunking, LinearInputs},
-    options::CrossEntropyOptions,
+    options::{CrossEntropyError, CrossEntropyOptions},
     target_check::PendingRead,
+    vocab_parallel::{ShardExchange, VocabShard},
 };
 
 /// What backward needs.
@@ -164,6 +165,17 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                 inputs, options, chunking, guess,
             ),
         }
+    }
+
+    fn vocab_parallel_cross_entropy<E: ShardExchange>(
+        inputs: CrossEntropyInputs<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+        exchange: &E,
+    ) -> Result<LossParts<Self>, CrossEntropyError> {
+        autodiff_vocab_parallel::vocab_parallel_cross_entropy::<B, C, E>(
+            inputs, shard, options, exchange,
+        )
     }
 
     fn start_read(tensor: IntTensor<Self>) -> PendingRead {

@@ -11,8 +11,10 @@ pub use fused_ce_kernels::row_stat;
 
 use crate::incoming_guess::{IncomingGuess, next_guess};
 use crate::linear::{LinearChunking, LinearInputs, linear_rows};
+use crate::options::CrossEntropyError;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::target_check::PendingRead;
+use crate::vocab_parallel::{ShardExchange, VocabShard, shard_rows};
 
 /// Class weights on the device, f32: `weights [V]` and their sum `total [1]`.
 #[derive(Debug, Clone)]
@@ -199,6 +201,21 @@ pub trait FusedCrossEntropyBackend: Backend {
         reduce_stats::<Self>(rows, options, dtype, keep_denominators)
     }
 
+    /// The vocabulary-parallel loss on one shard (see
+    /// [`crate::try_vocab_parallel_cross_entropy`]): the whole vocabulary's loss and extra
+    /// outputs, the same on every shard. Backends with autodiff override this to register
+    /// the backward step; the default computes the forward alone.
+    fn vocab_parallel_cross_entropy<E: ShardExchange>(
+        inputs: CrossEntropyInputs<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+        exchange: &E,
+    ) -> Result<LossParts<Self>, CrossEntropyError> {
+        let dtype = inputs.logits.dtype();
+        let rows = shard_rows::<Self, E>(inputs, shard, options, exchange)?;
+        Ok(Self::reduce_row_stats(rows, options, dtype, false).parts)
+    }
+
     /// The loss (`[N]` for `Reduction::None`, `[1]` otherwise, in the logits' dtype) and
     /// the extra outputs asked for. Backends with autodiff override this to register the
     /// backward step; the one pass forms the gradient for `guess`'s incoming gradient.
@@ -248,7 +265,7 @@ pub(crate) fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Flo
 }
 
 /// One statistic's row of the stats matrix, `[N]` (a view: rows are contiguous).
-fn stat_row<B: Backend>(stats: &Tensor<B, 2>, stat: usize) -> Tensor<B, 1> {
+pub(crate) fn stat_row<B: Backend>(stats: &Tensor<B, 2>, stat: usize) -> Tensor<B, 1> {
     let rows = stats.dims()[1];
     stats
         .clone()

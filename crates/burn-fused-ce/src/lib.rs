@@ -30,6 +30,7 @@
 mod api;
 mod autodiff;
 mod autodiff_linear;
+mod autodiff_vocab_parallel;
 mod backend;
 mod cube;
 #[cfg(feature = "fusion")]
@@ -46,10 +47,11 @@ pub mod test_hooks;
 #[cfg(not(feature = "test-hooks"))]
 #[allow(dead_code)]
 mod test_hooks;
+mod vocab_parallel;
 
 pub use api::{
     CrossEntropyOutput, fused_cross_entropy, try_fused_cross_entropy,
-    try_fused_linear_cross_entropy,
+    try_fused_linear_cross_entropy, try_vocab_parallel_cross_entropy,
 };
 pub use backend::{
     ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale, Reduced,
@@ -66,6 +68,9 @@ pub use options::{
     TargetCheck,
 };
 pub use target_check::{PendingRead, wait_for_target_checks};
+#[cfg(feature = "collective")]
+pub use vocab_parallel::CollectiveExchange;
+pub use vocab_parallel::{ShardExchange, VocabShard};
 
 /// docs/usage.md's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -119,7 +119,8 @@ fn joined<B: Backend>(
 ) -> RowStats<B> {
     if parts.is_empty() {
         return RowStats {
-            stats: primitive(Tensor::<B, 2>::zeros(
+            // `empty`, not `zeros`: a fill over zero elements is an invalid launch on CUDA.
+            stats: primitive(Tensor::<B, 2>::empty(
                 [row_stat::COUNT, 0],
                 (device, DType::F32),
             )),
@@ -311,7 +312,11 @@ impl<B: Backend> GradientSums<B> {
     fn finish(self, typed: &Typed<B>) -> LinearGradients<B> {
         LinearGradients {
             hidden: primitive(if self.hidden.is_empty() {
-                typed.hidden.zeros_like()
+                // No rows: nothing to fill (a launch over zero elements is invalid on CUDA).
+                Tensor::empty(
+                    typed.hidden.shape(),
+                    (&typed.hidden.device(), typed.hidden.dtype()),
+                )
             } else {
                 Tensor::cat(self.hidden, 0)
             }),

@@ -250,6 +250,8 @@ pub enum CrossEntropyError {
         /// Found by a deferred check: the row is one of an earlier call's targets.
         earlier_call: bool,
     },
+    /// The vocabulary-parallel loss's exchange between shards failed.
+    Exchange(String),
 }
 
 impl core::fmt::Display for CrossEntropyError {
@@ -281,6 +283,10 @@ impl core::fmt::Display for CrossEntropyError {
                 } else {
                     ""
                 }
+            ),
+            Self::Exchange(why) => write!(
+                f,
+                "fused cross-entropy: the shards' exchange of row statistics failed: {why}"
             ),
         }
     }

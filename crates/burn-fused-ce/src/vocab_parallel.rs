@@ -1,0 +1,669 @@
+//! The vocabulary-parallel cross-entropy: the logits' classes are split over devices, each
+//! holding one shard `[N, V_s]`. Each shard reduces its own classes with the row kernel,
+//! the shards sum a few numbers per row through a [`ShardExchange`] (`O(N)`, never
+//! `N x V`), and every shard then holds the whole loss and writes its own classes'
+//! gradient.
+//!
+//! Per row, shard `k` contributes its log-sum-exp `lse_k`; the shard holding the target its
+//! `lse_k - x_y` and `p_y - 1` over its own classes; with label smoothing, every shard its
+//! `sum_c w_c (lse_k - x_c)`; with the argmax, every shard its best value and column. One
+//! sum of a `[K, N]` f32 matrix in which each shard fills its own rows gathers them all
+//! (a sum, since Burn's collective all-reduce has no max). From them:
+//! `lse = logsumexp_k lse_k`; `lse - x_y = (lse_y - x_y) + (lse - lse_y)`;
+//! `p_y - 1 = (p'_y - 1) r - (1 - r)` with `r = exp(lse_y - lse)` and
+//! `1 - r = sum_{k != y's shard} exp(lse_k - lse)` (no cancellation);
+//! `sum_c w_c (lse - x_c) = sum_k (W_k (lse - lse_k) + sum_{c in k} w_c (lse_k - x_c))`.
+
+use core::ops::Range;
+
+use burn::tensor::{
+    Bool, DType, Int, Tensor, TensorMetadata,
+    backend::Backend,
+    ops::{FloatTensor, IntTensor},
+};
+
+use crate::backend::{
+    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, RowStats, TwoPassBackward, float,
+    stat_row,
+};
+use crate::options::{CrossEntropyError, CrossEntropyOptions, Reduction};
+use fused_ce_kernels::row_stat;
+
+/// Which classes one device holds: the vocabulary of `vocab` classes is cut into `count`
+/// shards of `ceil(vocab / count)` classes (the last may be shorter), as Megatron cuts it;
+/// this device holds shard `index`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VocabShard {
+    index: usize,
+    count: usize,
+    vocab: usize,
+}
+
+impl VocabShard {
+    /// Shard `index` of `count` over `vocab` classes. Every shard must hold at least one
+    /// class.
+    pub fn new(index: usize, count: usize, vocab: usize) -> Result<Self, CrossEntropyError> {
+        let shard = Self {
+            index,
+            count,
+            vocab,
+        };
+        if count == 0 || index >= count || vocab == 0 || shard.range(count - 1).is_empty() {
+            return Err(CrossEntropyError::ShapeMismatch(format!(
+                "no vocabulary shard {index} of {count} over {vocab} classes (each shard needs at least one class)"
+            )));
+        }
+        Ok(shard)
+    }
+
+    /// This shard's position.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// How many shards the vocabulary is cut into.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The whole vocabulary's size.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Classes per shard (all but the last).
+    pub fn width(&self) -> usize {
+        self.vocab.div_ceil(self.count)
+    }
+
+    /// The classes of shard `index`.
+    pub fn range(&self, index: usize) -> Range<usize> {
+        let width = self.width();
+        (index * width).min(self.vocab)..((index + 1) * width).min(self.vocab)
+    }
+
+    /// This shard's classes.
+    pub fn classes(&self) -> Range<usize> {
+        self.range(self.index)
+    }
+}
+
+/// How the shards of one call add up their per-row statistics: the element-wise sum of
+/// one small f32 tensor over every shard, returned to each (an all-reduce). Every shard
+/// of a call calls it once, with the same shape.
+pub trait ShardExchange {
+    /// The sum of `stats` over all shards, on `stats`'s device.
+    fn sum<B: Backend>(&self, stats: FloatTensor<B>) -> Result<FloatTensor<B>, CrossEntropyError>;
+}
+
+/// The exchange through burn-collective: an all-reduce among the peers registered with
+/// `burn::collective::register` for the backend that computes the loss (under
+/// `Autodiff<B>`, `B`), one peer per shard.
+#[cfg(feature = "collective")]
+#[derive(Debug, Clone, Copy)]
+pub struct CollectiveExchange {
+    /// This shard's peer.
+    pub peer: burn::collective::PeerId,
+}
+
+#[cfg(feature = "collective")]
+impl ShardExchange for CollectiveExchange {
+    fn sum<B: Backend>(&self, stats: FloatTensor<B>) -> Result<FloatTensor<B>, CrossEntropyError> {
+        burn::collective::all_reduce::<B>(self.peer, stats, burn::collective::ReduceOperation::Sum)
+            .map_err(|error| CrossEntropyError::Exchange(format!("{error:?}")))
+    }
+}
+
+fn int<B: Backend, const D: usize>(primitive: IntTensor<B>) -> Tensor<B, D, Int> {
+    Tensor::from_primitive(primitive)
+}
+
+/// What every shard knows of a row's target: `[N]` tensors.
+struct TargetRows<B: Backend> {
+    /// The targets, flattened.
+    targets: Tensor<B, 1, Int>,
+    /// Not the ignore index.
+    counted: Tensor<B, 1, Bool>,
+    /// Counted and a class of the vocabulary (a gradient flows).
+    class: Tensor<B, 1, Bool>,
+    /// Counted and one of this shard's classes.
+    here: Tensor<B, 1, Bool>,
+}
+
+impl<B: Backend> TargetRows<B> {
+    fn new(targets: IntTensor<B>, shard: &VocabShard, ignore_index: i64) -> Self {
+        let targets = int::<B, 1>(targets);
+        let rows = targets.shape().num_elements();
+        let targets = targets.reshape([rows]);
+        let counted = targets.clone().not_equal_elem(ignore_index);
+        let within = |range: Range<usize>| {
+            targets
+                .clone()
+                .greater_equal_elem(range.start as i64)
+                .bool_and(targets.clone().lower_elem(range.end as i64))
+                .bool_and(counted.clone())
+        };
+        Self {
+            class: within(0..shard.vocab),
+            here: within(shard.classes()),
+            counted,
+            targets,
+        }
+    }
+
+    /// The targets as this shard's row kernel takes them (see [`local_options`]): a class
+    /// of the shard as its column, an ignored row as [`SHARD_IGNORE`], any other target as
+    /// [`ELSEWHERE`] (neither: the kernel reads the whole row and reports its log-sum-exp).
+    fn local(&self, shard: &VocabShard) -> Tensor<B, 1, Int> {
+        let start = shard.classes().start as i64;
+        self.targets
+            .clone()
+            .mul_scalar(0)
+            .add_scalar(ELSEWHERE)
+            .mask_where(self.here.clone(), self.targets.clone().sub_scalar(start))
+            .mask_fill(self.counted.clone().bool_not(), SHARD_IGNORE)
+    }
+
+    /// `value` where `mask`, else 0.
+    fn masked(mask: &Tensor<B, 1, Bool>, value: Tensor<B, 1>) -> Tensor<B, 1> {
+        value.clone().zeros_like().mask_where(mask.clone(), value)
+    }
+}
+
+/// The ignore index of the shard's own kernel passes: the caller's may be one of the
+/// shard's columns.
+const SHARD_IGNORE: i64 = -2;
+/// The target of a row whose class another shard holds.
+const ELSEWHERE: i64 = -1;
+
+/// The options of the shard's own kernel passes: no label smoothing, z-loss or class
+/// weights (they are formed over the whole vocabulary from the exchanged sums), the
+/// argmax when an output needs it, ignored rows as [`SHARD_IGNORE`].
+fn local_options(options: &CrossEntropyOptions) -> CrossEntropyOptions {
+    CrossEntropyOptions {
+        label_smoothing: 0.0,
+        z_loss_scale: 0.0,
+        ignore_index: SHARD_IGNORE,
+        ..options.clone()
+    }
+}
+
+/// The class weights of this shard's classes (f32, with their sum), or `None`.
+fn shard_weights<B: Backend>(
+    weights: Option<&ClassWeights<B>>,
+    range: Range<usize>,
+) -> Option<ClassWeights<B>> {
+    weights.map(|weights| {
+        let slice = float::<B, 1>(weights.weights.clone()).slice([range]);
+        ClassWeights {
+            total: slice.clone().sum().into_primitive().tensor(),
+            weights: slice.into_primitive().tensor(),
+        }
+    })
+}
+
+/// Each shard's class-weight total `W_k` (its class count without weights), f32 `[K, 1]`.
+fn shard_weight_totals<B: Backend>(
+    weights: Option<&ClassWeights<B>>,
+    shard: &VocabShard,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let totals: Vec<Tensor<B, 1>> = (0..shard.count)
+        .map(|k| match shard_weights(weights, shard.range(k)) {
+            Some(slice) => float::<B, 1>(slice.total),
+            None => Tensor::<B, 1>::full([1], shard.range(k).len() as f32, (device, DType::F32)),
+        })
+        .collect();
+    Tensor::cat(totals, 0).reshape([shard.count, 1])
+}
+
+/// Forward on one shard: the shard's kernel passes, one exchange, then the per-row
+/// statistics of the whole vocabulary (see [`RowStats`]), the same on every shard.
+/// Inputs are validated: the logits are this shard's classes, the class weights (when
+/// given) the whole vocabulary's.
+pub(crate) fn shard_rows<B: FusedCrossEntropyBackend, E: ShardExchange>(
+    inputs: CrossEntropyInputs<B>,
+    shard: &VocabShard,
+    options: &CrossEntropyOptions,
+    exchange: &E,
+) -> Result<RowStats<B>, CrossEntropyError> {
+    let device = B::float_device(&inputs.logits);
+    let targets_shape = inputs.targets.shape();
+    let rows = targets_shape.num_elements();
+    let ignore_index = options.ignore_index;
+    let target_rows = TargetRows::<B>::new(inputs.targets.clone(), shard, ignore_index);
+    let local_targets = target_rows.local(shard);
+    // The kernel takes the targets in the logits' row shape.
+    let shaped = |targets: Tensor<B, 1, Int>| {
+        B::int_reshape(targets.into_primitive(), targets_shape.clone())
+    };
+    let argmax = options.outputs.needs_argmax();
+    let smoothing = options.label_smoothing > 0.0;
+    let here = shard.classes();
+
+    // The shard's statistics: its log-sum-exp, and at the target's shard its `lse - x_y`
+    // and `p_y - 1`.
+    let own = B::cross_entropy_rows(
+        CrossEntropyInputs {
+            logits: inputs.logits.clone(),
+            targets: shaped(local_targets.clone()),
+            class_weights: None,
+        },
+        &local_options(options),
+    );
+    let own_stats = float::<B, 2>(own.stats);
+    let lse_here = stat_row(&own_stats, row_stat::LSE);
+    let here_mask = &target_rows.here;
+    let mut contributions: Vec<Tensor<B, 1>> = Vec::new();
+    let zeros = || Tensor::<B, 1>::zeros([rows], (&device, DType::F32));
+    for k in 0..shard.count {
+        contributions.push(if k == shard.index {
+            lse_here.clone()
+        } else {
+            zeros()
+        });
+    }
+    contributions.push(TargetRows::masked(
+        here_mask,
+        stat_row(&own_stats, row_stat::LOSS),
+    ));
+    contributions.push(TargetRows::masked(
+        here_mask,
+        stat_row(&own_stats, row_stat::TARGET_GRAD),
+    ));
+    if smoothing {
+        // One more pass with all the weight on smoothing and class 0 as the target: its
+        // loss is `(1 / V_k) sum_c w_c (lse_k - x_c)`.
+        let first_class = local_targets.clone().mul_scalar(0).mask_where(
+            target_rows.counted.clone().bool_not(),
+            local_targets.clone(),
+        );
+        let smoothed = B::cross_entropy_rows(
+            CrossEntropyInputs {
+                logits: inputs.logits.clone(),
+                targets: shaped(first_class),
+                class_weights: shard_weights(inputs.class_weights.as_ref(), here.clone()),
+            },
+            &CrossEntropyOptions {
+                label_smoothing: 1.0,
+                outputs: Default::default(),
+                ..local_options(options)
+            },
+        );
+        let smoothed = stat_row(&float::<B, 2>(smoothed.stats), row_stat::LOSS);
+        contributions.push(smoothed.mul_scalar(here.len() as f32));
+    }
+    if argmax {
+        // The best value (soft-capped, as the kernel compares) and its column in the
+        // whole vocabulary.
+        let predicted =
+            int::<B, 1>(own.predicted.expect("the kernel tracks the argmax")).reshape([rows]);
+        let column = predicted.clone().clamp(0, here.len() as i64 - 1);
+        let width = here.len();
+        let logits = float::<B, 2>(B::float_reshape(
+            inputs.logits.clone(),
+            burn::tensor::Shape::new([rows, width]),
+        ));
+        let mut best = logits
+            .gather(1, column.clone().reshape([rows, 1]))
+            .reshape([rows])
+            .cast(DType::F32);
+        if let Some(cap) = options.softcap {
+            best = best.div_scalar(cap).tanh().mul_scalar(cap);
+        }
+        let at = column
+            .add_scalar(here.start as i64)
+            .float()
+            .cast(DType::F32);
+        for k in 0..shard.count {
+            contributions.push(if k == shard.index {
+                TargetRows::masked(&target_rows.counted, best.clone())
+            } else {
+                zeros()
+            });
+        }
+        for k in 0..shard.count {
+            contributions.push(if k == shard.index {
+                TargetRows::masked(&target_rows.counted, at.clone())
+            } else {
+                zeros()
+            });
+        }
+    }
+    let packed = Tensor::stack::<2>(contributions, 0);
+    let summed = float::<B, 2>(exchange.sum::<B>(packed.into_primitive().tensor())?);
+    Ok(whole_vocabulary_rows(
+        summed,
+        &target_rows,
+        inputs.class_weights.as_ref(),
+        shard,
+        options,
+        &device,
+    ))
+}
+
+/// The per-row statistics of the whole vocabulary from the exchanged sums (see the module
+/// doc), in [`row_stat`]'s layout; ignored rows all 0.
+fn whole_vocabulary_rows<B: FusedCrossEntropyBackend>(
+    summed: Tensor<B, 2>,
+    target_rows: &TargetRows<B>,
+    class_weights: Option<&ClassWeights<B>>,
+    shard: &VocabShard,
+    options: &CrossEntropyOptions,
+    device: &B::Device,
+) -> RowStats<B> {
+    let count = shard.count;
+    let rows = summed.dims()[1];
+    let lse_per_shard = summed.clone().slice([0..count, 0..rows]);
+    let max = lse_per_shard.clone().max_dim(0);
+    let lse = (lse_per_shard.clone() - max.clone())
+        .exp()
+        .sum_dim(0)
+        .log()
+        .add(max)
+        .reshape([rows]);
+    let owner = target_rows
+        .targets
+        .clone()
+        .div_scalar(shard.width() as i64)
+        .clamp(0, count as i64 - 1)
+        .reshape([1, rows]);
+    let lse_owner = lse_per_shard
+        .clone()
+        .gather(0, owner.clone())
+        .reshape([rows]);
+    let others = Tensor::<B, 1, Int>::arange(0..count as i64, device)
+        .float()
+        .cast(DType::F32)
+        .reshape([count, 1])
+        .not_equal(owner.clone().float().cast(DType::F32));
+    let share_elsewhere = (lse_per_shard.clone() - lse.clone().reshape([1, rows]))
+        .exp()
+        .mask_fill(others.bool_not(), 0.0)
+        .sum_dim(0)
+        .reshape([rows]);
+    let owner_share = (lse_owner.clone() - lse.clone()).exp();
+    let nll = stat_row(&summed, count) + (lse.clone() - lse_owner);
+    let target_grad = stat_row(&summed, count + 1) * owner_share - share_elsewhere;
+
+    let counted = &target_rows.counted;
+    let class = &target_rows.class;
+    let ones = Tensor::<B, 1>::ones([rows], (device, DType::F32));
+    let target_weight = match class_weights {
+        Some(weights) => {
+            let at = target_rows.targets.clone().clamp(0, shard.vocab as i64 - 1);
+            float::<B, 1>(weights.weights.clone()).gather(0, at)
+        }
+        None => ones.clone(),
+    };
+    let ls = options.label_smoothing;
+    let mut ce = nll.mul(target_weight.clone()).mul_scalar(1.0 - ls);
+    let mut next = count + 2;
+    if ls > 0.0 {
+        let totals = shard_weight_totals(class_weights, shard, device);
+        let spread = (lse.clone().reshape([1, rows]) - lse_per_shard)
+            .mul(totals)
+            .sum_dim(0)
+            .reshape([rows]);
+        let smooth = spread + stat_row(&summed, next);
+        next += 1;
+        ce = ce + smooth.mul_scalar(ls / shard.vocab as f32);
+    }
+    let z_loss = lse.clone().powi_scalar(2).mul_scalar(options.z_loss_scale);
+    // A target that is neither a class nor ignored gets a NaN loss, as on one device.
+    let not_a_class = counted.clone().bool_and(class.clone().bool_not());
+    let loss = (ce + z_loss.clone()).mask_fill(not_a_class, f32::NAN);
+
+    let (correct, predicted) = if options.outputs.needs_argmax() {
+        let best_value = summed.clone().slice([next..next + count, 0..rows]);
+        let best_column = summed.slice([next + count..next + 2 * count, 0..rows]);
+        let best_shard = best_value.argmax(0);
+        let column = best_column.gather(0, best_shard).reshape([rows]).int();
+        let column = column.cast(target_rows.targets.dtype());
+        let correct = column.clone().equal(target_rows.targets.clone()).float();
+        let predicted = column
+            .clone()
+            .mul_scalar(0)
+            .sub_scalar(1)
+            .mask_where(counted.clone(), column);
+        (correct.cast(DType::F32), Some(predicted.into_primitive()))
+    } else {
+        (Tensor::<B, 1>::zeros([rows], (device, DType::F32)), None)
+    };
+
+    let mut stats = vec![Tensor::<B, 1>::zeros([rows], (device, DType::F32)); row_stat::COUNT];
+    stats[row_stat::LOSS] = loss;
+    stats[row_stat::Z_LOSS] = z_loss;
+    stats[row_stat::WEIGHT] = target_weight;
+    stats[row_stat::VALID] = ones;
+    stats[row_stat::CORRECT] = correct;
+    stats[row_stat::LSE] = lse;
+    stats[row_stat::TARGET_GRAD] = target_grad;
+    let stats = stats
+        .into_iter()
+        .map(|stat| TargetRows::masked(counted, stat))
+        .collect();
+    RowStats {
+        stats: Tensor::stack::<2>(stats, 0).into_primitive().tensor(),
+        predicted,
+        weighted: class_weights.is_some(),
+    }
+}
+
+/// Backward on one shard: the gradient of this shard's logits (their shape and dtype)
+/// from the whole vocabulary's statistics, the incoming gradient (`[N]` for `None`, `[1]`
+/// otherwise) and, for `Mean`, the denominators `[D, n]`:
+/// `grad_c = (sc ((1 - ls) w_y (p_c - [c = y]) + (ls / V)(W p_c - w_c)) + 2 s sz lse p_c)`,
+/// times softcap's derivative, for this shard's columns `c`. Without label smoothing and
+/// class weights the backward kernel writes it ([`kernel_gradient`]); with them,
+/// element-wise tensor ops (which may hold `[N, V_s]` f32 temporaries).
+pub(crate) fn shard_gradient<B: FusedCrossEntropyBackend>(
+    inputs: CrossEntropyInputs<B>,
+    stats: FloatTensor<B>,
+    grad_output: FloatTensor<B>,
+    denominators: Option<FloatTensor<B>>,
+    shard: &VocabShard,
+    options: &CrossEntropyOptions,
+) -> FloatTensor<B> {
+    let device = B::float_device(&inputs.logits);
+    let shape = inputs.logits.shape();
+    let dtype = inputs.logits.dtype();
+    let here = shard.classes();
+    let width = here.len();
+    let targets_shape = inputs.targets.shape();
+    let target_rows = TargetRows::<B>::new(inputs.targets.clone(), shard, options.ignore_index);
+    let rows = target_rows.targets.dims()[0];
+    let stats = float::<B, 2>(stats);
+    let flowing = target_rows.class.clone();
+    if options.label_smoothing == 0.0 && inputs.class_weights.is_none() {
+        return kernel_gradient::<B>(
+            inputs,
+            targets_shape,
+            &target_rows,
+            stats,
+            grad_output,
+            denominators,
+            shard,
+            options,
+        );
+    }
+
+    let (ce_scale, z_scale) = row_scales::<B>(
+        grad_output,
+        denominators,
+        options.reduction,
+        rows,
+        Some(&flowing),
+    );
+    let ls = options.label_smoothing;
+    let target_coef = ce_scale.clone() * stat_row(&stats, row_stat::WEIGHT).mul_scalar(1.0 - ls);
+    let smooth_coef = ce_scale.mul_scalar(ls / shard.vocab as f32);
+    let weight_total = match &inputs.class_weights {
+        Some(weights) => float::<B, 1>(weights.total.clone()),
+        None => Tensor::<B, 1>::full([1], shard.vocab as f32, (&device, DType::F32)),
+    };
+    // Rows with no gradient get a log-sum-exp that makes every probability 0, not `inf * 0`.
+    let lse = stat_row(&stats, row_stat::LSE).mask_fill(flowing.bool_not(), f32::MAX);
+    let prob_coef = target_coef.clone()
+        + smooth_coef.clone() * weight_total
+        + z_scale * lse.clone().mul_scalar(2.0 * options.z_loss_scale);
+
+    let column = |values: Tensor<B, 1>| values.reshape([rows, 1]);
+    let logits = float::<B, 2>(B::float_reshape(
+        inputs.logits,
+        burn::tensor::Shape::new([rows, width]),
+    ))
+    .cast(DType::F32);
+    let capped = match options.softcap {
+        Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),
+        None => logits,
+    };
+    let probs = (capped.clone() - column(lse)).exp();
+    let local_target = target_rows
+        .targets
+        .clone()
+        .sub_scalar(here.start as i64)
+        .float()
+        .cast(DType::F32)
+        .mask_fill(target_rows.here.clone().bool_not(), -1.0);
+    let columns = Tensor::<B, 1, Int>::arange(0..width as i64, &device)
+        .float()
+        .cast(DType::F32)
+        .reshape([1, width]);
+    let is_target = columns.equal(column(local_target)).float().cast(DType::F32);
+    let mut grad = probs * column(prob_coef) - is_target * column(target_coef);
+    if ls > 0.0 {
+        let class_weights = match &inputs.class_weights {
+            Some(weights) => float::<B, 1>(weights.weights.clone()).slice([here.clone()]),
+            None => Tensor::<B, 1>::ones([width], (&device, DType::F32)),
+        };
+        grad = grad - class_weights.reshape([1, width]) * column(smooth_coef);
+    }
+    if let Some(cap) = options.softcap {
+        let scaled = capped.div_scalar(cap);
+        grad = grad * (scaled.clone() * scaled).neg().add_scalar(1.0);
+    }
+    B::float_reshape(grad.cast(dtype).into_primitive().tensor(), shape)
+}
+
+/// [`shard_gradient`] through the backward kernel, when neither label smoothing nor class
+/// weights apply (their terms need the whole vocabulary's `V`, `W` and `w_y`, which the
+/// kernel takes from its own inputs). The kernel writes `c p_c` on every column but the
+/// target's, with `c` the row's probability coefficient and `p_c` from the statistics'
+/// (whole vocabulary's) log-sum-exp, and `sc tg + e (tg + 1)` at the target's column
+/// (`sc` the cross-entropy scale, `e` the z-loss term, `tg` the statistics' `p_y - 1`).
+/// A row whose target another shard holds gets column 0 as its target and, as `tg`,
+/// `p_0 - e / (sc + e)`: the kernel then writes `c p_0` there too.
+#[allow(clippy::too_many_arguments)]
+fn kernel_gradient<B: FusedCrossEntropyBackend>(
+    inputs: CrossEntropyInputs<B>,
+    targets_shape: burn::tensor::Shape,
+    target_rows: &TargetRows<B>,
+    stats: Tensor<B, 2>,
+    grad_output: FloatTensor<B>,
+    denominators: Option<FloatTensor<B>>,
+    shard: &VocabShard,
+    options: &CrossEntropyOptions,
+) -> FloatTensor<B> {
+    let rows = target_rows.targets.dims()[0];
+    let width = shard.classes().len();
+    let start = shard.classes().start as i64;
+    let targets = target_rows
+        .targets
+        .clone()
+        .mul_scalar(0)
+        .mask_where(
+            target_rows.here.clone(),
+            target_rows.targets.clone().sub_scalar(start),
+        )
+        .mask_fill(target_rows.class.clone().bool_not(), SHARD_IGNORE);
+    let lse = stat_row(&stats, row_stat::LSE);
+    let first = float::<B, 2>(B::float_reshape(
+        inputs.logits.clone(),
+        burn::tensor::Shape::new([rows, width]),
+    ))
+    .slice([0..rows, 0..1])
+    .reshape([rows])
+    .cast(DType::F32);
+    let first = match options.softcap {
+        Some(cap) => first.div_scalar(cap).tanh().mul_scalar(cap),
+        None => first,
+    };
+    let mut elsewhere = (first - lse.clone()).exp();
+    if options.z_loss_scale > 0.0 {
+        let (ce_scale, z_scale) = row_scales::<B>(
+            grad_output.clone(),
+            denominators.clone(),
+            options.reduction,
+            rows,
+            None,
+        );
+        let z_term = z_scale * lse.mul_scalar(2.0 * options.z_loss_scale);
+        let coefficient = ce_scale + z_term.clone();
+        // A row with no incoming gradient: any finite value (the kernel scales it by 0).
+        let zero = coefficient.clone().equal_elem(0.0);
+        elsewhere = elsewhere.clone() - (z_term / coefficient.mask_fill(zero.clone(), 1.0));
+        elsewhere = elsewhere.mask_fill(zero, 0.0);
+    }
+    let target_grad = stat_row(&stats, row_stat::TARGET_GRAD)
+        .mask_where(target_rows.here.clone().bool_not(), elsewhere);
+    let stats = Tensor::stack::<2>(
+        (0..row_stat::COUNT)
+            .map(|stat| {
+                if stat == row_stat::TARGET_GRAD {
+                    target_grad.clone()
+                } else {
+                    stat_row(&stats, stat)
+                }
+            })
+            .collect(),
+        0,
+    );
+    B::cross_entropy_backward(
+        CrossEntropyInputs {
+            logits: inputs.logits,
+            targets: B::int_reshape(targets.into_primitive(), targets_shape),
+            class_weights: None,
+        },
+        TwoPassBackward {
+            stats: stats.into_primitive().tensor(),
+            grad_output,
+            denominators,
+        },
+        &CrossEntropyOptions {
+            ignore_index: SHARD_IGNORE,
+            ..options.clone()
+        },
+    )
+}
+
+/// Each row's scales `(sc, sz)` of the spec's gradient, f32 `[N]`: the incoming gradient
+/// (`[N]` for `None`, `[1]` otherwise) over the mean's denominators `[D, n]` for `Mean`,
+/// itself otherwise; 0 outside `flowing` when given.
+fn row_scales<B: Backend>(
+    grad_output: FloatTensor<B>,
+    denominators: Option<FloatTensor<B>>,
+    reduction: Reduction,
+    rows: usize,
+    flowing: Option<&Tensor<B, 1, Bool>>,
+) -> (Tensor<B, 1>, Tensor<B, 1>) {
+    let incoming = float::<B, 1>(grad_output).cast(DType::F32);
+    let mut incoming = if reduction == Reduction::None {
+        incoming.reshape([rows])
+    } else {
+        incoming.reshape([1]).expand([rows])
+    };
+    if let Some(flowing) = flowing {
+        incoming = TargetRows::masked(flowing, incoming);
+    }
+    match denominators {
+        Some(denominators) if reduction == Reduction::Mean => {
+            let denominators = float::<B, 1>(denominators);
+            (
+                incoming.clone() / denominators.clone().narrow(0, 0, 1),
+                incoming / denominators.narrow(0, 1, 1),
+            )
+        }
+        _ => (incoming.clone(), incoming),
+    }
+}
