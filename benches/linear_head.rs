@@ -12,7 +12,8 @@
 //! --features cuda,autotune` (LLM sizes; the first step of each shape autotunes its
 //! matmuls, which takes minutes the first time and is cached under target/autotune).
 //! `FUSED_CE_BENCH_OUT` (default target/fused-ce-bench): where `linear_head.md` and
-//! `linear_head.csv` go.
+//! `linear_head.csv` go. Shapes after `--`, as `NxHxV` (f32 on Vulkan, bf16 on CUDA),
+//! replace the default cases: `cargo bench --bench linear_head -- 4096x256x32000`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -111,6 +112,18 @@ fn main() {
     } else {
         (vec![(256, 64, 4096, DType::F32)], 1, 3)
     };
+    let dtype = if llm { DType::BF16 } else { DType::F32 };
+    let asked: Vec<Case> = std::env::args()
+        .skip(1)
+        .filter_map(|arg| {
+            let sizes: Vec<usize> = arg.split('x').map_while(|n| n.parse().ok()).collect();
+            match sizes[..] {
+                [rows, width, vocab] => Some((rows, width, vocab, dtype)),
+                _ => None,
+            }
+        })
+        .collect();
+    let cases = if asked.is_empty() { cases } else { asked };
     let device = Device::default();
     let mut rng = SmallRng::seed_from_u64(0x5eed);
     println!(

@@ -570,8 +570,14 @@ fn linear_extra_outputs() {
 #[test]
 fn chunk_rows_follow_the_budget() {
     let chunking = LinearChunking::default();
-    // 256 MiB of bf16 logits of 128256 classes: 1046 rows, a multiple of 16 below.
-    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 1040);
+    // 256 MiB of bf16 logits of 128256 classes hold 1046 rows: 8192 rows take 8 chunks,
+    // of 1024 rows each (a multiple of 128), not seven of 1040 and one of 912.
+    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 1024);
+    // 151936 classes: 883 rows fit, 768 is the multiple of 128 below.
+    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 768);
+    assert_eq!(chunking.rows_per_chunk(1000, 128_256, DType::BF16), 1000);
+    // 1100 rows: two chunks of 640 (550 rounded up to a multiple of 128) and 460.
+    assert_eq!(chunking.rows_per_chunk(1100, 128_256, DType::BF16), 640);
     assert_eq!(chunking.rows_per_chunk(100, 128_256, DType::BF16), 100);
     let small = LinearChunking {
         logits_bytes: Some(1),
@@ -579,6 +585,25 @@ fn chunk_rows_follow_the_budget() {
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
+    // Below a tile, multiples of 16: 64 rows fit, 130 rows go in three chunks of 48.
+    let below_a_tile = LinearChunking {
+        logits_bytes: Some(64 * 50 * 4),
+        f32_weight_gradient: false,
+    };
+    assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
+    // Never more than the budget holds, whatever the rows.
+    for rows in 1..2000 {
+        for fit in [16, 20, 100, 128, 200, 1046] {
+            let budget = LinearChunking {
+                logits_bytes: Some(fit * 50 * 4),
+                f32_weight_gradient: false,
+            };
+            let per = budget.rows_per_chunk(rows, 50, DType::F32);
+            assert!(per >= 1 && per <= rows.max(1), "rows {rows} fit {fit}: {per}");
+            assert!(per <= fit.max(16), "rows {rows} fit {fit}: {per}");
+            assert!(per == rows || per % 16 == 0, "rows {rows} fit {fit}: {per}");
+        }
+    }
 }
 
 /// An empty batch: the loss's `N = 0` results (0 for `Mean` and `Sum`, an empty tensor for

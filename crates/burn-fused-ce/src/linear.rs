@@ -24,7 +24,8 @@ use crate::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct LinearChunking {
     /// The most bytes one chunk's logits take (their gradient is written over them): the
-    /// rows of a chunk are as many as fit, at least 16. `None`: 256 MiB, which keeps the
+    /// rows are spread evenly over as few chunks as the budget allows, at least 16 rows a
+    /// chunk ([`LinearChunking::rows_per_chunk`]). `None`: 256 MiB, which keeps the
     /// chunk's matmuls large enough to run at the device's matmul rate.
     pub logits_bytes: Option<usize>,
     /// Accumulate the weight gradient over the chunks in f32 (Liger-Kernel's
@@ -39,19 +40,31 @@ const DEFAULT_LOGITS_BYTES: usize = 256 << 20;
 /// Fewest rows in a chunk, whatever the budget.
 const MIN_CHUNK_ROWS: usize = 16;
 
+/// Rows of one matmul tile: chunks of more rows than this are a multiple of it, so that no
+/// tile of the chunk's matmuls runs mostly empty.
+const TILE_ROWS: usize = 128;
+
 impl LinearChunking {
-    /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`: as many as the
-    /// budget holds, a multiple of 16 when more than 16 (matmul tiles), at least
-    /// [`MIN_CHUNK_ROWS`], at most `rows`.
+    /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`. The budget holds
+    /// `fit` rows, rounded down to a multiple of [`TILE_ROWS`] (of 16 below that, at
+    /// least [`MIN_CHUNK_ROWS`]); the rows are then spread evenly over as many chunks as
+    /// that takes, each rounded up to the same multiple, so that the last chunk is not a
+    /// sliver: 8192 rows that fit 1046 at a time go in 8 chunks of 1024.
     pub fn rows_per_chunk(&self, rows: usize, vocab: usize, dtype: DType) -> usize {
         let budget = self.logits_bytes.unwrap_or(DEFAULT_LOGITS_BYTES);
         let fit = budget / (vocab * dtype.size()).max(1);
-        let fit = if fit > MIN_CHUNK_ROWS {
-            fit - fit % MIN_CHUNK_ROWS
+        let step = if fit >= TILE_ROWS {
+            TILE_ROWS
         } else {
             MIN_CHUNK_ROWS
         };
-        fit.min(rows).max(1)
+        let fit = (fit - fit % step).max(MIN_CHUNK_ROWS);
+        if rows <= fit {
+            return rows.max(1);
+        }
+        // At most `fit`: `rows / chunks <= fit`, and `fit` is a multiple of `step`.
+        let even = rows.div_ceil(rows.div_ceil(fit));
+        even.next_multiple_of(step).min(fit)
     }
 }
 
