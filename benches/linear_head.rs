@@ -13,7 +13,8 @@
 //! matmuls, which takes minutes the first time and is cached under target/autotune).
 //! `FUSED_CE_BENCH_OUT` (default target/fused-ce-bench): where `linear_head.md` and
 //! `linear_head.csv` go. Shapes after `--`, as `NxHxV` (f32 on Vulkan, bf16 on CUDA),
-//! replace the default cases: `cargo bench --bench linear_head -- 4096x256x32000`.
+//! replace the default cases, and `logits=M` sets the fused linear cross-entropy's chunk
+//! budget to M MiB: `cargo bench --bench linear_head -- 4096x256x8000 logits=16`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -124,6 +125,12 @@ fn main() {
         })
         .collect();
     let cases = if asked.is_empty() { cases } else { asked };
+    let chunking = LinearChunking {
+        logits_bytes: std::env::args()
+            .find_map(|arg| arg.strip_prefix("logits=")?.parse::<usize>().ok())
+            .map(|mib| mib << 20),
+        ..LinearChunking::default()
+    };
     let device = Device::default();
     let mut rng = SmallRng::seed_from_u64(0x5eed);
     println!(
@@ -156,7 +163,9 @@ fn main() {
         let flops = 6.0 * rows as f64 * width as f64 * vocab as f64;
         let stock_loss = CrossEntropyLossConfig::new().init::<B>(&device);
         let fused_loss = FusedCrossEntropyLossConfig::new().init::<B>(&device);
-        let linear_loss = FusedLinearCrossEntropyLossConfig::new().init::<B>(&device);
+        let linear_loss = FusedLinearCrossEntropyLossConfig::new()
+            .with_chunking(chunking)
+            .init::<B>(&device);
         let mut head = burn::nn::LinearConfig::new(width, vocab)
             .with_bias(false)
             .init::<B>(&device);
@@ -221,7 +230,7 @@ fn main() {
             Runtime::client(&device).memory_cleanup();
         }
     }
-    let matmul_table = matmul_breakdown(&cases, warmup, reps, &device);
+    let matmul_table = matmul_breakdown(&cases, &chunking, warmup, reps, &device);
     table += &matmul_table;
     let out =
         std::env::var("FUSED_CE_BENCH_OUT").unwrap_or_else(|_| "target/fused-ce-bench".into());
@@ -236,16 +245,22 @@ fn main() {
 
 /// Each matmul of the head's training step alone, on the inner fusion backend: on all `N`
 /// rows (the unfused head) and on one chunk of the rows the fused linear cross-entropy
-/// takes at a time (its default chunking), written as the fused op writes them; the
+/// takes at a time (its chunking), written as the fused op writes them; the
 /// weight gradient's chunk product also with the add into the running sum.
-fn matmul_breakdown(cases: &[Case], warmup: usize, reps: usize, device: &Device) -> String {
+fn matmul_breakdown(
+    cases: &[Case],
+    chunking: &LinearChunking,
+    warmup: usize,
+    reps: usize,
+    device: &Device,
+) -> String {
     type F = DefaultBackend;
     type Run<'a> = dyn Fn() + 'a;
     let mut table =
         String::from("\n| N x H x V | rows | matmul | ms | TFLOP/s |\n|---|---:|---|---:|---:|\n");
     println!("each matmul of the step alone (the weight gradient's add included where named)");
     for &(rows, width, vocab, dtype) in cases {
-        let chunk = LinearChunking::default().rows_per_chunk(rows, vocab, dtype);
+        let chunk = chunking.rows_per_chunk(rows, vocab, dtype);
         let uniform = Distribution::Uniform(-1.0, 1.0);
         let weight = Tensor::<F, 2>::random([width, vocab], uniform, device).cast(dtype);
         let sum = Tensor::<F, 2>::random([width, vocab], uniform, device).cast(dtype);
