@@ -14,7 +14,9 @@
 //! `FUSED_CE_BENCH_OUT` (default target/fused-ce-bench): where `linear_head.md` and
 //! `linear_head.csv` go. Shapes after `--`, as `NxHxV` (f32 on Vulkan, bf16 on CUDA),
 //! replace the default cases, and `logits=M` sets the fused linear cross-entropy's chunk
-//! budget to M MiB: `cargo bench --bench linear_head -- 4096x256x8000 logits=16`.
+//! budget to M MiB and `wblock=M` its weight-gradient blocks
+//! (`LinearChunking::weight_gradient_block_bytes`) to M MiB:
+//! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -128,6 +130,9 @@ fn main() {
     let chunking = LinearChunking {
         logits_bytes: std::env::args()
             .find_map(|arg| arg.strip_prefix("logits=")?.parse::<usize>().ok())
+            .map(|mib| mib << 20),
+        weight_gradient_block_bytes: std::env::args()
+            .find_map(|arg| arg.strip_prefix("wblock=")?.parse::<usize>().ok())
             .map(|mib| mib << 20),
         ..LinearChunking::default()
     };

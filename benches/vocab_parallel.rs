@@ -2,7 +2,9 @@
 //! classes are cut over the devices, one shard per device (one thread and one
 //! burn-collective peer each), against one device computing the loss of one shard's
 //! logits alone (our loss, default config, and the two-pass plan: the sharded loss reads
-//! its logits twice as the two passes do) and of the whole vocabulary. On `Autodiff<Cuda>`
+//! its logits twice as the two passes do) and of the whole vocabulary; then, to show where
+//! the sharded step's time goes, its forward alone and its exchange alone (one all-reduce
+//! of the `[2K + 3, N]` f32 statistics, `K` shards). On `Autodiff<Cuda>`
 //! / `Autodiff<Wgpu>` (Burn's fusion backend), steady steps: `reps` steps queued back to
 //! back, one sync, the median over `rounds`.
 //!
@@ -19,7 +21,7 @@ use burn::collective::{self, AllReduceStrategy, CollectiveConfig, PeerId};
 use burn::tensor::{DType, Distribution, Int, Tensor, TensorData, backend::Backend};
 use burn_fused_ce::{
     CollectiveExchange, CrossEntropyOptions, FusedCrossEntropyLossConfig, GradientPlan, Reduction,
-    TargetCheck, VocabShard, fused_cross_entropy, try_vocab_parallel_cross_entropy,
+    ShardExchange, TargetCheck, VocabShard, fused_cross_entropy, try_vocab_parallel_cross_entropy,
 };
 use fused_ce_suite::{DefaultBackend, Device, RUNTIME_NAME};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -131,7 +133,8 @@ fn main() {
     let config = CollectiveConfig::default()
         .with_num_devices(shards)
         .with_local_all_reduce_strategy(AllReduceStrategy::Tree(2));
-    let sharded_ms: Vec<f64> = std::thread::scope(|scope| {
+    // Per shard: the step, its forward alone, the exchange alone.
+    let sharded_ms: Vec<[f64; 3]> = std::thread::scope(|scope| {
         let workers: Vec<_> = devices
             .iter()
             .enumerate()
@@ -145,8 +148,8 @@ fn main() {
                     let shard = VocabShard::new(index, shards, vocab).expect("a valid shard");
                     let exchange = CollectiveExchange { peer };
                     let logits = logits(rows, shard_vocab, dtype, device).require_grad();
-                    let ms = steady_ms(device, warmup, reps, rounds, || {
-                        let output = try_vocab_parallel_cross_entropy(
+                    let loss = || {
+                        try_vocab_parallel_cross_entropy(
                             logits.clone(),
                             targets.clone(),
                             None,
@@ -154,12 +157,26 @@ fn main() {
                             &options,
                             &exchange,
                         )
-                        .expect("the sharded loss runs");
-                        let _ = output.loss.backward();
+                        .expect("the sharded loss runs")
+                    };
+                    let step_ms = steady_ms(device, warmup, reps, rounds, || {
+                        let _ = loss().loss.backward();
+                    });
+                    let forward_ms = steady_ms(device, warmup, reps, rounds, || drop(loss()));
+                    let exchange_ms = steady_ms(device, warmup, reps, rounds, || {
+                        let stats = Tensor::<DefaultBackend, 2>::ones(
+                            [2 * shards + 3, rows],
+                            (device, DType::F32),
+                        );
+                        drop(
+                            exchange
+                                .sum::<DefaultBackend>(stats.into_primitive().tensor())
+                                .expect("the exchange runs"),
+                        );
                     });
                     fused_ce_suite::lm::leave_collective::<DefaultBackend>(peer, device)
                         .expect("leaves the collective");
-                    ms
+                    [step_ms, forward_ms, exchange_ms]
                 })
             })
             .collect();
@@ -172,7 +189,14 @@ fn main() {
             })
             .collect()
     });
-    let sharded = sharded_ms.iter().cloned().fold(0.0, f64::max);
+    // The slowest shard's time of each.
+    let slowest = |part: usize| sharded_ms.iter().map(|ms| ms[part]).fold(0.0, f64::max);
+    let (sharded, sharded_forward, exchange) = (slowest(0), slowest(1), slowest(2));
+    let parallel = if cuda && count >= shards {
+        "one shard per device, vocabulary-parallel"
+    } else {
+        "logical shards on one device, vocabulary-parallel"
+    };
 
     let shape = format!("{rows} x {vocab}");
     let mut table = String::from(
@@ -182,13 +206,14 @@ fn main() {
         ("one device, one shard's logits, default", default_ms),
         ("one device, one shard's logits, two-pass", two_pass_ms),
         ("one device, the whole vocabulary, default", whole_ms),
+        (parallel, sharded),
+        (&format!("{parallel}: forward alone"), sharded_forward),
         (
-            if cuda && count >= shards {
-                "one shard per device, vocabulary-parallel"
-            } else {
-                "logical shards on one device, vocabulary-parallel"
-            },
-            sharded,
+            &format!(
+                "{parallel}: the exchange alone ([{}, N] f32)",
+                2 * shards + 3
+            ),
+            exchange,
         ),
     ] {
         let line = format!(

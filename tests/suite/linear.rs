@@ -35,6 +35,8 @@ struct LinearCase {
     ignore: Ignore,
     /// Rows per chunk (the budget is set to hold exactly that many rows of logits).
     chunk_rows: usize,
+    /// Columns per block of the weight-gradient product, else the whole product.
+    block_columns: Option<usize>,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
     three_d: bool,
     /// Through the module with an `nn::Linear`, else the function.
@@ -53,6 +55,7 @@ impl LinearCase {
             bias: true,
             ignore: Ignore::SomeRows,
             chunk_rows: 16,
+            block_columns: None,
             three_d: false,
             via_module: false,
         }
@@ -62,6 +65,9 @@ impl LinearCase {
         LinearChunking {
             logits_bytes: Some(self.chunk_rows * self.vocab * self.dtype.size()),
             f32_weight_gradient: false,
+            weight_gradient_block_bytes: self
+                .block_columns
+                .map(|columns| columns * self.width * self.dtype.size()),
         }
     }
 }
@@ -406,6 +412,13 @@ where
                 n += 1;
                 let mut case = LinearCase::new(rows, 24, 67, dtype, reduction);
                 case.chunk_rows = chunk_rows;
+                // Blocks of the weight-gradient product: 10 columns (the last 7 of 67),
+                // or 30.
+                case.block_columns = match (rows, n % 2) {
+                    (100, _) => Some(10),
+                    (37, 0) => Some(30),
+                    _ => None,
+                };
                 case.bias = n % 3 != 0;
                 case.three_d = rows % 2 == 0 && n % 2 == 0;
                 case.via_module = n % 4 < 2;
@@ -457,6 +470,8 @@ fn linear_guess_across_steps() {
         .with_chunking(LinearChunking {
             logits_bytes: Some(16 * vocab * 4),
             f32_weight_gradient: true,
+            // f32 blocks of 7 of the 50 columns.
+            weight_gradient_block_bytes: Some(7 * width * 4),
         })
         .init::<B>(&device);
     let head: Linear<B> = LinearConfig::new(width, vocab).init(&device);
@@ -516,6 +531,7 @@ fn linear_extra_outputs() {
     let chunking = LinearChunking {
         logits_bytes: Some(16 * vocab * 4),
         f32_weight_gradient: false,
+        weight_gradient_block_bytes: None,
     };
     let fused = try_fused_linear_cross_entropy(
         hidden.clone(),
@@ -582,13 +598,36 @@ fn chunk_rows_follow_the_budget() {
     let small = LinearChunking {
         logits_bytes: Some(1),
         f32_weight_gradient: false,
+        weight_gradient_block_bytes: None,
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
+    // Weight-gradient blocks: 64 MiB of bf16 columns of 4096 rows hold 8192 columns.
+    let blocks = LinearChunking {
+        weight_gradient_block_bytes: Some(64 << 20),
+        ..LinearChunking::default()
+    };
+    assert_eq!(
+        blocks.weight_gradient_block_columns(4096, 128_256, DType::BF16),
+        Some(8192)
+    );
+    assert_eq!(
+        blocks.weight_gradient_block_columns(4096, 8192, DType::BF16),
+        None
+    );
+    assert_eq!(
+        blocks.weight_gradient_block_columns(1 << 30, 100, DType::F32),
+        Some(1)
+    );
+    assert_eq!(
+        chunking.weight_gradient_block_columns(4096, 128_256, DType::BF16),
+        None
+    );
     // Below a tile, multiples of 16: 64 rows fit, 130 rows go in three chunks of 48.
     let below_a_tile = LinearChunking {
         logits_bytes: Some(64 * 50 * 4),
         f32_weight_gradient: false,
+        weight_gradient_block_bytes: None,
     };
     assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
     // Never more than the budget holds, whatever the rows.
@@ -597,11 +636,15 @@ fn chunk_rows_follow_the_budget() {
             let budget = LinearChunking {
                 logits_bytes: Some(fit * 50 * 4),
                 f32_weight_gradient: false,
+                weight_gradient_block_bytes: None,
             };
             let per = budget.rows_per_chunk(rows, 50, DType::F32);
-            assert!(per >= 1 && per <= rows.max(1), "rows {rows} fit {fit}: {per}");
+            assert!(
+                per >= 1 && per <= rows.max(1),
+                "rows {rows} fit {fit}: {per}"
+            );
             assert!(per <= fit.max(16), "rows {rows} fit {fit}: {per}");
-            assert!(per == rows || per % 16 == 0, "rows {rows} fit {fit}: {per}");
+            assert!(per == rows || per.is_multiple_of(16), "rows {rows} fit {fit}: {per}");
         }
     }
 }

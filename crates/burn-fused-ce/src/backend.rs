@@ -175,6 +175,28 @@ pub trait FusedCrossEntropyBackend: Backend {
         Self::start_read(Self::first_bad_target(targets, vocab, ignore_index))
     }
 
+    /// `sum[:, start..start + w] += block` for `sum [H, V]` and `block [H, w]` of one
+    /// dtype: the fused linear cross-entropy's weight gradient summed a block of columns
+    /// at a time ([`LinearChunking::weight_gradient_block_bytes`]), in place when nothing
+    /// else holds `sum`. The default uses tensor ops: the block is added to a view of the
+    /// columns, which `slice_assign` writes back. Fusion backends run it as one custom op,
+    /// so that the stream does not fuse the write-back into a kernel that writes a whole
+    /// new `sum`.
+    fn add_into_columns(
+        sum: FloatTensor<Self>,
+        block: FloatTensor<Self>,
+        start: usize,
+    ) -> FloatTensor<Self> {
+        let sum = float::<Self, 2>(sum);
+        let block = float::<Self, 2>(block);
+        let [rows, width] = block.dims();
+        let columns = start..start + width;
+        // The view is dropped once the add has read it: `slice_assign` then finds `sum`
+        // held by nothing else and writes in place.
+        let updated = sum.clone().slice([0..rows, columns.clone()]) + block;
+        primitive(sum.slice_assign([0..rows, columns], updated))
+    }
+
     /// The fused linear cross-entropy (see [`crate::try_fused_linear_cross_entropy`]):
     /// the loss and extra outputs. Backends with autodiff override this to register the
     /// backward step; the default computes the forward alone, chunk by chunk.

@@ -187,6 +187,27 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
     }
 }
 
+/// [`FusedCrossEntropyBackend::add_into_columns`] on the inner backend, as one op: the
+/// stream hands it the sum's handle by value when this is the sum's last use.
+#[derive(Debug, Clone)]
+struct AddColumnsOp<B> {
+    desc: CustomOpIr,
+    start: usize,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> for AddColumnsOp<B> {
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([sum, block], [output]) = self.desc.as_fixed();
+        let summed = B::add_into_columns(
+            handles.get_float_tensor::<B>(sum),
+            handles.get_float_tensor::<B>(block),
+            self.start,
+        );
+        handles.register_float_tensor::<B>(&output.id, summed);
+    }
+}
+
 /// Where a deferred check's read is put once the stream runs the check.
 type ReadSlot = Arc<Mutex<Option<PendingRead>>>;
 
@@ -368,6 +389,31 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             .try_into()
             .unwrap_or_else(|_| unreachable!("the op declares two outputs"));
         (scaled, next)
+    }
+
+    fn add_into_columns(
+        sum: FloatTensor<Self>,
+        block: FloatTensor<Self>,
+        start: usize,
+    ) -> FloatTensor<Self> {
+        let client = sum.client.clone();
+        let output = TensorIr::uninit(client.create_empty_handle(), sum.shape.clone(), sum.dtype);
+        let streams = OperationStreams::with_inputs([&sum, &block]);
+        let desc = CustomOpIr::new(
+            "fused_linear_cross_entropy_add_into_columns",
+            &[sum.into_ir(), block.into_ir()],
+            &[output],
+        );
+        let op = AddColumnsOp::<B> {
+            desc: desc.clone(),
+            start,
+            _backend: PhantomData,
+        };
+        let [summed] = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("the op declares one output"));
+        summed
     }
 
     fn cross_entropy_backward(

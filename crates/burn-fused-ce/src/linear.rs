@@ -32,6 +32,13 @@ pub struct LinearChunking {
     /// `accum_dtype`), cast to the weight's dtype at the end. Off: in the weight's dtype,
     /// one rounding per chunk; on: an f32 `[H, V]` buffer for the whole step.
     pub f32_weight_gradient: bool,
+    /// Form each chunk's weight-gradient product `h_c^T dlogits_c` a block of columns at a
+    /// time, each block at most this many bytes in the dtype the sum is kept in, and add
+    /// each block into the sum in place
+    /// ([`FusedCrossEntropyBackend::add_into_columns`]). `None`: the whole `[H, V]`
+    /// product of a chunk at once, added to the sum (under Burn's fusion backend as the
+    /// matmul's epilogue), which holds a second `[H, V]` buffer while it is summed.
+    pub weight_gradient_block_bytes: Option<usize>,
 }
 
 /// The default budget of one chunk's logits.
@@ -65,6 +72,25 @@ impl LinearChunking {
         // At most `fit`: `rows / chunks <= fit`, and `fit` is a multiple of `step`.
         let even = rows.div_ceil(rows.div_ceil(fit));
         even.next_multiple_of(step).min(fit)
+    }
+
+    /// Columns per block of the weight-gradient product for `width` hidden units and
+    /// `vocab` classes summed in `dtype` ([`Self::weight_gradient_block_bytes`]): as many
+    /// as the budget holds, a multiple of [`TILE_ROWS`] when that many fit, at least one;
+    /// `None` when the product is formed whole.
+    pub fn weight_gradient_block_columns(
+        &self,
+        width: usize,
+        vocab: usize,
+        dtype: DType,
+    ) -> Option<usize> {
+        let fit = self.weight_gradient_block_bytes? / (width * dtype.size()).max(1);
+        let columns = if fit >= TILE_ROWS {
+            fit - fit % TILE_ROWS
+        } else {
+            fit.max(1)
+        };
+        (columns < vocab).then_some(columns)
     }
 }
 
@@ -271,16 +297,16 @@ struct GradientSums<B: Backend> {
     weight: Option<Tensor<B, 2>>,
     /// f32.
     bias: Option<Tensor<B, 1>>,
-    f32_weight_gradient: bool,
+    chunking: LinearChunking,
 }
 
-impl<B: Backend> GradientSums<B> {
+impl<B: FusedCrossEntropyBackend> GradientSums<B> {
     fn new(chunking: &LinearChunking) -> Self {
         Self {
             hidden: Vec::new(),
             weight: None,
             bias: None,
-            f32_weight_gradient: chunking.f32_weight_gradient,
+            chunking: *chunking,
         }
     }
 
@@ -289,20 +315,42 @@ impl<B: Backend> GradientSums<B> {
     fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: Tensor<B, 2>) {
         self.hidden
             .push(logits_grad.clone().matmul(typed.weight.clone().transpose()));
-        // `grad_W += h_c^T dlogits_c`. Under Burn's fusion backend the add runs as the
-        // matmul's epilogue; the product is still a whole [H, V] buffer until then (an
-        // in-place accumulating matmul would save it).
-        let product = rows_of(&typed.hidden, start, end)
-            .transpose()
-            .matmul(logits_grad.clone());
-        let product = if self.f32_weight_gradient {
-            product.cast(DType::F32)
-        } else {
-            product
+        // `grad_W += h_c^T dlogits_c`: the first chunk's product is the sum.
+        let hidden_t = rows_of(&typed.hidden, start, end).transpose();
+        let f32_sum = self.chunking.f32_weight_gradient;
+        let summed_as = |product: Tensor<B, 2>| {
+            if f32_sum {
+                product.cast(DType::F32)
+            } else {
+                product
+            }
         };
-        self.weight = Some(match self.weight.take() {
-            None => product,
-            Some(sum) => sum + product,
+        let (width, vocab) = (typed.weight.dims()[0], typed.vocab());
+        let sum_dtype = if f32_sum {
+            DType::F32
+        } else {
+            typed.weight.dtype()
+        };
+        let block_columns = self
+            .chunking
+            .weight_gradient_block_columns(width, vocab, sum_dtype);
+        self.weight = Some(match (self.weight.take(), block_columns) {
+            (None, _) => summed_as(hidden_t.matmul(logits_grad.clone())),
+            // Under Burn's fusion backend the add runs as the matmul's epilogue; the
+            // product is still a whole [H, V] buffer until then.
+            (Some(sum), None) => sum + summed_as(hidden_t.matmul(logits_grad.clone())),
+            (Some(mut sum), Some(columns)) => {
+                for first in (0..vocab).step_by(columns) {
+                    let block_grad =
+                        logits_grad
+                            .clone()
+                            .narrow(1, first, columns.min(vocab - first));
+                    let block = summed_as(hidden_t.clone().matmul(block_grad));
+                    sum =
+                        float::<B, 2>(B::add_into_columns(primitive(sum), primitive(block), first));
+                }
+                sum
+            }
         });
         self.add_bias(typed, logits_grad);
     }
