@@ -7,6 +7,9 @@
 #
 # SKIP_SUITE=1, SKIP_ORACLE=1, SKIP_TRAIN=1 and SKIP_BENCH=1 leave those parts out;
 # TRAIN_ARGS gives the language model's flags (default: --size gpt2 --compare);
+# LINEAR_HEAD_RUNS gives the LM-head bench's runs, separated by `;`, each its arguments
+# (shapes, logits=M, wblock=M; default: one run of the default cases), each run's
+# results in LOGDIR/linear_head-K;
 # TEST_THREADS runs that many tests at once (default 1: the LLM-sized cases each hold
 # several GB of device memory).
 set -uo pipefail
@@ -49,8 +52,17 @@ if [ -x "$here/train_lm" ] && [ -z "${SKIP_TRAIN:-}" ]; then
   [ ${PIPESTATUS[0]} -eq 0 ] || status=1
 fi
 if [ -x "$here/linear_head" ] && [ -z "${SKIP_BENCH:-}" ]; then
-  echo "== LM head bench"
-  FUSED_CE_BENCH_OUT="$logs" "$here/linear_head" --bench 2>&1 | tee "$logs/linear_head.log" | tail -12
+  run=0
+  head_runs=("")
+  [ -z "${LINEAR_HEAD_RUNS:-}" ] || IFS=';' read -ra head_runs <<< "$LINEAR_HEAD_RUNS"
+  for head_args in "${head_runs[@]}"; do
+    run=$((run + 1))
+    echo "== LM head bench $run: ${head_args:-default cases}"
+    mkdir -p "$logs/linear_head-$run"
+    # shellcheck disable=SC2086 # the run's arguments, split on spaces
+    FUSED_CE_BENCH_OUT="$logs/linear_head-$run" "$here/linear_head" --bench $head_args 2>&1 \
+      | tee "$logs/linear_head-$run.log" | tail -12
+  done
 fi
 if [ -x "$here/vocab_parallel" ] && [ -z "${SKIP_BENCH:-}" ]; then
   echo "== vocabulary-parallel bench"
