@@ -10,6 +10,7 @@ use crate::one_pass::{cross_entropy_one_pass_kernel, one_pass_prologue_kernel};
 use crate::plan::{OnePassPlan, RowLaunch, grid_of, reduction_units};
 use crate::reduce::{ReduceOptions, reduce_stats_kernel};
 use crate::row::RowScalarsLaunch;
+use crate::shards::{ShardRowsOptions, whole_vocabulary_rows_kernel};
 
 /// The options' values as the row kernels take them (runtime scalars).
 pub(crate) fn row_scalars<R: Runtime>(shape: &RowLaunch) -> RowScalarsLaunch<R> {
@@ -385,6 +386,65 @@ pub fn launch_reduce_stats<R: Runtime>(
                 cube_size,
             },
             float_dtype,
+        );
+    }
+}
+
+/// The scalars of one [`launch_whole_vocabulary_rows`].
+#[derive(Debug, Clone, Copy)]
+pub struct ShardRowsScalars {
+    /// The whole vocabulary's size.
+    pub vocab: usize,
+    /// Classes per shard (all but the last).
+    pub shard_width: usize,
+    /// As the loss kernels compare it (i32).
+    pub ignore_index: i32,
+    pub label_smoothing: f32,
+    pub z_loss_scale: f32,
+}
+
+/// The vocabulary-parallel loss's per-row statistics from the exchanged sums
+/// (`whole_vocabulary_rows_kernel`): `summed [R, N]` f32, `targets` bound as `[1, N]`,
+/// `class_weights [V]` and `shard_totals [K]` (any small f32 buffers when the options do
+/// not read them), `stats [COUNT, N]` f32 and `predicted [N]` (the targets' int type; any
+/// buffer without the argmax). One unit per row; `rows > 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_whole_vocabulary_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    summed: TensorArg<R>,
+    targets: TensorArg<R>,
+    class_weights: TensorArg<R>,
+    shard_totals: TensorArg<R>,
+    stats: TensorArg<R>,
+    predicted: TensorArg<R>,
+    int_dtype: StorageType,
+    scalars: ShardRowsScalars,
+    options: ShardRowsOptions,
+) {
+    let cube_size = 256u32;
+    let cubes = u32::try_from(rows.div_ceil(cube_size as usize)).unwrap_or(u32::MAX);
+    // SAFETY: a unit past the last row returns first; the exchanged rows read are those
+    // the options say were packed, the class weight's index is clamped into `[0, V)` and
+    // the shard totals are read at `0..K`.
+    unsafe {
+        whole_vocabulary_rows_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::new_1d(cubes),
+            CubeDim::new_1d(cube_size),
+            summed,
+            targets,
+            class_weights,
+            shard_totals,
+            stats,
+            predicted,
+            u32::try_from(scalars.vocab).unwrap_or(u32::MAX),
+            u32::try_from(scalars.shard_width).unwrap_or(u32::MAX),
+            scalars.ignore_index,
+            scalars.label_smoothing,
+            scalars.z_loss_scale,
+            options,
+            int_dtype,
         );
     }
 }

@@ -644,7 +644,10 @@ fn chunk_rows_follow_the_budget() {
                 "rows {rows} fit {fit}: {per}"
             );
             assert!(per <= fit.max(16), "rows {rows} fit {fit}: {per}");
-            assert!(per == rows || per.is_multiple_of(16), "rows {rows} fit {fit}: {per}");
+            assert!(
+                per == rows || per.is_multiple_of(16),
+                "rows {rows} fit {fit}: {per}"
+            );
         }
     }
 }

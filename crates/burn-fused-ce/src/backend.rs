@@ -14,7 +14,9 @@ use crate::linear::{LinearChunking, LinearInputs, linear_rows};
 use crate::options::CrossEntropyError;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::target_check::PendingRead;
-use crate::vocab_parallel::{ShardExchange, VocabShard, shard_rows};
+use crate::vocab_parallel::{
+    ExchangedRows, ShardExchange, VocabShard, shard_rows, whole_vocabulary_rows_by_tensor_ops,
+};
 
 /// Class weights on the device, f32: `weights [V]` and their sum `total [1]`.
 #[derive(Debug, Clone)]
@@ -221,6 +223,18 @@ pub trait FusedCrossEntropyBackend: Backend {
         keep_denominators: bool,
     ) -> Reduced<Self> {
         reduce_stats::<Self>(rows, options, dtype, keep_denominators)
+    }
+
+    /// The vocabulary-parallel loss's per-row statistics of the whole vocabulary (see
+    /// [`RowStats`]) from what the shards exchanged (see [`ExchangedRows`]), the same on
+    /// every shard. The default uses tensor ops (about sixty small ones); cube backends
+    /// run one kernel.
+    fn whole_vocabulary_rows(
+        exchanged: ExchangedRows<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> RowStats<Self> {
+        whole_vocabulary_rows_by_tensor_ops::<Self>(exchanged, shard, options)
     }
 
     /// The vocabulary-parallel loss on one shard (see

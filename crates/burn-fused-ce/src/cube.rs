@@ -18,9 +18,9 @@ use cubecl::server::CopyDescriptor;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
     GradientTarget, IncomingGradient, KernelTuning, LossSettings, OnePassBuffers, OnePassPlan,
-    OnePassScratch, RowLaunch, WeightArgs, launch_backward, launch_first_bad_target,
-    launch_forward, launch_one_pass, launch_reduce_stats, launch_scale_gradient, row_stat,
-    scale_slot,
+    OnePassScratch, RowLaunch, ShardRowsOptions, ShardRowsScalars, WeightArgs, launch_backward,
+    launch_first_bad_target, launch_forward, launch_one_pass, launch_reduce_stats,
+    launch_scale_gradient, launch_whole_vocabulary_rows, row_stat, scale_slot,
 };
 
 use crate::{
@@ -32,6 +32,7 @@ use crate::{
     options::{CrossEntropyOptions, Reduction},
     target_check::PendingRead,
     test_hooks,
+    vocab_parallel::{ExchangedRows, VocabShard, whole_vocabulary_rows_by_tensor_ops},
 };
 
 /// Logits as the kernels read them: `[B, T, V]` (a 2-D `[N, V]` is bound as `[1, N, V]`,
@@ -247,6 +248,73 @@ where
             weight_args(class_weights.map(|w| (w.weights, w.total)), &logits),
             stats.clone().into_tensor_arg(),
             predicted_arg,
+        );
+        RowStats {
+            stats,
+            predicted,
+            weighted,
+        }
+    }
+
+    fn whole_vocabulary_rows(
+        exchanged: ExchangedRows<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> RowStats<Self> {
+        let rows = exchanged.summed.meta.shape()[1];
+        if rows == 0 {
+            // Nothing to launch over.
+            return whole_vocabulary_rows_by_tensor_ops::<Self>(exchanged, shard, options);
+        }
+        let ExchangedRows {
+            summed,
+            targets,
+            class_weights,
+            shard_totals,
+        } = exchanged;
+        let targets = with_leading_one(targets, 2);
+        let stats = f32_buffer(&summed, Shape::new([row_stat::COUNT, rows]));
+        let argmax = options.outputs.needs_argmax();
+        let int_buffer = |len: usize| {
+            empty_device_dtype::<R>(
+                targets.client.clone(),
+                targets.device.clone(),
+                Shape::new([len]),
+                targets.dtype,
+            )
+        };
+        let predicted = argmax.then(|| poison(int_buffer(rows)));
+        let predicted_arg = match &predicted {
+            Some(predicted) => predicted.clone().into_tensor_arg(),
+            None => int_buffer(1).into_tensor_arg(),
+        };
+        let weighted = class_weights.is_some();
+        let unused = || f32_buffer(&summed, Shape::new([1]));
+        let weights = class_weights.map_or_else(unused, |weights| weights.weights);
+        let totals = shard_totals.clone().unwrap_or_else(unused);
+        launch_whole_vocabulary_rows::<R>(
+            &summed.client.clone(),
+            rows,
+            summed.clone().into_tensor_arg(),
+            targets.clone().into_tensor_arg(),
+            weights.into_tensor_arg(),
+            totals.into_tensor_arg(),
+            stats.clone().into_tensor_arg(),
+            predicted_arg,
+            targets.dtype.into(),
+            ShardRowsScalars {
+                vocab: shard.vocab(),
+                shard_width: shard.width(),
+                ignore_index: options.kernel_ignore_index(),
+                label_smoothing: options.label_smoothing,
+                z_loss_scale: options.z_loss_scale,
+            },
+            ShardRowsOptions {
+                shards: shard.count(),
+                smoothing: shard_totals.is_some(),
+                weighted,
+                argmax,
+            },
         );
         RowStats {
             stats,

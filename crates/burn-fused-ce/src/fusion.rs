@@ -28,6 +28,7 @@ use crate::{
     },
     options::CrossEntropyOptions,
     target_check::PendingRead,
+    vocab_parallel::{ExchangedRows, VocabShard},
 };
 
 type Handles<B> =
@@ -205,6 +206,41 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
             self.start,
         );
         handles.register_float_tensor::<B>(&output.id, summed);
+    }
+}
+
+/// [`FusedCrossEntropyBackend::whole_vocabulary_rows`] on the inner backend. Inputs:
+/// summed, targets, [weights, total], [shard totals]; outputs: stats, [predicted].
+#[derive(Debug, Clone)]
+struct WholeVocabularyOp<B> {
+    desc: CustomOpIr,
+    shard: VocabShard,
+    options: CrossEntropyOptions,
+    weighted: bool,
+    smoothing: bool,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
+    for WholeVocabularyOp<B>
+{
+    fn execute(&self, handles: &mut Handles<B>) {
+        let inputs = &self.desc.inputs;
+        let totals_at = if self.weighted { 4 } else { 2 };
+        let exchanged = ExchangedRows {
+            summed: handles.get_float_tensor::<B>(&inputs[0]),
+            targets: handles.get_int_tensor::<B>(&inputs[1]),
+            class_weights: weights_from::<B>(handles, &inputs[2..], self.weighted),
+            shard_totals: self
+                .smoothing
+                .then(|| handles.get_float_tensor::<B>(&inputs[totals_at])),
+        };
+        let rows = B::whole_vocabulary_rows(exchanged, &self.shard, &self.options);
+        let outputs = &self.desc.outputs;
+        handles.register_float_tensor::<B>(&outputs[0].id, rows.stats);
+        if let (Some(predicted), Some(output)) = (rows.predicted, outputs.get(1)) {
+            handles.register_int_tensor::<B>(&output.id, predicted);
+        }
     }
 }
 
@@ -414,6 +450,59 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             .try_into()
             .unwrap_or_else(|_| unreachable!("the op declares one output"));
         summed
+    }
+
+    fn whole_vocabulary_rows(
+        exchanged: ExchangedRows<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> RowStats<Self> {
+        let ExchangedRows {
+            summed,
+            targets,
+            class_weights,
+            shard_totals,
+        } = exchanged;
+        let client = summed.client.clone();
+        let rows = summed.shape[1];
+        let int_dtype = targets.dtype;
+        let weighted = class_weights.is_some();
+        let smoothing = shard_totals.is_some();
+        // Held until the op is registered: the op only reads the exchanged sums, which
+        // burn-collective may hand to every peer of the device.
+        let held = (summed.clone(), targets.clone());
+        let mut inputs = inputs_with_weights::<B>([summed, targets], class_weights);
+        inputs.extend(shard_totals);
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let output = |shape: Shape, dtype: DType| {
+            TensorIr::uninit(client.create_empty_handle(), shape, dtype)
+        };
+        let mut outputs = vec![output(Shape::new([row_stat::COUNT, rows]), DType::F32)];
+        if options.outputs.needs_argmax() {
+            outputs.push(output(Shape::new([rows]), int_dtype));
+        }
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+        let desc = CustomOpIr::new("vocab_parallel_whole_vocabulary_rows", &inputs, &outputs);
+        let op = WholeVocabularyOp::<B> {
+            desc: desc.clone(),
+            shard: *shard,
+            options: options.clone(),
+            weighted,
+            smoothing,
+            _backend: PhantomData,
+        };
+        let mut outputs = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .into_iter();
+        drop(held);
+        let stats = outputs
+            .next()
+            .unwrap_or_else(|| unreachable!("the op declares its stats output"));
+        RowStats {
+            stats,
+            predicted: outputs.next(),
+            weighted,
+        }
     }
 
     fn cross_entropy_backward(

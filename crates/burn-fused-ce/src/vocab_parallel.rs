@@ -170,6 +170,25 @@ impl<B: Backend> TargetRows<B> {
     }
 }
 
+/// What the shards exchanged and what every shard knows of the rows: the input of
+/// [`FusedCrossEntropyBackend::whole_vocabulary_rows`].
+#[derive(Debug, Clone)]
+pub struct ExchangedRows<B: Backend> {
+    /// The element-wise sum over the shards of what each contributed, f32 `[R, N]`: rows
+    /// `0..K` the shards' log-sum-exps (each shard fills its own row); row `K` the owning
+    /// shard's `lse_y - x_y`, row `K + 1` its `p'_y - 1`; with label smoothing, row `K + 2`
+    /// the shards' `sum_c w_c (lse_k - x_c)`; with the argmax, `K` rows of the shards' best
+    /// values, then `K` rows of their columns in the whole vocabulary.
+    pub summed: FloatTensor<B>,
+    /// The targets, `[N]`.
+    pub targets: IntTensor<B>,
+    /// The whole vocabulary's class weights, when given.
+    pub class_weights: Option<ClassWeights<B>>,
+    /// With label smoothing, each shard's class-weight total (its class count without
+    /// weights), f32 `[K]`.
+    pub shard_totals: Option<FloatTensor<B>>,
+}
+
 /// The ignore index of the shard's own kernel passes: the caller's may be one of the
 /// shard's columns.
 const SHARD_IGNORE: i64 = -2;
@@ -202,19 +221,19 @@ fn shard_weights<B: Backend>(
     })
 }
 
-/// Each shard's class-weight total `W_k` (its class count without weights), f32 `[K, 1]`.
+/// Each shard's class-weight total `W_k` (its class count without weights), f32 `[K]`.
 fn shard_weight_totals<B: Backend>(
     weights: Option<&ClassWeights<B>>,
     shard: &VocabShard,
     device: &B::Device,
-) -> Tensor<B, 2> {
+) -> Tensor<B, 1> {
     let totals: Vec<Tensor<B, 1>> = (0..shard.count)
         .map(|k| match shard_weights(weights, shard.range(k)) {
             Some(slice) => float::<B, 1>(slice.total),
             None => Tensor::<B, 1>::full([1], shard.range(k).len() as f32, (device, DType::F32)),
         })
         .collect();
-    Tensor::cat(totals, 0).reshape([shard.count, 1])
+    Tensor::cat(totals, 0)
 }
 
 /// Forward on one shard: the shard's kernel passes, one exchange, then the per-row
@@ -331,27 +350,37 @@ pub(crate) fn shard_rows<B: FusedCrossEntropyBackend, E: ShardExchange>(
         }
     }
     let packed = Tensor::stack::<2>(contributions, 0);
-    let summed = float::<B, 2>(exchange.sum::<B>(packed.into_primitive().tensor())?);
-    Ok(whole_vocabulary_rows(
-        summed,
-        &target_rows,
-        inputs.class_weights.as_ref(),
+    let summed = exchange.sum::<B>(packed.into_primitive().tensor())?;
+    let shard_totals = smoothing.then(|| {
+        shard_weight_totals(inputs.class_weights.as_ref(), shard, &device)
+            .into_primitive()
+            .tensor()
+    });
+    Ok(B::whole_vocabulary_rows(
+        ExchangedRows {
+            summed,
+            targets: target_rows.targets.into_primitive(),
+            class_weights: inputs.class_weights,
+            shard_totals,
+        },
         shard,
         options,
-        &device,
     ))
 }
 
-/// The per-row statistics of the whole vocabulary from the exchanged sums (see the module
-/// doc), in [`row_stat`]'s layout; ignored rows all 0.
-fn whole_vocabulary_rows<B: FusedCrossEntropyBackend>(
-    summed: Tensor<B, 2>,
-    target_rows: &TargetRows<B>,
-    class_weights: Option<&ClassWeights<B>>,
+/// [`FusedCrossEntropyBackend::whole_vocabulary_rows`] by tensor ops: the per-row
+/// statistics of the whole vocabulary from the exchanged sums (see the module doc), in
+/// [`row_stat`]'s layout; ignored rows all 0.
+pub(crate) fn whole_vocabulary_rows_by_tensor_ops<B: Backend>(
+    exchanged: ExchangedRows<B>,
     shard: &VocabShard,
     options: &CrossEntropyOptions,
-    device: &B::Device,
 ) -> RowStats<B> {
+    let summed = float::<B, 2>(exchanged.summed);
+    let device = summed.device();
+    let device = &device;
+    let target_rows = &TargetRows::<B>::new(exchanged.targets, shard, options.ignore_index);
+    let class_weights = exchanged.class_weights.as_ref();
     let count = shard.count;
     let rows = summed.dims()[1];
     let lse_per_shard = summed.clone().slice([0..count, 0..rows]);
@@ -399,8 +428,8 @@ fn whole_vocabulary_rows<B: FusedCrossEntropyBackend>(
     let ls = options.label_smoothing;
     let mut ce = nll.mul(target_weight.clone()).mul_scalar(1.0 - ls);
     let mut next = count + 2;
-    if ls > 0.0 {
-        let totals = shard_weight_totals(class_weights, shard, device);
+    if let Some(totals) = exchanged.shard_totals {
+        let totals = float::<B, 1>(totals).reshape([count, 1]);
         let spread = (lse.clone().reshape([1, rows]) - lse_per_shard)
             .mul(totals)
             .sum_dim(0)
