@@ -10,7 +10,10 @@ use crate::one_pass::{cross_entropy_one_pass_kernel, one_pass_prologue_kernel};
 use crate::plan::{OnePassPlan, RowLaunch, grid_of, reduction_units};
 use crate::reduce::{ReduceOptions, reduce_stats_kernel};
 use crate::row::RowScalarsLaunch;
-use crate::shards::{ShardRowsOptions, whole_vocabulary_rows_kernel};
+use crate::shards::{
+    PackOptions, ShardGradientOptions, ShardRowsOptions, pack_shard_rows_kernel,
+    shard_gradient_rows_kernel, shard_targets_kernel, whole_vocabulary_rows_kernel,
+};
 
 /// The options' values as the row kernels take them (runtime scalars).
 pub(crate) fn row_scalars<R: Runtime>(shape: &RowLaunch) -> RowScalarsLaunch<R> {
@@ -422,16 +425,15 @@ pub fn launch_whole_vocabulary_rows<R: Runtime>(
     scalars: ShardRowsScalars,
     options: ShardRowsOptions,
 ) {
-    let cube_size = 256u32;
-    let cubes = u32::try_from(rows.div_ceil(cube_size as usize)).unwrap_or(u32::MAX);
+    let (cubes, cube_dim) = per_row_grid(rows);
     // SAFETY: a unit past the last row returns first; the exchanged rows read are those
     // the options say were packed, the class weight's index is clamped into `[0, V)` and
     // the shard totals are read at `0..K`.
     unsafe {
         whole_vocabulary_rows_kernel::launch_unchecked::<R>(
             client,
-            CubeCount::new_1d(cubes),
-            CubeDim::new_1d(cube_size),
+            cubes,
+            cube_dim,
             summed,
             targets,
             class_weights,
@@ -445,6 +447,152 @@ pub fn launch_whole_vocabulary_rows<R: Runtime>(
             scalars.z_loss_scale,
             options,
             int_dtype,
+        );
+    }
+}
+
+/// Cubes of 256 units, one unit per row.
+fn per_row_grid(rows: usize) -> (CubeCount, CubeDim) {
+    let cube_size = 256u32;
+    let cubes = u32::try_from(rows.div_ceil(cube_size as usize)).unwrap_or(u32::MAX);
+    (CubeCount::new_1d(cubes), CubeDim::new_1d(cube_size))
+}
+
+/// The targets of a shard's row kernel (`shard_targets_kernel`): `targets` bound as
+/// `[1, N]`, `local [N]`, and `first_class [N]` when `smoothing` (any buffer otherwise), in
+/// `int_dtype`; `classes` the shard's. `rows > 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_shard_targets<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    targets: TensorArg<R>,
+    local: TensorArg<R>,
+    first_class: TensorArg<R>,
+    int_dtype: StorageType,
+    classes: core::ops::Range<usize>,
+    ignore_index: i32,
+    smoothing: bool,
+) {
+    let (cubes, cube_dim) = per_row_grid(rows);
+    // SAFETY: a unit past the last row returns first; each writes its own row.
+    unsafe {
+        shard_targets_kernel::launch_unchecked::<R>(
+            client,
+            cubes,
+            cube_dim,
+            targets,
+            local,
+            first_class,
+            u32::try_from(classes.start).unwrap_or(u32::MAX),
+            u32::try_from(classes.end).unwrap_or(u32::MAX),
+            ignore_index,
+            smoothing,
+            int_dtype,
+        );
+    }
+}
+
+/// Where a shard stands among the shards, for [`launch_pack_shard_rows`].
+#[derive(Debug, Clone)]
+pub struct ShardPlace {
+    /// This shard's position.
+    pub index: usize,
+    /// This shard's classes.
+    pub classes: core::ops::Range<usize>,
+    /// As the loss kernels compare it (i32).
+    pub ignore_index: i32,
+    /// Softcap's `c`, when on.
+    pub softcap: Option<f32>,
+}
+
+/// A shard's contribution to the exchanged sums (`pack_shard_rows_kernel`): `own` and
+/// `smoothed` `[COUNT, N]` f32, `predicted [N]`, `logits` bound as `[1, N, V_s]`,
+/// `targets` as `[1, N]`, into `packed [R, N]` f32. `rows > 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_pack_shard_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    own: TensorArg<R>,
+    smoothed: TensorArg<R>,
+    predicted: TensorArg<R>,
+    logits: TensorArg<R>,
+    targets: TensorArg<R>,
+    packed: TensorArg<R>,
+    dtypes: [StorageType; 2],
+    place: ShardPlace,
+    options: PackOptions,
+) {
+    let (cubes, cube_dim) = per_row_grid(rows);
+    let width = place.classes.end - place.classes.start;
+    // SAFETY: a unit past the last row returns first; the argmax column is clamped into
+    // the shard's width; each unit writes its own column of `packed`.
+    unsafe {
+        pack_shard_rows_kernel::launch_unchecked::<R>(
+            client,
+            cubes,
+            cube_dim,
+            own,
+            smoothed,
+            predicted,
+            logits,
+            targets,
+            packed,
+            u32::try_from(place.index).unwrap_or(u32::MAX),
+            u32::try_from(place.classes.start).unwrap_or(u32::MAX),
+            u32::try_from(width).unwrap_or(u32::MAX),
+            place.ignore_index,
+            place.softcap.unwrap_or(1.0),
+            options,
+            dtypes,
+        );
+    }
+}
+
+/// The inputs of a shard's backward kernel (`shard_gradient_rows_kernel`): from the whole
+/// vocabulary's `stats [COUNT, N]`, `targets` bound as `[1, N]`, `logits` as `[1, N, V_s]`,
+/// `grad_output` (`[N]` or `[1]`) and `denominators [2]` (any buffer unless `Mean`), into
+/// `local [N]` and `local_stats [COUNT, N]`. `dtypes`: the logits', the incoming
+/// gradient's, the targets'. `rows > 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_shard_gradient_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    stats: TensorArg<R>,
+    targets: TensorArg<R>,
+    logits: TensorArg<R>,
+    grad_output: TensorArg<R>,
+    denominators: TensorArg<R>,
+    local: TensorArg<R>,
+    local_stats: TensorArg<R>,
+    dtypes: [StorageType; 3],
+    place: ShardPlace,
+    vocab: usize,
+    z_loss_scale: f32,
+    options: ShardGradientOptions,
+) {
+    let (cubes, cube_dim) = per_row_grid(rows);
+    // SAFETY: a unit past the last row returns first; `grad_output` is read at the row
+    // only when it has one value per row; each unit writes its own row.
+    unsafe {
+        shard_gradient_rows_kernel::launch_unchecked::<R>(
+            client,
+            cubes,
+            cube_dim,
+            stats,
+            targets,
+            logits,
+            grad_output,
+            denominators,
+            local,
+            local_stats,
+            u32::try_from(place.classes.start).unwrap_or(u32::MAX),
+            u32::try_from(place.classes.end).unwrap_or(u32::MAX),
+            u32::try_from(vocab).unwrap_or(u32::MAX),
+            place.ignore_index,
+            place.softcap.unwrap_or(1.0),
+            z_loss_scale,
+            options,
+            dtypes,
         );
     }
 }

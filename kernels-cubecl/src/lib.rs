@@ -22,9 +22,10 @@ pub use backward::{GradOptions, cross_entropy_backward_kernel, scale_gradient_ke
 pub use checks::first_bad_target_kernel;
 pub use forward::cross_entropy_forward_kernel;
 pub use launch::{
-    GradientTarget, IncomingGradient, OnePassBuffers, OnePassScratch, ShardRowsScalars, WeightArgs,
-    launch_backward, launch_first_bad_target, launch_forward, launch_one_pass, launch_reduce_stats,
-    launch_scale_gradient, launch_whole_vocabulary_rows,
+    GradientTarget, IncomingGradient, OnePassBuffers, OnePassScratch, ShardPlace, ShardRowsScalars,
+    WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_one_pass,
+    launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient, launch_shard_gradient_rows,
+    launch_shard_targets, launch_whole_vocabulary_rows,
 };
 pub use one_pass::{
     OnePassOptions, PARTIAL_SLOTS, UNPUBLISHED, cross_entropy_one_pass_kernel,
@@ -33,7 +34,11 @@ pub use one_pass::{
 pub use plan::{LossSettings, MAX_CHUNKS, OnePassPlan, RowLaunch};
 pub use reduce::{ReduceOptions, reduce_stats_kernel};
 pub use row::{RUNNING_MAX_START, RowOptions, RowScalars, RowScalarsLaunch};
-pub use shards::{ShardRowsOptions, whole_vocabulary_rows_kernel};
+pub use shards::{
+    ELSEWHERE, PackOptions, SHARD_IGNORE, ShardGradientOptions, ShardRowsOptions,
+    pack_shard_rows_kernel, shard_gradient_rows_kernel, shard_targets_kernel,
+    whole_vocabulary_rows_kernel,
+};
 pub use tuning::{CacheHints, KernelTuning, TuningError};
 
 /// Rows of the per-row statistics matrix `[COUNT, N]` (f32) that forward writes; each row

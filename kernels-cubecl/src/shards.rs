@@ -5,7 +5,7 @@
 
 use cubecl::prelude::*;
 
-use crate::row::{is_class, read_target, stat_index};
+use crate::row::{is_class, read_target, row_offset, stat_index};
 use crate::row_stat;
 
 /// Which terms a launch forms (each combination compiles its own kernel).
@@ -144,4 +144,220 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
 #[cube]
 fn exchanged(summed: &Tensor<f32>, stat: usize, row: usize) -> f32 {
     summed[summed.stride(0) * stat + row * summed.stride(1)]
+}
+
+/// The target of a row whose class another shard holds, as a shard's row kernel takes it
+/// (not a class: the kernel reads the whole row and reports its log-sum-exp).
+pub const ELSEWHERE: i32 = -1;
+/// The ignore index of a shard's own kernel passes: the caller's may be one of the
+/// shard's columns.
+pub const SHARD_IGNORE: i32 = -2;
+
+/// One unit per row: the targets as the row kernel of the shard holding classes
+/// `start..end` takes them, `local [N]`: a class of the shard as its column, an ignored
+/// row as [`SHARD_IGNORE`], any other target as [`ELSEWHERE`]; with `smoothing`, also
+/// `first_class [N]`: 0, or [`SHARD_IGNORE`] for an ignored row (the smoothing pass's
+/// targets). `targets` are bound as `[1, N]`.
+#[cube(launch_unchecked)]
+pub fn shard_targets_kernel<I: Int>(
+    targets: &Tensor<I>,
+    local: &mut Tensor<I>,
+    first_class: &mut Tensor<I>,
+    start: u32,
+    end: u32,
+    ignore_index: i32,
+    #[comptime] smoothing: bool,
+    #[define(I)] _dtype: StorageType,
+) {
+    let row = ABSOLUTE_POS;
+    if row >= local.shape(0) {
+        terminate!();
+    }
+    let target = read_target::<I>(targets, row);
+    let counted = target != ignore_index;
+    let here = counted && target >= i32::cast_from(start) && target < i32::cast_from(end);
+    let elsewhere = select(counted, ELSEWHERE, SHARD_IGNORE);
+    local[row] = I::cast_from(select(here, target - i32::cast_from(start), elsewhere));
+    if comptime!(smoothing) {
+        first_class[row] = I::cast_from(select(counted, 0i32, SHARD_IGNORE));
+    }
+}
+
+/// Which rows a shard packs (each combination compiles its own kernel).
+#[derive_cube_comptime]
+pub struct PackOptions {
+    /// Shards `K`.
+    pub shards: usize,
+    /// The smoothing pass ran: its loss times the shard's width is packed.
+    pub smoothing: bool,
+    /// The argmax is tracked: the shard's best value and its column are packed.
+    pub argmax: bool,
+    /// Softcap the best value (`c * tanh(x / c)`), as the row kernel compared it.
+    pub softcap: bool,
+}
+
+/// One unit per row: what the shard `index` of `K` (classes `start..start + width`)
+/// contributes to the exchanged sums, `packed [R, N]` in the layout
+/// [`whole_vocabulary_rows_kernel`] reads: its row kernel's log-sum-exp in row `index`
+/// and 0 in the other shards' rows; where the target is one of its classes, the row
+/// kernel's loss and `p'_y - 1`, else 0; with `smoothing`, the smoothing pass's loss
+/// (`own` and `smoothed` are those passes' statistics `[COUNT, N]`) times `width`; with
+/// the argmax, the value of the logits at the row kernel's argmax (`predicted [N]`,
+/// soft-capped) and that column in the whole vocabulary, in row `index` of each block of
+/// `K` rows, 0 elsewhere and for ignored rows. `logits` are bound as `[1, N, width]` and
+/// `targets` as `[1, N]`; `smoothed`, `predicted` and `logits` are read only when the
+/// options ask for them.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch_unchecked)]
+pub fn pack_shard_rows_kernel<F: Float, I: Int>(
+    own: &Tensor<f32>,
+    smoothed: &Tensor<f32>,
+    predicted: &Tensor<I>,
+    logits: &Tensor<F>,
+    targets: &Tensor<I>,
+    packed: &mut Tensor<f32>,
+    index: u32,
+    start: u32,
+    width: u32,
+    ignore_index: i32,
+    softcap: f32,
+    #[comptime] options: PackOptions,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let row = ABSOLUTE_POS;
+    if row >= packed.shape(1) {
+        terminate!();
+    }
+    let shards = comptime!(options.shards);
+    let zero = f32::new(0.0);
+    let target = read_target::<I>(targets, row);
+    let counted = target != ignore_index;
+    let first = i32::cast_from(start);
+    let here = counted && target >= first && target < first + i32::cast_from(width);
+    let lse = own[stat_index(own, row_stat::LSE, row)];
+    #[unroll]
+    for k in 0..shards {
+        let mine = index == comptime!(k as u32);
+        packed[packed_index(packed, k, row)] = select(mine, lse, zero);
+    }
+    packed[packed_index(packed, shards, row)] =
+        select(here, own[stat_index(own, row_stat::LOSS, row)], zero);
+    packed[packed_index(packed, shards + 1, row)] =
+        select(here, own[stat_index(own, row_stat::TARGET_GRAD, row)], zero);
+    if comptime!(options.smoothing) {
+        let smooth = smoothed[stat_index(smoothed, row_stat::LOSS, row)];
+        packed[packed_index(packed, shards + 2, row)] = smooth * f32::cast_from(width);
+    }
+    if comptime!(options.argmax) {
+        let best_at = comptime!(options.shards + 2 + options.smoothing as usize);
+        let last = i32::cast_from(width) - 1;
+        let column = i32::min(i32::max(i32::cast_from(predicted[row]), 0), last);
+        let at = row_offset::<F>(logits, row) + usize::cast_from(column) * logits.stride(2);
+        let mut best = f32::cast_from(logits[at]);
+        if comptime!(options.softcap) {
+            best = softcap * f32::tanh(best / softcap);
+        }
+        let whole_column = f32::cast_from(column + first);
+        #[unroll]
+        for k in 0..shards {
+            let mine = counted && index == comptime!(k as u32);
+            packed[packed_index(packed, best_at + k, row)] = select(mine, best, zero);
+            packed[packed_index(packed, best_at + shards + k, row)] =
+                select(mine, whole_column, zero);
+        }
+    }
+}
+
+/// Where row `stat` of the packed matrix holds row `row` of the batch.
+#[cube]
+fn packed_index(packed: &Tensor<f32>, stat: usize, row: usize) -> usize {
+    packed.stride(0) * stat + row * packed.stride(1)
+}
+
+/// What a shard's backward reads (each combination compiles its own kernel).
+#[derive_cube_comptime]
+pub struct ShardGradientOptions {
+    /// `Reduction::None`: the incoming gradient has one value per row, else one.
+    pub per_row: bool,
+    /// `Reduction::Mean` with the denominators `[D, n]`: the scales are divided by them.
+    pub mean: bool,
+    /// z-loss scale > 0.
+    pub z_loss: bool,
+    /// Softcap the first column's logit.
+    pub softcap: bool,
+}
+
+/// One unit per row: the inputs of the backward kernel over the shard of classes
+/// `start..end`, for the whole vocabulary's statistics `stats [COUNT, N]`. `local [N]`:
+/// the target's column where the shard holds it, column 0 for any other class, and
+/// [`SHARD_IGNORE`] for a row with no gradient (ignored, or not a class); `local_stats`:
+/// `stats` with `p_y - 1` replaced, on rows whose target another shard holds, by
+/// `p_0 - e / (sc + e)` (`p_0` from the row's first logit, soft-capped, `sc` the
+/// cross-entropy scale and `e` the z-loss term of the incoming gradient `grad_output`,
+/// `[N]` or `[1]`, divided for `Mean` by `denominators [D, n]`; 0 when `sc + e` is 0), so
+/// that the kernel writes `c p_0` at column 0 as at any other column. `logits` are bound
+/// as `[1, N, V_s]` and `targets` as `[1, N]`.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch_unchecked)]
+pub fn shard_gradient_rows_kernel<F: Float, G: Float, I: Int>(
+    stats: &Tensor<f32>,
+    targets: &Tensor<I>,
+    logits: &Tensor<F>,
+    grad_output: &Tensor<G>,
+    denominators: &Tensor<f32>,
+    local: &mut Tensor<I>,
+    local_stats: &mut Tensor<f32>,
+    start: u32,
+    end: u32,
+    vocab: u32,
+    ignore_index: i32,
+    softcap: f32,
+    z_loss_scale: f32,
+    #[comptime] options: ShardGradientOptions,
+    #[define(F, G, I)] _dtypes: [StorageType; 3],
+) {
+    let row = ABSOLUTE_POS;
+    if row >= local.shape(0) {
+        terminate!();
+    }
+    let target = read_target::<I>(targets, row);
+    let class = target != ignore_index && is_class(target, vocab as usize);
+    let first = i32::cast_from(start);
+    let here = class && target >= first && target < i32::cast_from(end);
+    let elsewhere_target = select(class, 0i32, SHARD_IGNORE);
+    local[row] = I::cast_from(select(here, target - first, elsewhere_target));
+
+    let lse = stats[stat_index(stats, row_stat::LSE, row)];
+    let mut logit = f32::cast_from(logits[row_offset::<F>(logits, row)]);
+    if comptime!(options.softcap) {
+        logit = softcap * f32::tanh(logit / softcap);
+    }
+    let mut elsewhere = f32::exp(logit - lse);
+    if comptime!(options.z_loss) {
+        let mut incoming = f32::cast_from(grad_output[0]);
+        if comptime!(options.per_row) {
+            incoming = f32::cast_from(grad_output[row]);
+        }
+        let mut ce_scale = incoming;
+        let mut z_scale = incoming;
+        if comptime!(options.mean) {
+            ce_scale = incoming / denominators[0];
+            z_scale = incoming / denominators[1];
+        }
+        let z_term = z_scale * (lse * (f32::new(2.0) * z_loss_scale));
+        let coefficient = ce_scale + z_term;
+        let zero = coefficient == f32::new(0.0);
+        let safe = select(zero, f32::new(1.0), coefficient);
+        elsewhere = select(zero, f32::new(0.0), elsewhere - z_term / safe);
+    }
+    #[unroll]
+    for stat in 0..row_stat::COUNT {
+        let value = stats[stat_index(stats, stat, row)];
+        let value = if comptime!(stat == row_stat::TARGET_GRAD) {
+            select(here, value, elsewhere)
+        } else {
+            value
+        };
+        local_stats[stat_index(local_stats, stat, row)] = value;
+    }
 }

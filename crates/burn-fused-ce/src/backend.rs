@@ -15,7 +15,8 @@ use crate::options::CrossEntropyError;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::target_check::PendingRead;
 use crate::vocab_parallel::{
-    ExchangedRows, ShardExchange, VocabShard, shard_rows, whole_vocabulary_rows_by_tensor_ops,
+    ExchangedRows, ShardBackwardRows, ShardExchange, VocabShard, shard_contributions_by_tensor_ops,
+    shard_gradient_rows_by_tensor_ops, shard_rows, whole_vocabulary_rows_by_tensor_ops,
 };
 
 /// Class weights on the device, f32: `weights [V]` and their sum `total [1]`.
@@ -223,6 +224,32 @@ pub trait FusedCrossEntropyBackend: Backend {
         keep_denominators: bool,
     ) -> Reduced<Self> {
         reduce_stats::<Self>(rows, options, dtype, keep_denominators)
+    }
+
+    /// What one shard of the vocabulary-parallel loss contributes to the sums the shards
+    /// exchange (see [`ExchangedRows::summed`]), f32 `[R, N]`: its row-kernel passes over
+    /// its logits (`inputs`: the shard's logits, the targets, the whole vocabulary's class
+    /// weights), packed. The default uses tensor ops around [`Self::cross_entropy_rows`];
+    /// cube backends make the targets local and pack in one small kernel each.
+    fn shard_contributions(
+        inputs: CrossEntropyInputs<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> FloatTensor<Self> {
+        shard_contributions_by_tensor_ops::<Self>(inputs, shard, options)
+    }
+
+    /// The inputs of one shard's backward kernel, when neither label smoothing nor class
+    /// weights apply: the targets as the kernel takes them (`[N]`: the target's column
+    /// where the shard holds it, column 0 for any other class, no gradient otherwise) and
+    /// the statistics with `p_y - 1` replaced, where another shard holds the target, by
+    /// `p_0 - e / (sc + e)`. The default uses tensor ops; cube backends run one kernel.
+    fn shard_gradient_rows(
+        inputs: ShardBackwardRows<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+        shard_gradient_rows_by_tensor_ops::<Self>(inputs, shard, options)
     }
 
     /// The vocabulary-parallel loss's per-row statistics of the whole vocabulary (see

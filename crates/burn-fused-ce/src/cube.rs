@@ -18,9 +18,11 @@ use cubecl::server::CopyDescriptor;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
     GradientTarget, IncomingGradient, KernelTuning, LossSettings, OnePassBuffers, OnePassPlan,
-    OnePassScratch, RowLaunch, ShardRowsOptions, ShardRowsScalars, WeightArgs, launch_backward,
-    launch_first_bad_target, launch_forward, launch_one_pass, launch_reduce_stats,
-    launch_scale_gradient, launch_whole_vocabulary_rows, row_stat, scale_slot,
+    OnePassScratch, PackOptions, RowLaunch, ShardGradientOptions, ShardPlace, ShardRowsOptions,
+    ShardRowsScalars, WeightArgs, launch_backward, launch_first_bad_target, launch_forward,
+    launch_one_pass, launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient,
+    launch_shard_gradient_rows, launch_shard_targets, launch_whole_vocabulary_rows, row_stat,
+    scale_slot,
 };
 
 use crate::{
@@ -32,7 +34,11 @@ use crate::{
     options::{CrossEntropyOptions, Reduction},
     target_check::PendingRead,
     test_hooks,
-    vocab_parallel::{ExchangedRows, VocabShard, whole_vocabulary_rows_by_tensor_ops},
+    vocab_parallel::{
+        ExchangedRows, ShardBackwardRows, VocabShard, exchanged_rows, local_options,
+        shard_contributions_by_tensor_ops, shard_gradient_rows_by_tensor_ops, shard_weights,
+        smoothing_options, whole_vocabulary_rows_by_tensor_ops,
+    },
 };
 
 /// Logits as the kernels read them: `[B, T, V]` (a 2-D `[N, V]` is bound as `[1, N, V]`,
@@ -254,6 +260,171 @@ where
             predicted,
             weighted,
         }
+    }
+
+    fn shard_contributions(
+        inputs: CrossEntropyInputs<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> CubeTensor<R> {
+        let rows = inputs.targets.meta.num_elements();
+        if rows == 0 {
+            // Nothing to launch over.
+            return shard_contributions_by_tensor_ops::<Self>(inputs, shard, options);
+        }
+        let targets_shape = inputs.targets.shape();
+        let targets = with_leading_one(inputs.targets.clone(), 2);
+        let smoothing = options.label_smoothing > 0.0;
+        let int_buffer = |len: usize| {
+            empty_device_contiguous_dtype::<R>(
+                targets.client.clone(),
+                targets.device.clone(),
+                Shape::new([len]),
+                targets.dtype,
+            )
+        };
+        let local = poison(int_buffer(rows));
+        let first_class = if smoothing {
+            poison(int_buffer(rows))
+        } else {
+            int_buffer(1)
+        };
+        let ignore_index = options.kernel_ignore_index();
+        launch_shard_targets::<R>(
+            &targets.client.clone(),
+            rows,
+            targets.clone().into_tensor_arg(),
+            local.clone().into_tensor_arg(),
+            first_class.clone().into_tensor_arg(),
+            targets.dtype.into(),
+            shard.classes(),
+            ignore_index,
+            smoothing,
+        );
+        // The row kernel takes the targets in the logits' row shape.
+        let shaped = |local: CubeTensor<R>| {
+            <Self as burn::tensor::ops::IntTensorOps<Self>>::int_reshape(
+                local,
+                targets_shape.clone(),
+            )
+        };
+        let own = Self::cross_entropy_rows(
+            CrossEntropyInputs {
+                logits: inputs.logits.clone(),
+                targets: shaped(local),
+                class_weights: None,
+            },
+            &local_options(options),
+        );
+        let smoothed = smoothing.then(|| {
+            Self::cross_entropy_rows(
+                CrossEntropyInputs {
+                    logits: inputs.logits.clone(),
+                    targets: shaped(first_class),
+                    class_weights: shard_weights(inputs.class_weights.as_ref(), shard.classes()),
+                },
+                &smoothing_options(options),
+            )
+        });
+        let argmax = options.outputs.needs_argmax();
+        let unused_f32 = || f32_buffer(&own.stats, Shape::new([1]));
+        let packed = f32_buffer(
+            &own.stats,
+            Shape::new([exchanged_rows(shard, options), rows]),
+        );
+        let logits = rows_view(inputs.logits);
+        let logits_dtype = logits.dtype;
+        launch_pack_shard_rows::<R>(
+            &packed.client.clone(),
+            rows,
+            own.stats.clone().into_tensor_arg(),
+            smoothed
+                .map_or_else(unused_f32, |smoothed| smoothed.stats)
+                .into_tensor_arg(),
+            own.predicted
+                .unwrap_or_else(|| int_buffer(1))
+                .into_tensor_arg(),
+            logits.into_tensor_arg(),
+            targets.clone().into_tensor_arg(),
+            packed.clone().into_tensor_arg(),
+            [logits_dtype.into(), targets.dtype.into()],
+            ShardPlace {
+                index: shard.index(),
+                classes: shard.classes(),
+                ignore_index,
+                softcap: options.softcap,
+            },
+            PackOptions {
+                shards: shard.count(),
+                smoothing,
+                argmax,
+                softcap: options.softcap.is_some(),
+            },
+        );
+        packed
+    }
+
+    fn shard_gradient_rows(
+        inputs: ShardBackwardRows<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> (CubeTensor<R>, CubeTensor<R>) {
+        let rows = inputs.stats.meta.shape()[1];
+        if rows == 0 {
+            // Nothing to launch over.
+            return shard_gradient_rows_by_tensor_ops::<Self>(inputs, shard, options);
+        }
+        let ShardBackwardRows {
+            stats,
+            targets,
+            logits,
+            grad_output,
+            denominators,
+        } = inputs;
+        let targets = with_leading_one(targets, 2);
+        let logits = rows_view(logits);
+        let grad_output = into_contiguous(grad_output);
+        let local = poison(empty_device_contiguous_dtype::<R>(
+            targets.client.clone(),
+            targets.device.clone(),
+            Shape::new([rows]),
+            targets.dtype,
+        ));
+        let local_stats = f32_buffer(&stats, Shape::new([row_stat::COUNT, rows]));
+        let mean = options.reduction == Reduction::Mean && denominators.is_some();
+        let denominators = denominators.unwrap_or_else(|| f32_buffer(&stats, Shape::new([1])));
+        let dtypes = [
+            logits.dtype.into(),
+            grad_output.dtype.into(),
+            targets.dtype.into(),
+        ];
+        launch_shard_gradient_rows::<R>(
+            &stats.client.clone(),
+            rows,
+            stats.clone().into_tensor_arg(),
+            targets.into_tensor_arg(),
+            logits.into_tensor_arg(),
+            grad_output.into_tensor_arg(),
+            denominators.into_tensor_arg(),
+            local.clone().into_tensor_arg(),
+            local_stats.clone().into_tensor_arg(),
+            dtypes,
+            ShardPlace {
+                index: shard.index(),
+                classes: shard.classes(),
+                ignore_index: options.kernel_ignore_index(),
+                softcap: options.softcap,
+            },
+            shard.vocab(),
+            options.z_loss_scale,
+            ShardGradientOptions {
+                per_row: options.reduction == Reduction::None,
+                mean,
+                z_loss: options.z_loss_scale > 0.0,
+                softcap: options.softcap.is_some(),
+            },
+        );
+        (local, local_stats)
     }
 
     fn whole_vocabulary_rows(

@@ -28,7 +28,7 @@ use crate::{
     },
     options::CrossEntropyOptions,
     target_check::PendingRead,
-    vocab_parallel::{ExchangedRows, VocabShard},
+    vocab_parallel::{ExchangedRows, ShardBackwardRows, VocabShard, exchanged_rows},
 };
 
 type Handles<B> =
@@ -206,6 +206,58 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
             self.start,
         );
         handles.register_float_tensor::<B>(&output.id, summed);
+    }
+}
+
+/// [`FusedCrossEntropyBackend::shard_contributions`] on the inner backend. Inputs: logits,
+/// targets, [weights, total]; output: the packed contributions.
+#[derive(Debug, Clone)]
+struct ContributionsOp<B> {
+    desc: CustomOpIr,
+    shard: VocabShard,
+    options: CrossEntropyOptions,
+    weighted: bool,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
+    for ContributionsOp<B>
+{
+    fn execute(&self, handles: &mut Handles<B>) {
+        let inputs = inputs_from::<B>(handles, &self.desc.inputs, self.weighted);
+        let packed = B::shard_contributions(inputs, &self.shard, &self.options);
+        handles.register_float_tensor::<B>(&self.desc.outputs[0].id, packed);
+    }
+}
+
+/// [`FusedCrossEntropyBackend::shard_gradient_rows`] on the inner backend. Inputs: stats,
+/// targets, logits, grad_output, [denominators]; outputs: targets, stats.
+#[derive(Debug, Clone)]
+struct GradientRowsOp<B> {
+    desc: CustomOpIr,
+    shard: VocabShard,
+    options: CrossEntropyOptions,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
+    for GradientRowsOp<B>
+{
+    fn execute(&self, handles: &mut Handles<B>) {
+        let inputs = &self.desc.inputs;
+        let rows = ShardBackwardRows {
+            stats: handles.get_float_tensor::<B>(&inputs[0]),
+            targets: handles.get_int_tensor::<B>(&inputs[1]),
+            logits: handles.get_float_tensor::<B>(&inputs[2]),
+            grad_output: handles.get_float_tensor::<B>(&inputs[3]),
+            denominators: inputs
+                .get(4)
+                .map(|denominators| handles.get_float_tensor::<B>(denominators)),
+        };
+        let (targets, stats) = B::shard_gradient_rows(rows, &self.shard, &self.options);
+        let outputs = &self.desc.outputs;
+        handles.register_int_tensor::<B>(&outputs[0].id, targets);
+        handles.register_float_tensor::<B>(&outputs[1].id, stats);
     }
 }
 
@@ -450,6 +502,79 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             .try_into()
             .unwrap_or_else(|_| unreachable!("the op declares one output"));
         summed
+    }
+
+    fn shard_contributions(
+        inputs: CrossEntropyInputs<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> FloatTensor<Self> {
+        let CrossEntropyInputs {
+            logits,
+            targets,
+            class_weights,
+        } = inputs;
+        let client = logits.client.clone();
+        let rows: usize = targets.shape.iter().product();
+        let weighted = class_weights.is_some();
+        let inputs = inputs_with_weights::<B>([logits, targets], class_weights);
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let packed = TensorIr::uninit(
+            client.create_empty_handle(),
+            Shape::new([exchanged_rows(shard, options), rows]),
+            DType::F32,
+        );
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+        let desc = CustomOpIr::new("vocab_parallel_shard_contributions", &inputs, &[packed]);
+        let op = ContributionsOp::<B> {
+            desc: desc.clone(),
+            shard: *shard,
+            options: options.clone(),
+            weighted,
+            _backend: PhantomData,
+        };
+        let [packed] = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("the op declares one output"));
+        packed
+    }
+
+    fn shard_gradient_rows(
+        inputs: ShardBackwardRows<Self>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+        let ShardBackwardRows {
+            stats,
+            targets,
+            logits,
+            grad_output,
+            denominators,
+        } = inputs;
+        let client = stats.client.clone();
+        let (stats_shape, int_dtype) = (stats.shape.clone(), targets.dtype);
+        let rows = stats_shape[1];
+        let mut inputs = vec![stats, targets, logits, grad_output];
+        inputs.extend(denominators);
+        let streams = OperationStreams::with_inputs(inputs.iter());
+        let outputs = [
+            TensorIr::uninit(client.create_empty_handle(), Shape::new([rows]), int_dtype),
+            TensorIr::uninit(client.create_empty_handle(), stats_shape, DType::F32),
+        ];
+        let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+        let desc = CustomOpIr::new("vocab_parallel_shard_gradient_rows", &inputs, &outputs);
+        let op = GradientRowsOp::<B> {
+            desc: desc.clone(),
+            shard: *shard,
+            options: options.clone(),
+            _backend: PhantomData,
+        };
+        let [targets, stats] = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("the op declares two outputs"));
+        (targets, stats)
     }
 
     fn whole_vocabulary_rows(

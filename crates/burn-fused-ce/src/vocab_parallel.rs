@@ -189,16 +189,15 @@ pub struct ExchangedRows<B: Backend> {
     pub shard_totals: Option<FloatTensor<B>>,
 }
 
-/// The ignore index of the shard's own kernel passes: the caller's may be one of the
-/// shard's columns.
-const SHARD_IGNORE: i64 = -2;
-/// The target of a row whose class another shard holds.
-const ELSEWHERE: i64 = -1;
+/// The ignore index of the shard's own kernel passes (the caller's may be one of the
+/// shard's columns), and the target of a row whose class another shard holds.
+const SHARD_IGNORE: i64 = fused_ce_kernels::SHARD_IGNORE as i64;
+const ELSEWHERE: i64 = fused_ce_kernels::ELSEWHERE as i64;
 
 /// The options of the shard's own kernel passes: no label smoothing, z-loss or class
 /// weights (they are formed over the whole vocabulary from the exchanged sums), the
 /// argmax when an output needs it, ignored rows as [`SHARD_IGNORE`].
-fn local_options(options: &CrossEntropyOptions) -> CrossEntropyOptions {
+pub(crate) fn local_options(options: &CrossEntropyOptions) -> CrossEntropyOptions {
     CrossEntropyOptions {
         label_smoothing: 0.0,
         z_loss_scale: 0.0,
@@ -207,8 +206,28 @@ fn local_options(options: &CrossEntropyOptions) -> CrossEntropyOptions {
     }
 }
 
+/// The options of the shard's smoothing pass: all the weight on smoothing.
+pub(crate) fn smoothing_options(options: &CrossEntropyOptions) -> CrossEntropyOptions {
+    CrossEntropyOptions {
+        label_smoothing: 1.0,
+        outputs: Default::default(),
+        ..local_options(options)
+    }
+}
+
+/// Rows of the exchanged matrix (see [`ExchangedRows::summed`]).
+pub(crate) fn exchanged_rows(shard: &VocabShard, options: &CrossEntropyOptions) -> usize {
+    let smoothing = usize::from(options.label_smoothing > 0.0);
+    let argmax = if options.outputs.needs_argmax() {
+        2 * shard.count
+    } else {
+        0
+    };
+    shard.count + 2 + smoothing + argmax
+}
+
 /// The class weights of this shard's classes (f32, with their sum), or `None`.
-fn shard_weights<B: Backend>(
+pub(crate) fn shard_weights<B: Backend>(
     weights: Option<&ClassWeights<B>>,
     range: Range<usize>,
 ) -> Option<ClassWeights<B>> {
@@ -246,6 +265,37 @@ pub(crate) fn shard_rows<B: FusedCrossEntropyBackend, E: ShardExchange>(
     options: &CrossEntropyOptions,
     exchange: &E,
 ) -> Result<RowStats<B>, CrossEntropyError> {
+    let device = B::float_device(&inputs.logits);
+    let rows = inputs.targets.shape().num_elements();
+    let targets = B::int_reshape(inputs.targets.clone(), burn::tensor::Shape::new([rows]));
+    let class_weights = inputs.class_weights.clone();
+    let packed = B::shard_contributions(inputs, shard, options);
+    let summed = exchange.sum::<B>(packed)?;
+    let shard_totals = (options.label_smoothing > 0.0).then(|| {
+        shard_weight_totals(class_weights.as_ref(), shard, &device)
+            .into_primitive()
+            .tensor()
+    });
+    Ok(B::whole_vocabulary_rows(
+        ExchangedRows {
+            summed,
+            targets,
+            class_weights,
+            shard_totals,
+        },
+        shard,
+        options,
+    ))
+}
+
+/// [`FusedCrossEntropyBackend::shard_contributions`] by tensor ops around the trait's
+/// `cross_entropy_rows`: the shard's row-kernel passes over its logits, then what it
+/// contributes to the exchanged sums (see [`ExchangedRows::summed`]).
+pub(crate) fn shard_contributions_by_tensor_ops<B: FusedCrossEntropyBackend>(
+    inputs: CrossEntropyInputs<B>,
+    shard: &VocabShard,
+    options: &CrossEntropyOptions,
+) -> FloatTensor<B> {
     let device = B::float_device(&inputs.logits);
     let targets_shape = inputs.targets.shape();
     let rows = targets_shape.num_elements();
@@ -303,11 +353,7 @@ pub(crate) fn shard_rows<B: FusedCrossEntropyBackend, E: ShardExchange>(
                 targets: shaped(first_class),
                 class_weights: shard_weights(inputs.class_weights.as_ref(), here.clone()),
             },
-            &CrossEntropyOptions {
-                label_smoothing: 1.0,
-                outputs: Default::default(),
-                ..local_options(options)
-            },
+            &smoothing_options(options),
         );
         let smoothed = stat_row(&float::<B, 2>(smoothed.stats), row_stat::LOSS);
         contributions.push(smoothed.mul_scalar(here.len() as f32));
@@ -349,23 +395,9 @@ pub(crate) fn shard_rows<B: FusedCrossEntropyBackend, E: ShardExchange>(
             });
         }
     }
-    let packed = Tensor::stack::<2>(contributions, 0);
-    let summed = exchange.sum::<B>(packed.into_primitive().tensor())?;
-    let shard_totals = smoothing.then(|| {
-        shard_weight_totals(inputs.class_weights.as_ref(), shard, &device)
-            .into_primitive()
-            .tensor()
-    });
-    Ok(B::whole_vocabulary_rows(
-        ExchangedRows {
-            summed,
-            targets: target_rows.targets.into_primitive(),
-            class_weights: inputs.class_weights,
-            shard_totals,
-        },
-        shard,
-        options,
-    ))
+    Tensor::stack::<2>(contributions, 0)
+        .into_primitive()
+        .tensor()
 }
 
 /// [`FusedCrossEntropyBackend::whole_vocabulary_rows`] by tensor ops: the per-row
@@ -494,28 +526,18 @@ pub(crate) fn shard_gradient<B: FusedCrossEntropyBackend>(
     shard: &VocabShard,
     options: &CrossEntropyOptions,
 ) -> FloatTensor<B> {
+    if options.label_smoothing == 0.0 && inputs.class_weights.is_none() {
+        return kernel_gradient::<B>(inputs, stats, grad_output, denominators, shard, options);
+    }
     let device = B::float_device(&inputs.logits);
     let shape = inputs.logits.shape();
     let dtype = inputs.logits.dtype();
     let here = shard.classes();
     let width = here.len();
-    let targets_shape = inputs.targets.shape();
     let target_rows = TargetRows::<B>::new(inputs.targets.clone(), shard, options.ignore_index);
     let rows = target_rows.targets.dims()[0];
     let stats = float::<B, 2>(stats);
     let flowing = target_rows.class.clone();
-    if options.label_smoothing == 0.0 && inputs.class_weights.is_none() {
-        return kernel_gradient::<B>(
-            inputs,
-            targets_shape,
-            &target_rows,
-            stats,
-            grad_output,
-            denominators,
-            shard,
-            options,
-        );
-    }
 
     let (ce_scale, z_scale) = row_scales::<B>(
         grad_output,
@@ -582,18 +604,78 @@ pub(crate) fn shard_gradient<B: FusedCrossEntropyBackend>(
 /// (whole vocabulary's) log-sum-exp, and `sc tg + e (tg + 1)` at the target's column
 /// (`sc` the cross-entropy scale, `e` the z-loss term, `tg` the statistics' `p_y - 1`).
 /// A row whose target another shard holds gets column 0 as its target and, as `tg`,
-/// `p_0 - e / (sc + e)`: the kernel then writes `c p_0` there too.
-#[allow(clippy::too_many_arguments)]
+/// `p_0 - e / (sc + e)` ([`FusedCrossEntropyBackend::shard_gradient_rows`]): the kernel
+/// then writes `c p_0` there too.
 fn kernel_gradient<B: FusedCrossEntropyBackend>(
     inputs: CrossEntropyInputs<B>,
-    targets_shape: burn::tensor::Shape,
-    target_rows: &TargetRows<B>,
-    stats: Tensor<B, 2>,
+    stats: FloatTensor<B>,
     grad_output: FloatTensor<B>,
     denominators: Option<FloatTensor<B>>,
     shard: &VocabShard,
     options: &CrossEntropyOptions,
 ) -> FloatTensor<B> {
+    let targets_shape = inputs.targets.shape();
+    let rows = targets_shape.num_elements();
+    let (targets, stats) = B::shard_gradient_rows(
+        ShardBackwardRows {
+            stats,
+            targets: B::int_reshape(inputs.targets.clone(), burn::tensor::Shape::new([rows])),
+            logits: inputs.logits.clone(),
+            grad_output: grad_output.clone(),
+            denominators: denominators.clone(),
+        },
+        shard,
+        options,
+    );
+    B::cross_entropy_backward(
+        CrossEntropyInputs {
+            logits: inputs.logits,
+            targets: B::int_reshape(targets, targets_shape),
+            class_weights: None,
+        },
+        TwoPassBackward {
+            stats,
+            grad_output,
+            denominators,
+        },
+        &CrossEntropyOptions {
+            ignore_index: SHARD_IGNORE,
+            ..options.clone()
+        },
+    )
+}
+
+/// The inputs of a shard's backward kernel: what
+/// [`FusedCrossEntropyBackend::shard_gradient_rows`] reads.
+#[derive(Debug, Clone)]
+pub struct ShardBackwardRows<B: Backend> {
+    /// The whole vocabulary's per-row statistics, f32 `[COUNT, N]`.
+    pub stats: FloatTensor<B>,
+    /// The targets, `[N]`.
+    pub targets: IntTensor<B>,
+    /// The shard's logits (`[N, V_s]` or `[B, T, V_s]`).
+    pub logits: FloatTensor<B>,
+    /// The incoming gradient: `[N]` for `Reduction::None`, `[1]` otherwise.
+    pub grad_output: FloatTensor<B>,
+    /// `Mean`'s denominators `[D, n]`.
+    pub denominators: Option<FloatTensor<B>>,
+}
+
+/// [`FusedCrossEntropyBackend::shard_gradient_rows`] by tensor ops.
+pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
+    inputs: ShardBackwardRows<B>,
+    shard: &VocabShard,
+    options: &CrossEntropyOptions,
+) -> (IntTensor<B>, FloatTensor<B>) {
+    let ShardBackwardRows {
+        stats,
+        targets,
+        logits,
+        grad_output,
+        denominators,
+    } = inputs;
+    let target_rows = &TargetRows::<B>::new(targets, shard, options.ignore_index);
+    let stats = float::<B, 2>(stats);
     let rows = target_rows.targets.dims()[0];
     let width = shard.classes().len();
     let start = shard.classes().start as i64;
@@ -608,7 +690,7 @@ fn kernel_gradient<B: FusedCrossEntropyBackend>(
         .mask_fill(target_rows.class.clone().bool_not(), SHARD_IGNORE);
     let lse = stat_row(&stats, row_stat::LSE);
     let first = float::<B, 2>(B::float_reshape(
-        inputs.logits.clone(),
+        logits,
         burn::tensor::Shape::new([rows, width]),
     ))
     .slice([0..rows, 0..1])
@@ -648,22 +730,7 @@ fn kernel_gradient<B: FusedCrossEntropyBackend>(
             .collect(),
         0,
     );
-    B::cross_entropy_backward(
-        CrossEntropyInputs {
-            logits: inputs.logits,
-            targets: B::int_reshape(targets.into_primitive(), targets_shape),
-            class_weights: None,
-        },
-        TwoPassBackward {
-            stats: stats.into_primitive().tensor(),
-            grad_output,
-            denominators,
-        },
-        &CrossEntropyOptions {
-            ignore_index: SHARD_IGNORE,
-            ..options.clone()
-        },
-    )
+    (targets.into_primitive(), stats.into_primitive().tensor())
 }
 
 /// Each row's scales `(sc, sz)` of the spec's gradient, f32 `[N]`: the incoming gradient
