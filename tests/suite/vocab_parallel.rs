@@ -452,6 +452,25 @@ fn logical_shards_match_the_whole_vocabulary() {
     check_case::<NdArray>(&case, &[Default::default()], false);
 }
 
+/// Logical shards on one device summing through burn-collective, as on several devices:
+/// its tree all-reduce hands every peer of one device the same tensor.
+#[test]
+fn logical_shards_through_burn_collective() {
+    let _backward = shared_device();
+    let _peers = collective_peers();
+    let device: fused_ce_suite::Device = Default::default();
+    let devices = [device.clone(), device];
+    let mut case = ShardCase::new(24, 300, 2, Reduction::Mean);
+    case.options.label_smoothing = 0.1;
+    case.options.z_loss_scale = 1e-3;
+    case.options.outputs = ExtraOutputs::all();
+    check_case::<DefaultBackend>(&case, &devices, true);
+    let mut case = ShardCase::new(17, 301, 3, Reduction::None);
+    case.options.softcap = Some(8.0);
+    case.options.z_loss_scale = 1e-3;
+    check_case::<DefaultBackend>(&case, &devices, true);
+}
+
 /// One shard per device when the machine has several (CUDA); on one device it is the
 /// test above.
 #[test]
