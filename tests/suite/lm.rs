@@ -9,7 +9,7 @@ use burn::backend::Autodiff;
 use fused_ce_suite::{
     AutodiffCube, DefaultBackend,
     lm::{
-        Corpus, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, Vocabulary, initial_model, train,
+        Corpus, Gpt, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, Vocabulary, initial_model, train,
         train_data_parallel,
     },
 };
@@ -87,46 +87,23 @@ fn two_replicas_train_the_one_device_curve() {
     let (corpus, config, run) = tiny_run(seed, 3);
     let device = Default::default();
     let start = initial_model::<Autodiff<DefaultBackend>>(&config, seed, &device);
+    let devices = [device.clone(), device.clone()];
     for kind in [LossKind::Fused, LossKind::FusedLinear] {
-        let (one, _) = train(
-            &config,
-            &run,
+        // Same device, same batches: only the gradients' summation order differs.
+        check_replicas_follow_one_device(
+            &Setup {
+                corpus: &corpus,
+                config: &config,
+                run: &run,
+                start: &start,
+                seed,
+            },
             kind,
-            start.clone(),
-            &corpus,
-            &device,
-            |_, _| {},
-        );
-        let devices = [device.clone(), device.clone()];
-        let (two, _) = train_data_parallel(
-            &config,
-            &run,
-            kind,
-            start.clone(),
-            &corpus,
             &devices,
-            |_, _| {},
-        )
-        .unwrap_or_else(|e| panic!("seed={seed} {}: {e}", kind.name()));
-        assert_eq!(two.len(), run.steps, "seed={seed}: one log per step");
-        for (step, (a, b)) in one.iter().zip(&two).enumerate() {
-            let diff = (a.loss - b.loss).abs() / a.loss.abs();
-            assert!(
-                diff <= 1e-4,
-                "seed={seed} {} step {step}: one device {} vs two replicas {}",
-                kind.name(),
-                a.loss,
-                b.loss
-            );
-            assert_eq!(
-                b.tokens,
-                run.batch * config.seq_len,
-                "the global batch's tokens"
-            );
-        }
+            1e-4,
+        );
     }
     let uneven = RunConfig { batch: 3, ..run };
-    let devices = [device.clone(), device.clone()];
     assert!(
         train_data_parallel(
             &config,
@@ -160,39 +137,81 @@ fn one_replica_per_device_trains_the_one_device_curve() {
     };
     let devices = fused_ce_suite::devices(count);
     let start = initial_model::<AutodiffCube>(&config, seed, &devices[0]);
+    let setup = Setup {
+        corpus: &corpus,
+        config: &config,
+        run: &run,
+        start: &start,
+        seed,
+    };
     for kind in [LossKind::Fused, LossKind::FusedLinear] {
-        let (one, _) = train(
-            &config,
-            &run,
-            kind,
-            start.clone(),
-            &corpus,
-            &devices[0],
-            |_, _| {},
+        // Within the bound of the test of the three losses: AdamW's first steps turn
+        // rounding differences of the gradients (here summed over devices) into
+        // differences of the weights of about the learning rate.
+        check_replicas_follow_one_device(&setup, kind, &devices, 1e-3);
+    }
+}
+
+/// What a data-parallel test trains: the corpus, the model, the run and its seeded start.
+struct Setup<'a, B: burn::tensor::backend::AutodiffBackend> {
+    corpus: &'a Corpus,
+    config: &'a GptConfig,
+    run: &'a RunConfig,
+    start: &'a Gpt<B>,
+    seed: u64,
+}
+
+/// Trains `setup` on the first device alone and data-parallel over `devices`, and checks
+/// that every step's loss agrees to `tolerance` (relative) and counts the global batch.
+fn check_replicas_follow_one_device<B>(
+    setup: &Setup<'_, B>,
+    kind: LossKind,
+    devices: &[B::Device],
+    tolerance: f64,
+) where
+    B: burn::tensor::backend::AutodiffBackend + burn_fused_ce::FusedCrossEntropyBackend,
+{
+    let Setup {
+        corpus,
+        config,
+        run,
+        start,
+        seed,
+    } = setup;
+    let (one, _) = train(
+        config,
+        run,
+        kind,
+        (*start).clone(),
+        corpus,
+        &devices[0],
+        |_, _| {},
+    );
+    let (many, _) = train_data_parallel(
+        config,
+        run,
+        kind,
+        (*start).clone(),
+        corpus,
+        devices,
+        |_, _| {},
+    )
+    .unwrap_or_else(|e| panic!("seed={seed} {}: {e}", kind.name()));
+    assert_eq!(many.len(), run.steps, "seed={seed}: one log per step");
+    for (step, (a, b)) in one.iter().zip(&many).enumerate() {
+        let diff = (a.loss - b.loss).abs() / a.loss.abs();
+        assert!(
+            diff <= tolerance,
+            "seed={seed} {} step {step}: one device {} vs {} replicas {}",
+            kind.name(),
+            a.loss,
+            devices.len(),
+            b.loss
         );
-        let (many, _) = train_data_parallel(
-            &config,
-            &run,
-            kind,
-            start.clone(),
-            &corpus,
-            &devices,
-            |_, _| {},
-        )
-        .unwrap_or_else(|e| panic!("seed={seed} {}: {e}", kind.name()));
-        assert_eq!(many.len(), run.steps, "seed={seed}: one log per step");
-        for (step, (a, b)) in one.iter().zip(&many).enumerate() {
-            // Within the bound of the test of the three losses: AdamW's first steps turn
-            // rounding differences of the gradients (here summed over devices) into
-            // differences of the weights of about the learning rate.
-            let diff = (a.loss - b.loss).abs() / a.loss.abs();
-            assert!(
-                diff <= 1e-3,
-                "seed={seed} {} step {step}: one device {} vs {count} devices {}",
-                kind.name(),
-                a.loss,
-                b.loss
-            );
-        }
+        assert_eq!(
+            b.tokens,
+            run.batch * config.seq_len,
+            "seed={seed}: the global batch's tokens"
+        );
     }
 }

@@ -34,6 +34,20 @@ use crate::{
 type Handles<B> =
     HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
 
+/// Registers the custom op `op` (described by `desc`) in the stream: its `N` outputs, as
+/// `desc` declares them.
+fn declared_outputs<R: FusionRuntime, O: Operation<R> + 'static, const N: usize>(
+    client: &burn_fusion::Client<R>,
+    streams: OperationStreams,
+    desc: CustomOpIr,
+    op: O,
+) -> [FusionTensor<R>; N] {
+    client
+        .register(streams, OperationIr::Custom(desc), op)
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("the op declares {N} outputs"))
+}
+
 /// Reads the class weights (two tensors) from `inputs` when `weighted`.
 fn weights_from<B: FusionBackend + FusedCrossEntropyBackend>(
     handles: &mut Handles<B>,
@@ -357,10 +371,7 @@ fn register_check<B: FusionBackend + FusedCrossEntropyBackend>(
         read_into,
         _backend: PhantomData,
     };
-    let [found] = client
-        .register(streams, OperationIr::Custom(desc), op)
-        .try_into()
-        .unwrap_or_else(|_| unreachable!("the op declares one output"));
+    let [found] = declared_outputs(&client, streams, desc, op);
     found
 }
 
@@ -472,10 +483,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             desc: desc.clone(),
             _backend: PhantomData,
         };
-        let [scaled, next] = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("the op declares two outputs"));
+        let [scaled, next] = declared_outputs(&client, streams, desc, op);
         (scaled, next)
     }
 
@@ -497,10 +505,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             start,
             _backend: PhantomData,
         };
-        let [summed] = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("the op declares one output"));
+        let [summed] = declared_outputs(&client, streams, desc, op);
         summed
     }
 
@@ -533,10 +538,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             weighted,
             _backend: PhantomData,
         };
-        let [packed] = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("the op declares one output"));
+        let [packed] = declared_outputs(&client, streams, desc, op);
         packed
     }
 
@@ -570,10 +572,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             options: options.clone(),
             _backend: PhantomData,
         };
-        let [targets, stats] = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("the op declares two outputs"));
+        let [targets, stats] = declared_outputs(&client, streams, desc, op);
         (targets, stats)
     }
 
@@ -667,10 +666,7 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
             mean,
             _backend: PhantomData,
         };
-        let [grad] = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("the op declares one output"));
+        let [grad] = declared_outputs(&client, streams, desc, op);
         grad
     }
 }
