@@ -550,27 +550,31 @@ pub fn launch_pack_shard_rows<R: Runtime>(
 
 /// The inputs of a shard's backward kernel (`shard_gradient_rows_kernel`): from the whole
 /// vocabulary's `stats [COUNT, N]`, `targets` bound as `[1, N]`, `logits` as `[1, N, V_s]`,
-/// `grad_output` (`[N]` or `[1]`) and `denominators [2]` (any buffer unless `Mean`), into
-/// `local [N]` and `local_stats [COUNT, N]`. `dtypes`: the logits', the incoming
-/// gradient's, the targets'. `rows > 0`.
+/// `grad_output` (`[N]` or `[1]`), `denominators [2]` (any buffer unless `Mean`) and
+/// `weight_total [1]` (any buffer without class weights), into `local [N]`,
+/// `local_stats [COUNT, N]`, `coefficients [N]` and `smooth [N]` (any buffer without
+/// smoothing). `dtypes`: the logits', the incoming gradient's, the targets'. `rows > 0`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_shard_gradient_rows<R: Runtime>(
     client: &ComputeClient<R>,
     rows: usize,
-    stats: TensorArg<R>,
-    targets: TensorArg<R>,
-    logits: TensorArg<R>,
-    grad_output: TensorArg<R>,
-    denominators: TensorArg<R>,
-    local: TensorArg<R>,
-    local_stats: TensorArg<R>,
+    inputs: [TensorArg<R>; 6],
+    outputs: [TensorArg<R>; 4],
     dtypes: [StorageType; 3],
     place: ShardPlace,
-    vocab: usize,
-    z_loss_scale: f32,
+    scalars: ShardRowsScalars,
     options: ShardGradientOptions,
 ) {
     let (cubes, cube_dim) = per_row_grid(rows);
+    let [
+        stats,
+        targets,
+        logits,
+        grad_output,
+        denominators,
+        weight_total,
+    ] = inputs;
+    let [local, local_stats, coefficients, smooth] = outputs;
     // SAFETY: a unit past the last row returns first; `grad_output` is read at the row
     // only when it has one value per row; each unit writes its own row.
     unsafe {
@@ -583,14 +587,18 @@ pub fn launch_shard_gradient_rows<R: Runtime>(
             logits,
             grad_output,
             denominators,
+            weight_total,
             local,
             local_stats,
+            coefficients,
+            smooth,
             u32::try_from(place.classes.start).unwrap_or(u32::MAX),
             u32::try_from(place.classes.end).unwrap_or(u32::MAX),
-            u32::try_from(vocab).unwrap_or(u32::MAX),
+            u32::try_from(scalars.vocab).unwrap_or(u32::MAX),
             place.ignore_index,
             place.softcap.unwrap_or(1.0),
-            z_loss_scale,
+            scalars.z_loss_scale,
+            scalars.label_smoothing,
             options,
             dtypes,
         );

@@ -285,18 +285,27 @@ pub struct ShardGradientOptions {
     pub z_loss: bool,
     /// Softcap the first column's logit.
     pub softcap: bool,
+    /// Label smoothing > 0.
+    pub smoothing: bool,
+    /// Class weights given: `w_y` from the statistics, `W` from `weight_total`.
+    pub weighted: bool,
 }
 
 /// One unit per row: the inputs of the backward kernel over the shard of classes
-/// `start..end`, for the whole vocabulary's statistics `stats [COUNT, N]`. `local [N]`:
-/// the target's column where the shard holds it, column 0 for any other class, and
-/// [`SHARD_IGNORE`] for a row with no gradient (ignored, or not a class); `local_stats`:
-/// `stats` with `p_y - 1` replaced, on rows whose target another shard holds, by
-/// `p_0 - e / (sc + e)` (`p_0` from the row's first logit, soft-capped, `sc` the
-/// cross-entropy scale and `e` the z-loss term of the incoming gradient `grad_output`,
-/// `[N]` or `[1]`, divided for `Mean` by `denominators [D, n]`; 0 when `sc + e` is 0), so
-/// that the kernel writes `c p_0` at column 0 as at any other column. `logits` are bound
-/// as `[1, N, V_s]` and `targets` as `[1, N]`.
+/// `start..end` of a vocabulary of `vocab` classes, run with one incoming gradient per row
+/// and no smoothing, z-loss or class weights of its own, for the whole vocabulary's
+/// statistics `stats [COUNT, N]`. With `sc` and `sz` the incoming gradient `grad_output`
+/// (`[N]` or `[1]`, divided for `Mean` by `denominators [D, n]`), `s = sc ls / V` and `W`
+/// the class-weight total (`weight_total [1]`, or `V`), the spec's gradient is
+/// `c p_c - s w_c - [c = y] sc (1 - ls) w_y` with `c = sc (1 - ls) w_y + s W + 2 z sz lse`.
+/// Writes `local [N]`: the target's column where the shard holds it, column 0 for any
+/// other class, [`SHARD_IGNORE`] for a row with no gradient (ignored, or not a class);
+/// `coefficients [N]`: `c` (0 for a row with no gradient), the kernel's per-row incoming
+/// gradient; `smooth [N]`: `s`, which the caller subtracts times `w_c` (with `smoothing`);
+/// `local_stats`: `stats` with `p_y - 1` replaced by what makes the kernel's target value
+/// `c tg` right: `(p_y - 1) + (c - sc (1 - ls) w_y) / c` at the shard's target, and `p_0`
+/// (the row's first logit, soft-capped) where another shard holds it, so that column 0 is
+/// written as any other. `logits` are bound as `[1, N, V_s]` and `targets` as `[1, N]`.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch_unchecked)]
 pub fn shard_gradient_rows_kernel<F: Float, G: Float, I: Int>(
@@ -305,14 +314,18 @@ pub fn shard_gradient_rows_kernel<F: Float, G: Float, I: Int>(
     logits: &Tensor<F>,
     grad_output: &Tensor<G>,
     denominators: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
     local: &mut Tensor<I>,
     local_stats: &mut Tensor<f32>,
+    coefficients: &mut Tensor<f32>,
+    smooth: &mut Tensor<f32>,
     start: u32,
     end: u32,
     vocab: u32,
     ignore_index: i32,
     softcap: f32,
     z_loss_scale: f32,
+    label_smoothing: f32,
     #[comptime] options: ShardGradientOptions,
     #[define(F, G, I)] _dtypes: [StorageType; 3],
 ) {
@@ -327,34 +340,60 @@ pub fn shard_gradient_rows_kernel<F: Float, G: Float, I: Int>(
     let elsewhere_target = select(class, 0i32, SHARD_IGNORE);
     local[row] = I::cast_from(select(here, target - first, elsewhere_target));
 
+    let zero = f32::new(0.0);
     let lse = stats[stat_index(stats, row_stat::LSE, row)];
+    let mut incoming = f32::cast_from(grad_output[0]);
+    if comptime!(options.per_row) {
+        incoming = f32::cast_from(grad_output[row]);
+    }
+    let incoming = select(class, incoming, zero);
+    let mut ce_scale = incoming;
+    let mut z_scale = incoming;
+    if comptime!(options.mean) {
+        ce_scale = incoming / denominators[0];
+        z_scale = incoming / denominators[1];
+    }
+    let mut target_coef = ce_scale;
+    if comptime!(options.weighted) {
+        target_coef *= stats[stat_index(stats, row_stat::WEIGHT, row)];
+    }
+    let mut extra = zero;
+    let mut smooth_coef = zero;
+    if comptime!(options.smoothing) {
+        target_coef *= f32::new(1.0) - label_smoothing;
+        smooth_coef = ce_scale * label_smoothing / f32::cast_from(vocab);
+        let mut weight_sum = f32::cast_from(vocab);
+        if comptime!(options.weighted) {
+            weight_sum = weight_total[0];
+        }
+        extra = smooth_coef * weight_sum;
+    }
+    if comptime!(options.z_loss) {
+        extra += z_scale * (lse * (f32::new(2.0) * z_loss_scale));
+    }
+    let coefficient = target_coef + extra;
+    let safe = select(coefficient == zero, f32::new(1.0), coefficient);
+    let target_grad = stats[stat_index(stats, row_stat::TARGET_GRAD, row)] + extra / safe;
+
     let mut logit = f32::cast_from(logits[row_offset::<F>(logits, row)]);
     if comptime!(options.softcap) {
         logit = softcap * f32::tanh(logit / softcap);
     }
-    let mut elsewhere = f32::exp(logit - lse);
-    if comptime!(options.z_loss) {
-        let mut incoming = f32::cast_from(grad_output[0]);
-        if comptime!(options.per_row) {
-            incoming = f32::cast_from(grad_output[row]);
-        }
-        let mut ce_scale = incoming;
-        let mut z_scale = incoming;
-        if comptime!(options.mean) {
-            ce_scale = incoming / denominators[0];
-            z_scale = incoming / denominators[1];
-        }
-        let z_term = z_scale * (lse * (f32::new(2.0) * z_loss_scale));
-        let coefficient = ce_scale + z_term;
-        let zero = coefficient == f32::new(0.0);
-        let safe = select(zero, f32::new(1.0), coefficient);
-        elsewhere = select(zero, f32::new(0.0), elsewhere - z_term / safe);
+    let elsewhere = f32::exp(logit - lse);
+    let written = select(
+        coefficient == zero,
+        zero,
+        select(here, target_grad, elsewhere),
+    );
+    coefficients[row] = coefficient;
+    if comptime!(options.smoothing) {
+        smooth[row] = smooth_coef;
     }
     #[unroll]
     for stat in 0..row_stat::COUNT {
         let value = stats[stat_index(stats, stat, row)];
         let value = if comptime!(stat == row_stat::TARGET_GRAD) {
-            select(here, value, elsewhere)
+            written
         } else {
             value
         };

@@ -15,8 +15,9 @@ use crate::options::CrossEntropyError;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::target_check::PendingRead;
 use crate::vocab_parallel::{
-    ExchangedRows, ShardBackwardRows, ShardExchange, VocabShard, shard_contributions_by_tensor_ops,
-    shard_gradient_rows_by_tensor_ops, shard_rows, whole_vocabulary_rows_by_tensor_ops,
+    ExchangedRows, KernelBackwardRows, ShardBackwardRows, ShardExchange, VocabShard,
+    shard_contributions_by_tensor_ops, shard_gradient_rows_by_tensor_ops, shard_rows,
+    whole_vocabulary_rows_by_tensor_ops,
 };
 
 /// Class weights on the device, f32: `weights [V]` and their sum `total [1]`.
@@ -239,16 +240,19 @@ pub trait FusedCrossEntropyBackend: Backend {
         shard_contributions_by_tensor_ops::<Self>(inputs, shard, options)
     }
 
-    /// The inputs of one shard's backward kernel, when neither label smoothing nor class
-    /// weights apply: the targets as the kernel takes them (`[N]`: the target's column
-    /// where the shard holds it, column 0 for any other class, no gradient otherwise) and
-    /// the statistics with `p_y - 1` replaced, where another shard holds the target, by
-    /// `p_0 - e / (sc + e)`. The default uses tensor ops; cube backends run one kernel.
+    /// The inputs of one shard's backward kernel (see [`KernelBackwardRows`]), run with one
+    /// incoming gradient per row and no options of its own but softcap: the spec's
+    /// gradient on the shard's columns is `c p_c - s w_c - [c = y] sc (1 - ls) w_y` with
+    /// the row's coefficient `c = sc (1 - ls) w_y + s W + 2 z sz lse` and `s = sc ls / V`;
+    /// the kernel takes `c` as the row's incoming gradient, the targets made local (column 0
+    /// where another shard holds the target) and target values that make it write
+    /// `c (p_y - 1) + c - sc (1 - ls) w_y` at the target and `c p_0` at such a column 0.
+    /// The default uses tensor ops; cube backends run one kernel.
     fn shard_gradient_rows(
         inputs: ShardBackwardRows<Self>,
         shard: &VocabShard,
         options: &CrossEntropyOptions,
-    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+    ) -> KernelBackwardRows<Self> {
         shard_gradient_rows_by_tensor_ops::<Self>(inputs, shard, options)
     }
 

@@ -35,9 +35,9 @@ use crate::{
     target_check::PendingRead,
     test_hooks,
     vocab_parallel::{
-        ExchangedRows, ShardBackwardRows, VocabShard, exchanged_rows, local_options,
-        shard_contributions_by_tensor_ops, shard_gradient_rows_by_tensor_ops, shard_weights,
-        smoothing_options, whole_vocabulary_rows_by_tensor_ops,
+        ExchangedRows, KernelBackwardRows, ShardBackwardRows, VocabShard, exchanged_rows,
+        local_options, shard_contributions_by_tensor_ops, shard_gradient_rows_by_tensor_ops,
+        shard_weights, smoothing_options, whole_vocabulary_rows_by_tensor_ops,
     },
 };
 
@@ -368,7 +368,7 @@ where
         inputs: ShardBackwardRows<Self>,
         shard: &VocabShard,
         options: &CrossEntropyOptions,
-    ) -> (CubeTensor<R>, CubeTensor<R>) {
+    ) -> KernelBackwardRows<Self> {
         let rows = inputs.stats.meta.shape()[1];
         if rows == 0 {
             // Nothing to launch over.
@@ -380,6 +380,7 @@ where
             logits,
             grad_output,
             denominators,
+            weight_total,
         } = inputs;
         let targets = with_leading_one(targets, 2);
         let logits = rows_view(logits);
@@ -391,8 +392,16 @@ where
             targets.dtype,
         ));
         let local_stats = f32_buffer(&stats, Shape::new([row_stat::COUNT, rows]));
+        let coefficients = f32_buffer(&stats, Shape::new([rows]));
+        let smoothing = options.label_smoothing > 0.0;
+        let unused = || f32_buffer(&stats, Shape::new([1]));
+        let smooth = if smoothing {
+            f32_buffer(&stats, Shape::new([rows]))
+        } else {
+            unused()
+        };
         let mean = options.reduction == Reduction::Mean && denominators.is_some();
-        let denominators = denominators.unwrap_or_else(|| f32_buffer(&stats, Shape::new([1])));
+        let weighted = weight_total.is_some();
         let dtypes = [
             logits.dtype.into(),
             grad_output.dtype.into(),
@@ -401,13 +410,20 @@ where
         launch_shard_gradient_rows::<R>(
             &stats.client.clone(),
             rows,
-            stats.clone().into_tensor_arg(),
-            targets.into_tensor_arg(),
-            logits.into_tensor_arg(),
-            grad_output.into_tensor_arg(),
-            denominators.into_tensor_arg(),
-            local.clone().into_tensor_arg(),
-            local_stats.clone().into_tensor_arg(),
+            [
+                stats.clone().into_tensor_arg(),
+                targets.into_tensor_arg(),
+                logits.into_tensor_arg(),
+                grad_output.into_tensor_arg(),
+                denominators.unwrap_or_else(unused).into_tensor_arg(),
+                weight_total.unwrap_or_else(unused).into_tensor_arg(),
+            ],
+            [
+                local.clone().into_tensor_arg(),
+                local_stats.clone().into_tensor_arg(),
+                coefficients.clone().into_tensor_arg(),
+                smooth.clone().into_tensor_arg(),
+            ],
             dtypes,
             ShardPlace {
                 index: shard.index(),
@@ -415,16 +431,28 @@ where
                 ignore_index: options.kernel_ignore_index(),
                 softcap: options.softcap,
             },
-            shard.vocab(),
-            options.z_loss_scale,
+            ShardRowsScalars {
+                vocab: shard.vocab(),
+                shard_width: shard.width(),
+                ignore_index: options.kernel_ignore_index(),
+                label_smoothing: options.label_smoothing,
+                z_loss_scale: options.z_loss_scale,
+            },
             ShardGradientOptions {
                 per_row: options.reduction == Reduction::None,
                 mean,
                 z_loss: options.z_loss_scale > 0.0,
                 softcap: options.softcap.is_some(),
+                smoothing,
+                weighted,
             },
         );
-        (local, local_stats)
+        KernelBackwardRows {
+            targets: local,
+            stats: local_stats,
+            coefficients,
+            smooth: smoothing.then_some(smooth),
+        }
     }
 
     fn whole_vocabulary_rows(

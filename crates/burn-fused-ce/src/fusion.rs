@@ -28,7 +28,9 @@ use crate::{
     },
     options::CrossEntropyOptions,
     target_check::PendingRead,
-    vocab_parallel::{ExchangedRows, ShardBackwardRows, VocabShard, exchanged_rows},
+    vocab_parallel::{
+        ExchangedRows, KernelBackwardRows, ShardBackwardRows, VocabShard, exchanged_rows,
+    },
 };
 
 type Handles<B> =
@@ -245,12 +247,15 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
 }
 
 /// [`FusedCrossEntropyBackend::shard_gradient_rows`] on the inner backend. Inputs: stats,
-/// targets, logits, grad_output, [denominators]; outputs: targets, stats.
+/// targets, logits, grad_output, [denominators], [weight total]; outputs: targets, stats,
+/// coefficients, [smooth].
 #[derive(Debug, Clone)]
 struct GradientRowsOp<B> {
     desc: CustomOpIr,
     shard: VocabShard,
     options: CrossEntropyOptions,
+    mean: bool,
+    weighted: bool,
     _backend: PhantomData<B>,
 }
 
@@ -259,19 +264,25 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
 {
     fn execute(&self, handles: &mut Handles<B>) {
         let inputs = &self.desc.inputs;
+        let weight_total_at = if self.mean { 5 } else { 4 };
         let rows = ShardBackwardRows {
             stats: handles.get_float_tensor::<B>(&inputs[0]),
             targets: handles.get_int_tensor::<B>(&inputs[1]),
             logits: handles.get_float_tensor::<B>(&inputs[2]),
             grad_output: handles.get_float_tensor::<B>(&inputs[3]),
-            denominators: inputs
-                .get(4)
-                .map(|denominators| handles.get_float_tensor::<B>(denominators)),
+            denominators: self.mean.then(|| handles.get_float_tensor::<B>(&inputs[4])),
+            weight_total: self
+                .weighted
+                .then(|| handles.get_float_tensor::<B>(&inputs[weight_total_at])),
         };
-        let (targets, stats) = B::shard_gradient_rows(rows, &self.shard, &self.options);
+        let kernel_rows = B::shard_gradient_rows(rows, &self.shard, &self.options);
         let outputs = &self.desc.outputs;
-        handles.register_int_tensor::<B>(&outputs[0].id, targets);
-        handles.register_float_tensor::<B>(&outputs[1].id, stats);
+        handles.register_int_tensor::<B>(&outputs[0].id, kernel_rows.targets);
+        handles.register_float_tensor::<B>(&outputs[1].id, kernel_rows.stats);
+        handles.register_float_tensor::<B>(&outputs[2].id, kernel_rows.coefficients);
+        if let (Some(smooth), Some(output)) = (kernel_rows.smooth, outputs.get(3)) {
+            handles.register_float_tensor::<B>(&output.id, smooth);
+        }
     }
 }
 
@@ -546,34 +557,59 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         inputs: ShardBackwardRows<Self>,
         shard: &VocabShard,
         options: &CrossEntropyOptions,
-    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+    ) -> KernelBackwardRows<Self> {
         let ShardBackwardRows {
             stats,
             targets,
             logits,
             grad_output,
             denominators,
+            weight_total,
         } = inputs;
         let client = stats.client.clone();
         let (stats_shape, int_dtype) = (stats.shape.clone(), targets.dtype);
         let rows = stats_shape[1];
+        let (mean, weighted) = (denominators.is_some(), weight_total.is_some());
+        let smoothing = options.label_smoothing > 0.0;
         let mut inputs = vec![stats, targets, logits, grad_output];
         inputs.extend(denominators);
+        inputs.extend(weight_total);
         let streams = OperationStreams::with_inputs(inputs.iter());
-        let outputs = [
-            TensorIr::uninit(client.create_empty_handle(), Shape::new([rows]), int_dtype),
-            TensorIr::uninit(client.create_empty_handle(), stats_shape, DType::F32),
+        let output = |shape: Shape, dtype: DType| {
+            TensorIr::uninit(client.create_empty_handle(), shape, dtype)
+        };
+        let mut outputs = vec![
+            output(Shape::new([rows]), int_dtype),
+            output(stats_shape, DType::F32),
+            output(Shape::new([rows]), DType::F32),
         ];
+        if smoothing {
+            outputs.push(output(Shape::new([rows]), DType::F32));
+        }
         let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
         let desc = CustomOpIr::new("vocab_parallel_shard_gradient_rows", &inputs, &outputs);
         let op = GradientRowsOp::<B> {
             desc: desc.clone(),
             shard: *shard,
             options: options.clone(),
+            mean,
+            weighted,
             _backend: PhantomData,
         };
-        let [targets, stats] = declared_outputs(&client, streams, desc, op);
-        (targets, stats)
+        let mut outputs = client
+            .register(streams, OperationIr::Custom(desc), op)
+            .into_iter();
+        let mut next = || {
+            outputs
+                .next()
+                .unwrap_or_else(|| unreachable!("the op declares its outputs"))
+        };
+        KernelBackwardRows {
+            targets: next(),
+            stats: next(),
+            coefficients: next(),
+            smooth: smoothing.then(next),
+        }
     }
 
     fn whole_vocabulary_rows(

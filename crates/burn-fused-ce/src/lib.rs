@@ -70,7 +70,9 @@ pub use options::{
 pub use target_check::{PendingRead, wait_for_target_checks};
 #[cfg(feature = "collective")]
 pub use vocab_parallel::CollectiveExchange;
-pub use vocab_parallel::{ExchangedRows, ShardBackwardRows, ShardExchange, VocabShard};
+pub use vocab_parallel::{
+    ExchangedRows, KernelBackwardRows, ShardBackwardRows, ShardExchange, VocabShard,
+};
 
 /// docs/usage.md's examples, compiled and run as doctests.
 #[cfg(doctest)]

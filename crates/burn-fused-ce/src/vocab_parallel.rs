@@ -515,9 +515,9 @@ pub(crate) fn whole_vocabulary_rows_by_tensor_ops<B: Backend>(
 /// from the whole vocabulary's statistics, the incoming gradient (`[N]` for `None`, `[1]`
 /// otherwise) and, for `Mean`, the denominators `[D, n]`:
 /// `grad_c = (sc ((1 - ls) w_y (p_c - [c = y]) + (ls / V)(W p_c - w_c)) + 2 s sz lse p_c)`,
-/// times softcap's derivative, for this shard's columns `c`. Without label smoothing and
-/// class weights the backward kernel writes it ([`kernel_gradient`]); with them,
-/// element-wise tensor ops (which may hold `[N, V_s]` f32 temporaries).
+/// times softcap's derivative, for this shard's columns `c`. The backward kernel writes it
+/// ([`kernel_gradient`]) unless label smoothing and softcap both apply; then element-wise
+/// tensor ops do (which may hold `[N, V_s]` f32 temporaries).
 pub(crate) fn shard_gradient<B: FusedCrossEntropyBackend>(
     inputs: CrossEntropyInputs<B>,
     stats: FloatTensor<B>,
@@ -526,7 +526,7 @@ pub(crate) fn shard_gradient<B: FusedCrossEntropyBackend>(
     shard: &VocabShard,
     options: &CrossEntropyOptions,
 ) -> FloatTensor<B> {
-    if options.label_smoothing == 0.0 && inputs.class_weights.is_none() {
+    if options.label_smoothing == 0.0 || options.softcap.is_none() {
         return kernel_gradient::<B>(inputs, stats, grad_output, denominators, shard, options);
     }
     let device = B::float_device(&inputs.logits);
@@ -597,15 +597,15 @@ pub(crate) fn shard_gradient<B: FusedCrossEntropyBackend>(
     B::float_reshape(grad.cast(dtype).into_primitive().tensor(), shape)
 }
 
-/// [`shard_gradient`] through the backward kernel, when neither label smoothing nor class
-/// weights apply (their terms need the whole vocabulary's `V`, `W` and `w_y`, which the
-/// kernel takes from its own inputs). The kernel writes `c p_c` on every column but the
-/// target's, with `c` the row's probability coefficient and `p_c` from the statistics'
-/// (whole vocabulary's) log-sum-exp, and `sc tg + e (tg + 1)` at the target's column
-/// (`sc` the cross-entropy scale, `e` the z-loss term, `tg` the statistics' `p_y - 1`).
-/// A row whose target another shard holds gets column 0 as its target and, as `tg`,
-/// `p_0 - e / (sc + e)` ([`FusedCrossEntropyBackend::shard_gradient_rows`]): the kernel
-/// then writes `c p_0` there too.
+/// [`shard_gradient`] through the backward kernel, unless label smoothing and softcap
+/// both apply. The spec's gradient on the shard's columns is `c p_c - s w_c - [c = y]
+/// sc (1 - ls) w_y` (see [`FusedCrossEntropyBackend::shard_gradient_rows`]): the kernel,
+/// run with the per-row coefficients `c` as its incoming gradient and no smoothing,
+/// z-loss or class weights of its own, writes `c p_c` and the target's value (times
+/// softcap's derivative); label smoothing's `s w_c` is subtracted afterwards (which is why
+/// softcap, whose derivative it would need, takes the element-wise path with it). A row
+/// whose target another shard holds gets column 0 as its target, with a value that makes
+/// the kernel write `c p_0` there.
 fn kernel_gradient<B: FusedCrossEntropyBackend>(
     inputs: CrossEntropyInputs<B>,
     stats: FloatTensor<B>,
@@ -616,33 +616,55 @@ fn kernel_gradient<B: FusedCrossEntropyBackend>(
 ) -> FloatTensor<B> {
     let targets_shape = inputs.targets.shape();
     let rows = targets_shape.num_elements();
-    let (targets, stats) = B::shard_gradient_rows(
+    let (shape, dtype) = (inputs.logits.shape(), inputs.logits.dtype());
+    let width = shard.classes().len();
+    let weights = shard_weights(inputs.class_weights.as_ref(), shard.classes());
+    let kernel_rows = B::shard_gradient_rows(
         ShardBackwardRows {
             stats,
             targets: B::int_reshape(inputs.targets.clone(), burn::tensor::Shape::new([rows])),
             logits: inputs.logits.clone(),
-            grad_output: grad_output.clone(),
-            denominators: denominators.clone(),
+            grad_output,
+            denominators,
+            weight_total: inputs.class_weights.as_ref().map(|w| w.total.clone()),
         },
         shard,
         options,
     );
-    B::cross_entropy_backward(
+    let grad = B::cross_entropy_backward(
         CrossEntropyInputs {
             logits: inputs.logits,
-            targets: B::int_reshape(targets, targets_shape),
+            targets: B::int_reshape(kernel_rows.targets, targets_shape),
             class_weights: None,
         },
         TwoPassBackward {
-            stats,
-            grad_output,
-            denominators,
+            stats: kernel_rows.stats,
+            grad_output: kernel_rows.coefficients,
+            denominators: None,
         },
         &CrossEntropyOptions {
+            reduction: Reduction::None,
+            label_smoothing: 0.0,
+            z_loss_scale: 0.0,
             ignore_index: SHARD_IGNORE,
             ..options.clone()
         },
-    )
+    );
+    let Some(smooth) = kernel_rows.smooth else {
+        return grad;
+    };
+    let device = B::float_device(&grad);
+    let weights = match weights {
+        Some(weights) => float::<B, 1>(weights.weights),
+        None => Tensor::<B, 1>::ones([width], (&device, DType::F32)),
+    };
+    let grad = float::<B, 2>(B::float_reshape(
+        grad,
+        burn::tensor::Shape::new([rows, width]),
+    ));
+    let smoothing = float::<B, 1>(smooth).reshape([rows, 1]) * weights.reshape([1, width]);
+    let grad = (grad.cast(DType::F32) - smoothing).cast(dtype);
+    B::float_reshape(grad.into_primitive().tensor(), shape)
 }
 
 /// The inputs of a shard's backward kernel: what
@@ -659,6 +681,22 @@ pub struct ShardBackwardRows<B: Backend> {
     pub grad_output: FloatTensor<B>,
     /// `Mean`'s denominators `[D, n]`.
     pub denominators: Option<FloatTensor<B>>,
+    /// With class weights, the whole vocabulary's class-weight total, f32 `[1]`.
+    pub weight_total: Option<FloatTensor<B>>,
+}
+
+/// What a shard's backward kernel takes, from
+/// [`FusedCrossEntropyBackend::shard_gradient_rows`].
+#[derive(Debug, Clone)]
+pub struct KernelBackwardRows<B: Backend> {
+    /// The targets as the kernel takes them, `[N]`.
+    pub targets: IntTensor<B>,
+    /// The statistics with the target values the kernel needs, f32 `[COUNT, N]`.
+    pub stats: FloatTensor<B>,
+    /// Each row's coefficient `c`, the kernel's incoming gradient, f32 `[N]`.
+    pub coefficients: FloatTensor<B>,
+    /// With label smoothing, each row's `s`, f32 `[N]`: the caller subtracts `s w_c`.
+    pub smooth: Option<FloatTensor<B>>,
 }
 
 /// [`FusedCrossEntropyBackend::shard_gradient_rows`] by tensor ops.
@@ -666,13 +704,14 @@ pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
     inputs: ShardBackwardRows<B>,
     shard: &VocabShard,
     options: &CrossEntropyOptions,
-) -> (IntTensor<B>, FloatTensor<B>) {
+) -> KernelBackwardRows<B> {
     let ShardBackwardRows {
         stats,
         targets,
         logits,
         grad_output,
         denominators,
+        weight_total,
     } = inputs;
     let target_rows = &TargetRows::<B>::new(targets, shard, options.ignore_index);
     let stats = float::<B, 2>(stats);
@@ -689,6 +728,36 @@ pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
         )
         .mask_fill(target_rows.class.clone().bool_not(), SHARD_IGNORE);
     let lse = stat_row(&stats, row_stat::LSE);
+    let (ce_scale, z_scale) = row_scales::<B>(
+        grad_output,
+        denominators,
+        options.reduction,
+        rows,
+        Some(&target_rows.class),
+    );
+    let ls = options.label_smoothing;
+    let mut target_coef = ce_scale.clone();
+    if weight_total.is_some() {
+        target_coef = target_coef * stat_row(&stats, row_stat::WEIGHT);
+    }
+    let mut extra = ce_scale.zeros_like();
+    let mut smooth = None;
+    if ls > 0.0 {
+        target_coef = target_coef.mul_scalar(1.0 - ls);
+        let smooth_coef = ce_scale.mul_scalar(ls / shard.vocab as f32);
+        extra = match weight_total {
+            Some(total) => smooth_coef.clone() * float::<B, 1>(total),
+            None => smooth_coef.clone().mul_scalar(shard.vocab as f32),
+        };
+        smooth = Some(smooth_coef.into_primitive().tensor());
+    }
+    if options.z_loss_scale > 0.0 {
+        extra = extra + z_scale * lse.clone().mul_scalar(2.0 * options.z_loss_scale);
+    }
+    let coefficient = target_coef + extra.clone();
+    let zero = coefficient.clone().equal_elem(0.0);
+    let safe = coefficient.clone().mask_fill(zero.clone(), 1.0);
+    let target_grad = stat_row(&stats, row_stat::TARGET_GRAD) + extra / safe;
     let first = float::<B, 2>(B::float_reshape(
         logits,
         burn::tensor::Shape::new([rows, width]),
@@ -700,29 +769,15 @@ pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
         Some(cap) => first.div_scalar(cap).tanh().mul_scalar(cap),
         None => first,
     };
-    let mut elsewhere = (first - lse.clone()).exp();
-    if options.z_loss_scale > 0.0 {
-        let (ce_scale, z_scale) = row_scales::<B>(
-            grad_output.clone(),
-            denominators.clone(),
-            options.reduction,
-            rows,
-            None,
-        );
-        let z_term = z_scale * lse.mul_scalar(2.0 * options.z_loss_scale);
-        let coefficient = ce_scale + z_term.clone();
-        // A row with no incoming gradient: any finite value (the kernel scales it by 0).
-        let zero = coefficient.clone().equal_elem(0.0);
-        elsewhere = elsewhere.clone() - (z_term / coefficient.mask_fill(zero.clone(), 1.0));
-        elsewhere = elsewhere.mask_fill(zero, 0.0);
-    }
-    let target_grad = stat_row(&stats, row_stat::TARGET_GRAD)
-        .mask_where(target_rows.here.clone().bool_not(), elsewhere);
+    let elsewhere = (first - lse).exp();
+    let written = elsewhere
+        .mask_where(target_rows.here.clone(), target_grad)
+        .mask_fill(zero, 0.0);
     let stats = Tensor::stack::<2>(
         (0..row_stat::COUNT)
             .map(|stat| {
                 if stat == row_stat::TARGET_GRAD {
-                    target_grad.clone()
+                    written.clone()
                 } else {
                     stat_row(&stats, stat)
                 }
@@ -730,7 +785,12 @@ pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
             .collect(),
         0,
     );
-    (targets.into_primitive(), stats.into_primitive().tensor())
+    KernelBackwardRows {
+        targets: targets.into_primitive(),
+        stats: stats.into_primitive().tensor(),
+        coefficients: coefficient.into_primitive().tensor(),
+        smooth,
+    }
 }
 
 /// Each row's scales `(sc, sz)` of the spec's gradient, f32 `[N]`: the incoming gradient
