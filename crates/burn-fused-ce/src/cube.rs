@@ -186,6 +186,17 @@ fn weight_args<R: CubeRuntime>(
     }
 }
 
+/// The vocabulary-parallel kernels' scalars for `shard` and `options`.
+fn shard_scalars(shard: &VocabShard, options: &CrossEntropyOptions) -> ShardRowsScalars {
+    ShardRowsScalars {
+        vocab: shard.vocab(),
+        shard_width: shard.width(),
+        ignore_index: options.kernel_ignore_index(),
+        label_smoothing: options.label_smoothing,
+        z_loss_scale: options.z_loss_scale,
+    }
+}
+
 /// Forward's outputs: the statistics, the predictions when asked for, and the launch
 /// argument for `predicted` (a one-element buffer, never written, otherwise).
 fn forward_outputs<R: CubeRuntime>(
@@ -431,13 +442,7 @@ where
                 ignore_index: options.kernel_ignore_index(),
                 softcap: options.softcap,
             },
-            ShardRowsScalars {
-                vocab: shard.vocab(),
-                shard_width: shard.width(),
-                ignore_index: options.kernel_ignore_index(),
-                label_smoothing: options.label_smoothing,
-                z_loss_scale: options.z_loss_scale,
-            },
+            shard_scalars(shard, options),
             ShardGradientOptions {
                 per_row: options.reduction == Reduction::None,
                 mean,
@@ -501,13 +506,7 @@ where
             stats.clone().into_tensor_arg(),
             predicted_arg,
             targets.dtype.into(),
-            ShardRowsScalars {
-                vocab: shard.vocab(),
-                shard_width: shard.width(),
-                ignore_index: options.kernel_ignore_index(),
-                label_smoothing: options.label_smoothing,
-                z_loss_scale: options.z_loss_scale,
-            },
+            shard_scalars(shard, options),
             ShardRowsOptions {
                 shards: shard.count(),
                 smoothing: shard_totals.is_some(),
