@@ -1,7 +1,9 @@
-//! The vocabulary-parallel loss's per-row statistics of the whole vocabulary, from the
-//! sums the shards exchanged, in one launch. Done with Burn's tensor ops this was about
-//! sixty small ops per call (a log-sum-exp over the shards, gathers at the target's shard,
-//! masks), each with a fixed cost on the host and the device.
+//! The vocabulary-parallel loss's per-row kernels, one unit per row: a shard's targets
+//! made local and its contribution to the exchanged sums packed, the whole vocabulary's
+//! statistics from those sums, and the backward kernel's inputs on a shard. Done with
+//! Burn's tensor ops these were about a hundred small ops per step (a log-sum-exp over
+//! the shards, gathers at the target's shard, masks), each with a fixed cost on the host
+//! and the device.
 
 use cubecl::prelude::*;
 
