@@ -393,15 +393,22 @@ pub fn launch_reduce_stats<R: Runtime>(
     }
 }
 
-/// The scalars of one [`launch_whole_vocabulary_rows`].
-#[derive(Debug, Clone, Copy)]
-pub struct ShardRowsScalars {
-    /// The whole vocabulary's size.
-    pub vocab: usize,
+/// One shard of the vocabulary-parallel loss and the loss's options, as its kernels take
+/// them.
+#[derive(Debug, Clone)]
+pub struct ShardScalars {
+    /// This shard's position.
+    pub index: usize,
+    /// This shard's classes.
+    pub classes: core::ops::Range<usize>,
     /// Classes per shard (all but the last).
     pub shard_width: usize,
+    /// The whole vocabulary's size.
+    pub vocab: usize,
     /// As the loss kernels compare it (i32).
     pub ignore_index: i32,
+    /// Softcap's `c`, when on.
+    pub softcap: Option<f32>,
     pub label_smoothing: f32,
     pub z_loss_scale: f32,
 }
@@ -422,7 +429,7 @@ pub fn launch_whole_vocabulary_rows<R: Runtime>(
     stats: TensorArg<R>,
     predicted: TensorArg<R>,
     int_dtype: StorageType,
-    scalars: ShardRowsScalars,
+    scalars: &ShardScalars,
     options: ShardRowsOptions,
 ) {
     let (cubes, cube_dim) = per_row_grid(rows);
@@ -460,7 +467,7 @@ fn per_row_grid(rows: usize) -> (CubeCount, CubeDim) {
 
 /// The targets of a shard's row kernel (`shard_targets_kernel`): `targets` bound as
 /// `[1, N]`, `local [N]`, and `first_class [N]` when `smoothing` (any buffer otherwise), in
-/// `int_dtype`; `classes` the shard's. `rows > 0`.
+/// `int_dtype`. `rows > 0`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_shard_targets<R: Runtime>(
     client: &ComputeClient<R>,
@@ -469,8 +476,7 @@ pub fn launch_shard_targets<R: Runtime>(
     local: TensorArg<R>,
     first_class: TensorArg<R>,
     int_dtype: StorageType,
-    classes: core::ops::Range<usize>,
-    ignore_index: i32,
+    scalars: &ShardScalars,
     smoothing: bool,
 ) {
     let (cubes, cube_dim) = per_row_grid(rows);
@@ -483,26 +489,13 @@ pub fn launch_shard_targets<R: Runtime>(
             targets,
             local,
             first_class,
-            u32::try_from(classes.start).unwrap_or(u32::MAX),
-            u32::try_from(classes.end).unwrap_or(u32::MAX),
-            ignore_index,
+            u32::try_from(scalars.classes.start).unwrap_or(u32::MAX),
+            u32::try_from(scalars.classes.end).unwrap_or(u32::MAX),
+            scalars.ignore_index,
             smoothing,
             int_dtype,
         );
     }
-}
-
-/// Where a shard stands among the shards, for [`launch_pack_shard_rows`].
-#[derive(Debug, Clone)]
-pub struct ShardPlace {
-    /// This shard's position.
-    pub index: usize,
-    /// This shard's classes.
-    pub classes: core::ops::Range<usize>,
-    /// As the loss kernels compare it (i32).
-    pub ignore_index: i32,
-    /// Softcap's `c`, when on.
-    pub softcap: Option<f32>,
 }
 
 /// A shard's contribution to the exchanged sums (`pack_shard_rows_kernel`): `own` and
@@ -519,11 +512,11 @@ pub fn launch_pack_shard_rows<R: Runtime>(
     targets: TensorArg<R>,
     packed: TensorArg<R>,
     dtypes: [StorageType; 2],
-    place: ShardPlace,
+    scalars: &ShardScalars,
     options: PackOptions,
 ) {
     let (cubes, cube_dim) = per_row_grid(rows);
-    let width = place.classes.end - place.classes.start;
+    let width = scalars.classes.end - scalars.classes.start;
     // SAFETY: a unit past the last row returns first; the argmax column is clamped into
     // the shard's width; each unit writes its own column of `packed`.
     unsafe {
@@ -537,11 +530,11 @@ pub fn launch_pack_shard_rows<R: Runtime>(
             logits,
             targets,
             packed,
-            u32::try_from(place.index).unwrap_or(u32::MAX),
-            u32::try_from(place.classes.start).unwrap_or(u32::MAX),
+            u32::try_from(scalars.index).unwrap_or(u32::MAX),
+            u32::try_from(scalars.classes.start).unwrap_or(u32::MAX),
             u32::try_from(width).unwrap_or(u32::MAX),
-            place.ignore_index,
-            place.softcap.unwrap_or(1.0),
+            scalars.ignore_index,
+            scalars.softcap.unwrap_or(1.0),
             options,
             dtypes,
         );
@@ -561,8 +554,7 @@ pub fn launch_shard_gradient_rows<R: Runtime>(
     inputs: [TensorArg<R>; 6],
     outputs: [TensorArg<R>; 4],
     dtypes: [StorageType; 3],
-    place: ShardPlace,
-    scalars: ShardRowsScalars,
+    scalars: &ShardScalars,
     options: ShardGradientOptions,
 ) {
     let (cubes, cube_dim) = per_row_grid(rows);
@@ -592,11 +584,11 @@ pub fn launch_shard_gradient_rows<R: Runtime>(
             local_stats,
             coefficients,
             smooth,
-            u32::try_from(place.classes.start).unwrap_or(u32::MAX),
-            u32::try_from(place.classes.end).unwrap_or(u32::MAX),
+            u32::try_from(scalars.classes.start).unwrap_or(u32::MAX),
+            u32::try_from(scalars.classes.end).unwrap_or(u32::MAX),
             u32::try_from(scalars.vocab).unwrap_or(u32::MAX),
-            place.ignore_index,
-            place.softcap.unwrap_or(1.0),
+            scalars.ignore_index,
+            scalars.softcap.unwrap_or(1.0),
             scalars.z_loss_scale,
             scalars.label_smoothing,
             options,

@@ -22,8 +22,8 @@ pub use backward::{GradOptions, cross_entropy_backward_kernel, scale_gradient_ke
 pub use checks::first_bad_target_kernel;
 pub use forward::cross_entropy_forward_kernel;
 pub use launch::{
-    GradientTarget, IncomingGradient, OnePassBuffers, OnePassScratch, ShardPlace, ShardRowsScalars,
-    WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_one_pass,
+    GradientTarget, IncomingGradient, OnePassBuffers, OnePassScratch, ShardScalars, WeightArgs,
+    launch_backward, launch_first_bad_target, launch_forward, launch_one_pass,
     launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient, launch_shard_gradient_rows,
     launch_shard_targets, launch_whole_vocabulary_rows,
 };

@@ -18,11 +18,10 @@ use cubecl::server::CopyDescriptor;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
     GradientTarget, IncomingGradient, KernelTuning, LossSettings, OnePassBuffers, OnePassPlan,
-    OnePassScratch, PackOptions, RowLaunch, ShardGradientOptions, ShardPlace, ShardRowsOptions,
-    ShardRowsScalars, WeightArgs, launch_backward, launch_first_bad_target, launch_forward,
-    launch_one_pass, launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient,
-    launch_shard_gradient_rows, launch_shard_targets, launch_whole_vocabulary_rows, row_stat,
-    scale_slot,
+    OnePassScratch, PackOptions, RowLaunch, ShardGradientOptions, ShardRowsOptions, ShardScalars,
+    WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_one_pass,
+    launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient, launch_shard_gradient_rows,
+    launch_shard_targets, launch_whole_vocabulary_rows, row_stat, scale_slot,
 };
 
 use crate::{
@@ -187,11 +186,14 @@ fn weight_args<R: CubeRuntime>(
 }
 
 /// The vocabulary-parallel kernels' scalars for `shard` and `options`.
-fn shard_scalars(shard: &VocabShard, options: &CrossEntropyOptions) -> ShardRowsScalars {
-    ShardRowsScalars {
-        vocab: shard.vocab(),
+fn shard_scalars(shard: &VocabShard, options: &CrossEntropyOptions) -> ShardScalars {
+    ShardScalars {
+        index: shard.index(),
+        classes: shard.classes(),
         shard_width: shard.width(),
+        vocab: shard.vocab(),
         ignore_index: options.kernel_ignore_index(),
+        softcap: options.softcap,
         label_smoothing: options.label_smoothing,
         z_loss_scale: options.z_loss_scale,
     }
@@ -211,6 +213,17 @@ fn forward_outputs<R: CubeRuntime>(
     let [outer, inner, _] = logits.meta.shape().dims::<3>();
     let rows = outer * inner;
     let stats = f32_buffer(logits, Shape::new([row_stat::COUNT, rows]));
+    let (predicted, predicted_arg) = predictions(targets, rows, options);
+    (stats, predicted, predicted_arg)
+}
+
+/// The predictions `[rows]` (the targets' int type) when the options track the argmax,
+/// and the launch argument for them (a one-element buffer, never written, otherwise).
+fn predictions<R: CubeRuntime>(
+    targets: &CubeTensor<R>,
+    rows: usize,
+    options: &CrossEntropyOptions,
+) -> (Option<CubeTensor<R>>, cubecl::prelude::TensorArg<R>) {
     let int_buffer = |len: usize| {
         empty_device_dtype::<R>(
             targets.client.clone(),
@@ -227,7 +240,7 @@ fn forward_outputs<R: CubeRuntime>(
         Some(predicted) => predicted.clone().into_tensor_arg(),
         None => int_buffer(1).into_tensor_arg(),
     };
-    (stats, predicted, predicted_arg)
+    (predicted, predicted_arg)
 }
 
 impl<R, F, I, BT> FusedCrossEntropyBackend for CubeBackend<R, F, I, BT>
@@ -300,7 +313,7 @@ where
         } else {
             int_buffer(1)
         };
-        let ignore_index = options.kernel_ignore_index();
+        let scalars = shard_scalars(shard, options);
         launch_shard_targets::<R>(
             &targets.client.clone(),
             rows,
@@ -308,8 +321,7 @@ where
             local.clone().into_tensor_arg(),
             first_class.clone().into_tensor_arg(),
             targets.dtype.into(),
-            shard.classes(),
-            ignore_index,
+            &scalars,
             smoothing,
         );
         // The row kernel takes the targets in the logits' row shape.
@@ -359,12 +371,7 @@ where
             targets.clone().into_tensor_arg(),
             packed.clone().into_tensor_arg(),
             [logits_dtype.into(), targets.dtype.into()],
-            ShardPlace {
-                index: shard.index(),
-                classes: shard.classes(),
-                ignore_index,
-                softcap: options.softcap,
-            },
+            &scalars,
             PackOptions {
                 shards: shard.count(),
                 smoothing,
@@ -436,13 +443,7 @@ where
                 smooth.clone().into_tensor_arg(),
             ],
             dtypes,
-            ShardPlace {
-                index: shard.index(),
-                classes: shard.classes(),
-                ignore_index: options.kernel_ignore_index(),
-                softcap: options.softcap,
-            },
-            shard_scalars(shard, options),
+            &shard_scalars(shard, options),
             ShardGradientOptions {
                 per_row: options.reduction == Reduction::None,
                 mean,
@@ -478,24 +479,11 @@ where
         } = exchanged;
         let targets = with_leading_one(targets, 2);
         let stats = f32_buffer(&summed, Shape::new([row_stat::COUNT, rows]));
-        let argmax = options.outputs.needs_argmax();
-        let int_buffer = |len: usize| {
-            empty_device_dtype::<R>(
-                targets.client.clone(),
-                targets.device.clone(),
-                Shape::new([len]),
-                targets.dtype,
-            )
-        };
-        let predicted = argmax.then(|| poison(int_buffer(rows)));
-        let predicted_arg = match &predicted {
-            Some(predicted) => predicted.clone().into_tensor_arg(),
-            None => int_buffer(1).into_tensor_arg(),
-        };
-        let weighted = class_weights.is_some();
+        let (predicted, predicted_arg) = predictions(&targets, rows, options);
+        let (weighted, smoothing) = (class_weights.is_some(), shard_totals.is_some());
         let unused = || f32_buffer(&summed, Shape::new([1]));
         let weights = class_weights.map_or_else(unused, |weights| weights.weights);
-        let totals = shard_totals.clone().unwrap_or_else(unused);
+        let totals = shard_totals.unwrap_or_else(unused);
         launch_whole_vocabulary_rows::<R>(
             &summed.client.clone(),
             rows,
@@ -506,12 +494,12 @@ where
             stats.clone().into_tensor_arg(),
             predicted_arg,
             targets.dtype.into(),
-            shard_scalars(shard, options),
+            &shard_scalars(shard, options),
             ShardRowsOptions {
                 shards: shard.count(),
-                smoothing: shard_totals.is_some(),
+                smoothing,
                 weighted,
-                argmax,
+                argmax: predicted.is_some(),
             },
         );
         RowStats {

@@ -539,13 +539,8 @@ pub(crate) fn shard_gradient<B: FusedCrossEntropyBackend>(
     let stats = float::<B, 2>(stats);
     let flowing = target_rows.class.clone();
 
-    let (ce_scale, z_scale) = row_scales::<B>(
-        grad_output,
-        denominators,
-        options.reduction,
-        rows,
-        Some(&flowing),
-    );
+    let (ce_scale, z_scale) =
+        row_scales::<B>(grad_output, denominators, options.reduction, rows, &flowing);
     let ls = options.label_smoothing;
     let target_coef = ce_scale.clone() * stat_row(&stats, row_stat::WEIGHT).mul_scalar(1.0 - ls);
     let smooth_coef = ce_scale.mul_scalar(ls / shard.vocab as f32);
@@ -618,7 +613,6 @@ fn kernel_gradient<B: FusedCrossEntropyBackend>(
     let rows = targets_shape.num_elements();
     let (shape, dtype) = (inputs.logits.shape(), inputs.logits.dtype());
     let width = shard.classes().len();
-    let weights = shard_weights(inputs.class_weights.as_ref(), shard.classes());
     let kernel_rows = B::shard_gradient_rows(
         ShardBackwardRows {
             stats,
@@ -654,8 +648,9 @@ fn kernel_gradient<B: FusedCrossEntropyBackend>(
         return grad;
     };
     let device = B::float_device(&grad);
-    let weights = match weights {
-        Some(weights) => float::<B, 1>(weights.weights),
+    // This shard's class weights `w_c`.
+    let weights = match &inputs.class_weights {
+        Some(weights) => float::<B, 1>(weights.weights.clone()).slice([shard.classes()]),
         None => Tensor::<B, 1>::ones([width], (&device, DType::F32)),
     };
     let grad = float::<B, 2>(B::float_reshape(
@@ -733,7 +728,7 @@ pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
         denominators,
         options.reduction,
         rows,
-        Some(&target_rows.class),
+        &target_rows.class,
     );
     let ls = options.label_smoothing;
     let mut target_coef = ce_scale.clone();
@@ -795,23 +790,21 @@ pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
 
 /// Each row's scales `(sc, sz)` of the spec's gradient, f32 `[N]`: the incoming gradient
 /// (`[N]` for `None`, `[1]` otherwise) over the mean's denominators `[D, n]` for `Mean`,
-/// itself otherwise; 0 outside `flowing` when given.
+/// itself otherwise; 0 outside `flowing`.
 fn row_scales<B: Backend>(
     grad_output: FloatTensor<B>,
     denominators: Option<FloatTensor<B>>,
     reduction: Reduction,
     rows: usize,
-    flowing: Option<&Tensor<B, 1, Bool>>,
+    flowing: &Tensor<B, 1, Bool>,
 ) -> (Tensor<B, 1>, Tensor<B, 1>) {
     let incoming = float::<B, 1>(grad_output).cast(DType::F32);
-    let mut incoming = if reduction == Reduction::None {
+    let incoming = if reduction == Reduction::None {
         incoming.reshape([rows])
     } else {
         incoming.reshape([1]).expand([rows])
     };
-    if let Some(flowing) = flowing {
-        incoming = TargetRows::masked(flowing, incoming);
-    }
+    let incoming = TargetRows::masked(flowing, incoming);
     match denominators {
         Some(denominators) if reduction == Reduction::Mean => {
             let denominators = float::<B, 1>(denominators);
