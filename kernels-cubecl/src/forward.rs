@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 use crate::cuda_injection::redefine_cuda_fast_exp;
 use crate::row::{
     RowOptions, RowScalars, RowState, cube_merge, is_class, ln_one_plus, read_target, reduce_span,
-    row_of_cube, row_offset, stat_index,
+    row_of_cube, row_offset, runtime_nan, stat_index,
 };
 use crate::row_stat;
 
@@ -217,8 +217,7 @@ pub(crate) fn finish_row<I: Int>(
     if comptime!(options.z_loss) {
         z_loss = scalars.z_loss_scale * lse * lse;
     }
-    // NaN made at run time: CUDA C has no NaN literal for the compiler to print.
-    let not_a_number = f32::sqrt(f32::new(-1.0) - f32::abs(f32::cast_from(target)));
+    let not_a_number = runtime_nan(f32::cast_from(target));
     let mut correct = f32::new(0.0);
     let mut best_col = 0usize;
     if comptime!(options.argmax) {

@@ -14,6 +14,13 @@ use cubecl::prelude::*;
 /// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
 pub const RUNNING_MAX_START: f32 = -3.0e38;
 
+/// A NaN made at run time from any finite `seed`: CUDA C has no NaN or infinity literal
+/// for CubeCL's compiler to print, so kernels never write `f32::NAN` as a constant.
+#[cube]
+pub fn runtime_nan(seed: f32) -> f32 {
+    f32::sqrt(f32::new(-1.0) - f32::abs(seed))
+}
+
 /// Which options a launch uses (each one compiles its own kernel).
 #[derive_cube_comptime]
 pub struct RowOptions {

@@ -7,7 +7,7 @@
 
 use cubecl::prelude::*;
 
-use crate::row::{is_class, read_target, row_offset, stat_index};
+use crate::row::{RUNNING_MAX_START, is_class, read_target, row_offset, runtime_nan, stat_index};
 use crate::row_stat;
 
 /// Which terms a launch forms (each combination compiles its own kernel).
@@ -72,7 +72,8 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
         comptime!(options.shards as u32 - 1),
     );
 
-    let mut max = f32::new(f32::NEG_INFINITY);
+    // Finite start: shards whose logits are all -inf give lse = -inf, not NaN.
+    let mut max = f32::new(RUNNING_MAX_START);
     #[unroll]
     for k in 0..shards {
         max = f32::max(max, exchanged(summed, k, row));
@@ -112,7 +113,7 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
         ce += smooth * (label_smoothing / f32::cast_from(vocab));
     }
     let z_loss = z_loss_scale * lse * lse;
-    let loss = select(counted && !class, f32::new(f32::NAN), ce + z_loss);
+    let loss = select(counted && !class, runtime_nan(lse), ce + z_loss);
 
     let mut correct = f32::new(0.0);
     if comptime!(options.argmax) {
