@@ -12,6 +12,9 @@
 # results in LOGDIR/linear_head-K;
 # TEST_THREADS runs that many tests at once (default 1: the LLM-sized cases each hold
 # several GB of device memory).
+# AUTOTUNE_LOG=1 writes every autotuned kernel's candidates and their times to
+# LOGDIR/autotune.log (through a cubecl.toml in the working folder; shapes already in the
+# autotune cache are not tuned again, so leave the cache behind to see them).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${1:?usage: run.sh LOGDIR [test-filter]}"; mkdir -p "$logs"
@@ -24,6 +27,10 @@ done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$logs/gpu.txt" 2>&1
 cat "$logs/gpu.txt"
 status=0
+if [ -n "${AUTOTUNE_LOG:-}" ]; then
+  printf '[autotune.logger]\nlevel = "full"\nfile = "%s"\n' "$(cd "$logs" && pwd)/autotune.log" > cubecl.toml
+  trap 'rm -f cubecl.toml' EXIT
+fi
 if [ -z "${SKIP_SUITE:-}" ]; then
   for test in "$here"/*; do
     name="$(basename "$test")"
