@@ -539,20 +539,14 @@ pub(crate) fn shard_gradient<B: FusedCrossEntropyBackend>(
     let stats = float::<B, 2>(stats);
     let flowing = target_rows.class.clone();
 
-    let (ce_scale, z_scale) =
-        row_scales::<B>(grad_output, denominators, options.reduction, rows, &flowing);
-    let ls = options.label_smoothing;
-    let target_coef = ce_scale.clone() * stat_row(&stats, row_stat::WEIGHT).mul_scalar(1.0 - ls);
-    let smooth_coef = ce_scale.mul_scalar(ls / shard.vocab as f32);
-    let weight_total = match &inputs.class_weights {
-        Some(weights) => float::<B, 1>(weights.total.clone()),
-        None => Tensor::<B, 1>::full([1], shard.vocab as f32, (&device, DType::F32)),
-    };
+    let scales = row_scales::<B>(grad_output, denominators, options.reduction, rows, &flowing);
+    let weight_total = inputs.class_weights.as_ref().map(|w| w.total.clone());
     // Rows with no gradient get a log-sum-exp that makes every probability 0, not `inf * 0`.
     let lse = stat_row(&stats, row_stat::LSE).mask_fill(flowing.bool_not(), f32::MAX);
-    let prob_coef = target_coef.clone()
-        + smooth_coef.clone() * weight_total
-        + z_scale * lse.clone().mul_scalar(2.0 * options.z_loss_scale);
+    let coefficients =
+        RowCoefficients::new(scales, &stats, lse.clone(), weight_total, shard, options);
+    let target_coef = coefficients.target.clone();
+    let prob_coef = coefficients.probability();
 
     let column = |values: Tensor<B, 1>| values.reshape([rows, 1]);
     let logits = float::<B, 2>(B::float_reshape(
@@ -578,12 +572,8 @@ pub(crate) fn shard_gradient<B: FusedCrossEntropyBackend>(
         .reshape([1, width]);
     let is_target = columns.equal(column(local_target)).float().cast(DType::F32);
     let mut grad = probs * column(prob_coef) - is_target * column(target_coef);
-    if ls > 0.0 {
-        let class_weights = match &inputs.class_weights {
-            Some(weights) => float::<B, 1>(weights.weights.clone()).slice([here.clone()]),
-            None => Tensor::<B, 1>::ones([width], (&device, DType::F32)),
-        };
-        grad = grad - class_weights.reshape([1, width]) * column(smooth_coef);
+    if let Some(smooth) = coefficients.smooth {
+        grad = grad - smoothing_term(smooth, inputs.class_weights.as_ref(), shard, &device);
     }
     if let Some(cap) = options.softcap {
         let scaled = capped.div_scalar(cap);
@@ -648,18 +638,88 @@ fn kernel_gradient<B: FusedCrossEntropyBackend>(
         return grad;
     };
     let device = B::float_device(&grad);
-    // This shard's class weights `w_c`.
-    let weights = match &inputs.class_weights {
-        Some(weights) => float::<B, 1>(weights.weights.clone()).slice([shard.classes()]),
-        None => Tensor::<B, 1>::ones([width], (&device, DType::F32)),
-    };
     let grad = float::<B, 2>(B::float_reshape(
         grad,
         burn::tensor::Shape::new([rows, width]),
     ));
-    let smoothing = float::<B, 1>(smooth).reshape([rows, 1]) * weights.reshape([1, width]);
+    let smoothing = smoothing_term(
+        float::<B, 1>(smooth),
+        inputs.class_weights.as_ref(),
+        shard,
+        &device,
+    );
     let grad = (grad.cast(DType::F32) - smoothing).cast(dtype);
     B::float_reshape(grad.into_primitive().tensor(), shape)
+}
+
+/// Label smoothing's part `s w_c` of a shard's gradient, f32 `[N, V_s]`: each row's `s`
+/// (`smooth [N]`) times the class weight of each of the shard's columns (1 without
+/// weights).
+fn smoothing_term<B: Backend>(
+    smooth: Tensor<B, 1>,
+    class_weights: Option<&ClassWeights<B>>,
+    shard: &VocabShard,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let width = shard.classes().len();
+    let weights = match class_weights {
+        Some(weights) => float::<B, 1>(weights.weights.clone()).slice([shard.classes()]),
+        None => Tensor::<B, 1>::ones([width], (device, DType::F32)),
+    };
+    let rows = smooth.dims()[0];
+    smooth.reshape([rows, 1]) * weights.reshape([1, width])
+}
+
+/// Each row's coefficients of the spec's gradient on a shard, `c p_c - s w_c - [c = y]
+/// target`, f32 `[N]`, from the row scales `(sc, sz)` of [`row_scales`] and the
+/// log-sum-exps `lse`: `target = sc (1 - ls) w_y`, `s = sc ls / V`, `c = target + extra`
+/// with `extra = s W + 2 z sz lse` (`W` the class-weight total, or `V`).
+struct RowCoefficients<B: Backend> {
+    target: Tensor<B, 1>,
+    /// `s`, with label smoothing.
+    smooth: Option<Tensor<B, 1>>,
+    extra: Tensor<B, 1>,
+}
+
+impl<B: Backend> RowCoefficients<B> {
+    fn new(
+        (ce_scale, z_scale): (Tensor<B, 1>, Tensor<B, 1>),
+        stats: &Tensor<B, 2>,
+        lse: Tensor<B, 1>,
+        weight_total: Option<FloatTensor<B>>,
+        shard: &VocabShard,
+        options: &CrossEntropyOptions,
+    ) -> Self {
+        let ls = options.label_smoothing;
+        let mut target = ce_scale.clone();
+        if weight_total.is_some() {
+            target = target * stat_row(stats, row_stat::WEIGHT);
+        }
+        let mut extra = ce_scale.zeros_like();
+        let mut smooth = None;
+        if ls > 0.0 {
+            target = target.mul_scalar(1.0 - ls);
+            let smooth_coef = ce_scale.mul_scalar(ls / shard.vocab as f32);
+            extra = match weight_total {
+                Some(total) => smooth_coef.clone() * float::<B, 1>(total),
+                None => smooth_coef.clone().mul_scalar(shard.vocab as f32),
+            };
+            smooth = Some(smooth_coef);
+        }
+        if options.z_loss_scale > 0.0 {
+            extra = extra + z_scale * lse.mul_scalar(2.0 * options.z_loss_scale);
+        }
+        Self {
+            target,
+            smooth,
+            extra,
+        }
+    }
+
+    /// `c`, the coefficient of `p_c`.
+    fn probability(&self) -> Tensor<B, 1> {
+        self.target.clone() + self.extra.clone()
+    }
 }
 
 /// The inputs of a shard's backward kernel: what
@@ -723,36 +783,19 @@ pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
         )
         .mask_fill(target_rows.class.clone().bool_not(), SHARD_IGNORE);
     let lse = stat_row(&stats, row_stat::LSE);
-    let (ce_scale, z_scale) = row_scales::<B>(
+    let scales = row_scales::<B>(
         grad_output,
         denominators,
         options.reduction,
         rows,
         &target_rows.class,
     );
-    let ls = options.label_smoothing;
-    let mut target_coef = ce_scale.clone();
-    if weight_total.is_some() {
-        target_coef = target_coef * stat_row(&stats, row_stat::WEIGHT);
-    }
-    let mut extra = ce_scale.zeros_like();
-    let mut smooth = None;
-    if ls > 0.0 {
-        target_coef = target_coef.mul_scalar(1.0 - ls);
-        let smooth_coef = ce_scale.mul_scalar(ls / shard.vocab as f32);
-        extra = match weight_total {
-            Some(total) => smooth_coef.clone() * float::<B, 1>(total),
-            None => smooth_coef.clone().mul_scalar(shard.vocab as f32),
-        };
-        smooth = Some(smooth_coef.into_primitive().tensor());
-    }
-    if options.z_loss_scale > 0.0 {
-        extra = extra + z_scale * lse.clone().mul_scalar(2.0 * options.z_loss_scale);
-    }
-    let coefficient = target_coef + extra.clone();
+    let coefficients =
+        RowCoefficients::new(scales, &stats, lse.clone(), weight_total, shard, options);
+    let coefficient = coefficients.probability();
     let zero = coefficient.clone().equal_elem(0.0);
     let safe = coefficient.clone().mask_fill(zero.clone(), 1.0);
-    let target_grad = stat_row(&stats, row_stat::TARGET_GRAD) + extra / safe;
+    let target_grad = stat_row(&stats, row_stat::TARGET_GRAD) + coefficients.extra / safe;
     let first = float::<B, 2>(B::float_reshape(
         logits,
         burn::tensor::Shape::new([rows, width]),
@@ -784,7 +827,9 @@ pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
         targets: targets.into_primitive(),
         stats: stats.into_primitive().tensor(),
         coefficients: coefficient.into_primitive().tensor(),
-        smooth,
+        smooth: coefficients
+            .smooth
+            .map(|smooth| smooth.into_primitive().tensor()),
     }
 }
 
