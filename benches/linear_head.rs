@@ -3,7 +3,8 @@
 //! its autotuned matmuls, as users run it): Burn's matmul and stock `CrossEntropyLoss`,
 //! Burn's matmul and our fused loss, and our fused linear cross-entropy (chunked, logits
 //! never whole). Per case: the median step time, its matmul rate (6 N H V flops a step),
-//! and the device memory one step adds to the pool beyond its inputs. Then each matmul of
+//! the device memory one step adds to the pool beyond its inputs, and the most bytes seen
+//! in use beyond its inputs while it runs (sampled: a lower bound of its peak). Then each matmul of
 //! the step alone, on all rows and on one chunk of the fused linear cross-entropy's rows,
 //! to show where the fused step's time goes.
 //!
@@ -59,10 +60,46 @@ type Case = (usize, usize, usize, DType);
 struct Measured {
     median_ms: f64,
     pool_growth_mib: f64,
+    /// Most `bytes_in_use` seen during a step beyond what was in use before it (sampled).
+    peak_in_use_mib: f64,
 }
 
-/// Median of `reps` synced steps after `warmup` (the first autotunes), and the pool growth
-/// of one step after the pool's free pages are released.
+/// Steps whose bytes in use are sampled; the most seen in any of them is reported.
+const PEAK_SAMPLED_STEPS: usize = 3;
+
+/// The highest `bytes_in_use` of the calling thread's stream seen while `step` runs and is
+/// synced, read over and over from a second thread. The pool's growth counts whole pages
+/// (on CUDA up to a quarter of the device's memory each), so it cannot tell a 1.3 GB step
+/// from a 2.2 GB one; the bytes in use can. A lower bound: each read waits its turn
+/// behind the work the step has queued, so a buffer that lives between two reads is
+/// missed.
+fn sampled_peak_in_use(device: &Device, step: impl FnOnce() -> Option<()>) -> Option<u64> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stream = cubecl::stream_id::StreamId::current();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut client = Runtime::client(device);
+            // SAFETY: the sampler only reads the memory usage of the stepping thread's
+            // stream; it submits no work to it.
+            unsafe { client.set_stream(stream) };
+            let mut peak = 0;
+            while !done.load(Ordering::Acquire) {
+                if let Ok(usage) = client.memory_usage() {
+                    peak = peak.max(usage.bytes_in_use);
+                }
+            }
+            peak
+        });
+        let stepped = step();
+        done.store(true, Ordering::Release);
+        let peak = sampler.join().ok()?;
+        stepped.map(|()| peak)
+    })
+}
+
+/// Median of `reps` synced steps after `warmup` (the first autotunes), the pool growth
+/// of one step after the pool's free pages are released, and the most bytes seen in use.
 fn measure(
     device: &Device,
     warmup: usize,
@@ -91,9 +128,18 @@ fn measure(
         step();
         sync()?;
         let after = client.memory_usage().ok()?.bytes_reserved;
+        let in_use = client.memory_usage().ok()?.bytes_in_use;
+        let mut peak = 0;
+        for _ in 0..PEAK_SAMPLED_STEPS {
+            peak = peak.max(sampled_peak_in_use(device, || {
+                step();
+                sync()
+            })?);
+        }
         Some(Measured {
             median_ms: times[times.len() / 2],
             pool_growth_mib: after.saturating_sub(before) as f64 / 1048576.0,
+            peak_in_use_mib: peak.saturating_sub(in_use) as f64 / 1048576.0,
         })
     });
     catch_unwind(run).ok().flatten()
@@ -142,9 +188,10 @@ fn main() {
         "LM head and loss, one training step on {RUNTIME_NAME} (Autodiff over Burn's fusion backend)"
     );
     let mut table = String::from(
-        "| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | pool growth MiB |\n|---|---|---|---:|---:|---:|---:|\n",
+        "| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | pool growth MiB | peak in use MiB, sampled |\n|---|---|---|---:|---:|---:|---:|---:|\n",
     );
-    let mut csv = String::from("rows,width,vocab,dtype,way,step_ms,tflops,pool_growth_mib\n");
+    let mut csv =
+        String::from("rows,width,vocab,dtype,way,step_ms,tflops,pool_growth_mib,peak_in_use_mib\n");
     for &(rows, width, vocab, dtype) in &cases {
         let hidden = Tensor::<DefaultBackend, 2>::random(
             [rows, width],
@@ -203,22 +250,25 @@ fn main() {
                     let ratio =
                         fused_ms.map_or("-".to_string(), |f| format!("{:.3}", m.median_ms / f));
                     println!(
-                        "{case:<22} {dtype_name:<5} {:<22} {:>9.2} ms {tflops:>7.1} TFLOP/s  x{ratio:<6} {:>8.0} MiB",
+                        "{case:<22} {dtype_name:<5} {:<22} {:>9.2} ms {tflops:>7.1} TFLOP/s  x{ratio:<6} {:>8.0} MiB pool {:>8.0} MiB peak",
                         way.label(),
                         m.median_ms,
-                        m.pool_growth_mib
+                        m.pool_growth_mib,
+                        m.peak_in_use_mib
                     );
                     table += &format!(
-                        "| {case} | {dtype_name} | {} | {:.2} | {tflops:.1} | {ratio} | {:.0} |\n",
+                        "| {case} | {dtype_name} | {} | {:.2} | {tflops:.1} | {ratio} | {:.0} | {:.0} |\n",
                         way.label(),
                         m.median_ms,
-                        m.pool_growth_mib
+                        m.pool_growth_mib,
+                        m.peak_in_use_mib
                     );
                     csv += &format!(
-                        "{rows},{width},{vocab},{dtype_name},{},{:.3},{tflops:.2},{:.1}\n",
+                        "{rows},{width},{vocab},{dtype_name},{},{:.3},{tflops:.2},{:.1},{:.1}\n",
                         way.label(),
                         m.median_ms,
-                        m.pool_growth_mib
+                        m.pool_growth_mib,
+                        m.peak_in_use_mib
                     );
                 }
                 None => {
@@ -227,7 +277,7 @@ fn main() {
                         way.label()
                     );
                     table += &format!(
-                        "| {case} | {dtype_name} | {} | - | - | - | - |\n",
+                        "| {case} | {dtype_name} | {} | - | - | - | - | - |\n",
                         way.label()
                     );
                 }
