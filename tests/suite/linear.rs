@@ -586,14 +586,31 @@ fn linear_extra_outputs() {
 #[test]
 fn chunk_rows_follow_the_budget() {
     let chunking = LinearChunking::default();
-    // 256 MiB of bf16 logits of 128256 classes hold 1046 rows: 8192 rows take 8 chunks,
-    // of 1024 rows each (a multiple of 128), not seven of 1040 and one of 912.
-    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 1024);
-    // 151936 classes: 883 rows fit, 768 is the multiple of 128 below.
-    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 768);
-    assert_eq!(chunking.rows_per_chunk(1000, 128_256, DType::BF16), 1000);
-    // 1100 rows: two chunks of 640 (550 rounded up to a multiple of 128) and 460.
-    assert_eq!(chunking.rows_per_chunk(1100, 128_256, DType::BF16), 640);
+    // 512 MiB of bf16 logits of 128256 classes hold 2092 rows: 8192 rows take 4 chunks,
+    // of 2048 rows each (a multiple of 128).
+    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 2048);
+    // 151936 classes: 1766 rows fit, 1664 is the multiple of 128 below; 16384 rows take
+    // 10 chunks, of 1664 (1639 rounded up) but the last.
+    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 1664);
+    assert_eq!(chunking.rows_per_chunk(2000, 128_256, DType::BF16), 2000);
+    // 2200 rows: two chunks of 1152 (1100 rounded up to a multiple of 128) and 1048.
+    assert_eq!(chunking.rows_per_chunk(2200, 128_256, DType::BF16), 1152);
+    // 256 MiB: 1046 rows fit; 8192 rows take 8 chunks of 1024, not seven of 1040 and
+    // one of 912.
+    let quarter_gib = LinearChunking {
+        logits_bytes: Some(256 << 20),
+        ..LinearChunking::default()
+    };
+    assert_eq!(quarter_gib.rows_per_chunk(8192, 128_256, DType::BF16), 1024);
+    // Within a device's largest buffer: 128 MiB of f32 logits of 50257 classes hold 667
+    // rows, 640 in whole tiles; 2000 rows take 4 chunks of 512 (500 rounded up).
+    let lavapipe = chunking.within(Some(128 << 20));
+    assert_eq!(lavapipe.rows_per_chunk(2000, 50_257, DType::F32), 512);
+    assert_eq!(lavapipe.logits_bytes, Some(128 << 20));
+    // A larger buffer, or none known, leaves the budget as it is.
+    assert_eq!(chunking.within(Some(1 << 40)), chunking.within(None));
+    assert_eq!(chunking.within(None).logits_bytes, Some(512 << 20));
+    assert_eq!(quarter_gib.within(Some(1 << 40)), quarter_gib);
     assert_eq!(chunking.rows_per_chunk(100, 128_256, DType::BF16), 100);
     let small = LinearChunking {
         logits_bytes: Some(1),
@@ -647,6 +664,94 @@ fn chunk_rows_follow_the_budget() {
             assert!(
                 per == rows || per.is_multiple_of(16),
                 "rows {rows} fit {fit}: {per}"
+            );
+        }
+    }
+}
+
+/// The default chunk budget (512 MiB) stays within the device's largest buffer: where that
+/// buffer holds fewer rows of logits than the batch (lavapipe's 128 MiB), the rows go in
+/// several chunks, and the loss and gradients equal those of small explicit chunks, for
+/// `Mean` (scaled) and for `None` with non-uniform per-row gradients.
+#[test]
+fn default_chunks_fit_the_largest_buffer() {
+    type B = Autodiff<CubeBackend>;
+    let _backward = shared_device();
+    let device = Device::default();
+    let largest = <B as FusedCrossEntropyBackend>::max_buffer_bytes(&device)
+        .expect("a cube backend knows its largest buffer");
+    let (width, vocab) = (8, 50_257);
+    let row_bytes = vocab * DType::F32.size();
+    if largest >= 512 << 20 {
+        eprintln!("the largest buffer ({largest} bytes) holds a default chunk: nothing to check");
+        return;
+    }
+    let rows = largest / row_bytes + 16;
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let values = |rng: &mut rand::rngs::SmallRng, n: usize, scale: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+    };
+    let hidden_values = values(&mut rng, rows * width, 1.0);
+    let weight_values = values(&mut rng, width * vocab, 0.5);
+    let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
+    let row_weights = values(&mut rng, rows, 1.0);
+    let small = LinearChunking {
+        logits_bytes: Some((rows / 5) * row_bytes),
+        ..LinearChunking::default()
+    };
+    for reduction in [Reduction::Mean, Reduction::None] {
+        let run = |chunking: &LinearChunking| {
+            let hidden = Tensor::<B, 2>::from_data(
+                TensorData::new(hidden_values.clone(), [rows, width]),
+                &device,
+            )
+            .require_grad();
+            let weight = Tensor::<B, 2>::from_data(
+                TensorData::new(weight_values.clone(), [width, vocab]),
+                &device,
+            )
+            .require_grad();
+            let targets =
+                Tensor::<B, 1, Int>::from_data(TensorData::new(targets.clone(), [rows]), &device);
+            let loss = try_fused_linear_cross_entropy(
+                hidden.clone(),
+                weight.clone(),
+                None,
+                targets,
+                None,
+                &CrossEntropyOptions::new(reduction),
+                chunking,
+            )
+            .unwrap_or_else(|e| panic!("seed={seed}: refused: {e}"))
+            .loss;
+            let objective = match reduction {
+                Reduction::None => (loss.clone()
+                    * Tensor::<B, 1>::from_data(
+                        TensorData::new(row_weights.clone(), [rows]),
+                        &device,
+                    ))
+                .sum(),
+                _ => loss.clone() * 0.75,
+            };
+            let grads = objective.backward();
+            [
+                to_f64(loss.inner()),
+                to_f64(hidden.grad(&grads).expect("a hidden-state gradient")),
+                to_f64(weight.grad(&grads).expect("a weight gradient")),
+            ]
+        };
+        let default = run(&LinearChunking::default());
+        let explicit = run(&small);
+        for (name, (got, expected)) in ["loss", "hidden gradient", "weight gradient"]
+            .iter()
+            .zip(default.iter().zip(&explicit))
+        {
+            check_close(
+                got,
+                expected,
+                1e-5,
+                &format!("{reduction:?} {name} seed={seed}"),
             );
         }
     }

@@ -182,6 +182,10 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
         B::start_read(tensor)
     }
 
+    fn max_buffer_bytes(device: &B::Device) -> Option<usize> {
+        B::max_buffer_bytes(device)
+    }
+
     fn start_target_check(
         targets: IntTensor<Self>,
         vocab: usize,

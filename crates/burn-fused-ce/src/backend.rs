@@ -179,6 +179,14 @@ pub trait FusedCrossEntropyBackend: Backend {
         Self::start_read(Self::first_bad_target(targets, vocab, ignore_index))
     }
 
+    /// The most bytes one buffer may take on `device`, when the backend knows it: the
+    /// fused linear cross-entropy keeps a chunk's logits within it
+    /// ([`LinearChunking::within`]). Cube backends read the device's properties (on wgpu,
+    /// its storage-binding limit: 128 MiB on lavapipe).
+    fn max_buffer_bytes(_device: &Self::Device) -> Option<usize> {
+        None
+    }
+
     /// `sum[:, start..start + w] += block` for `sum [H, V]` and `block [H, w]` of one
     /// dtype: the fused linear cross-entropy's weight gradient summed a block of columns
     /// at a time ([`LinearChunking::weight_gradient_block_bytes`]), in place when nothing

@@ -581,6 +581,10 @@ where
         result
     }
 
+    fn max_buffer_bytes(device: &R::Device) -> Option<usize> {
+        usize::try_from(R::client(device).properties().memory.max_page_size).ok()
+    }
+
     fn start_read(tensor: CubeTensor<R>) -> PendingRead {
         let tensor = into_contiguous(tensor);
         let (shape, dtype) = (tensor.meta.shape().clone(), tensor.dtype);

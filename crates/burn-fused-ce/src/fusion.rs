@@ -498,6 +498,10 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         (scaled, next)
     }
 
+    fn max_buffer_bytes(device: &B::Device) -> Option<usize> {
+        B::max_buffer_bytes(device)
+    }
+
     fn add_into_columns(
         sum: FloatTensor<Self>,
         block: FloatTensor<Self>,

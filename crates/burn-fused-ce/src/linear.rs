@@ -25,8 +25,11 @@ use crate::{
 pub struct LinearChunking {
     /// The most bytes one chunk's logits take (their gradient is written over them): the
     /// rows are spread evenly over as few chunks as the budget allows, at least 16 rows a
-    /// chunk ([`LinearChunking::rows_per_chunk`]). `None`: 256 MiB, which keeps the
-    /// chunk's matmuls large enough to run at the device's matmul rate.
+    /// chunk ([`LinearChunking::rows_per_chunk`]). `None`: 512 MiB (2048 rows of 128256
+    /// bf16 classes), rows enough for the chunks' matmuls to run close to the whole
+    /// batch's rate; a smaller budget saves memory and costs time (see
+    /// docs/performance.md). Given or default, at most the device's largest buffer
+    /// ([`LinearChunking::within`]).
     pub logits_bytes: Option<usize>,
     /// Accumulate the weight gradient over the chunks in f32 (Liger-Kernel's
     /// `accum_dtype`), cast to the weight's dtype at the end. Off: in the weight's dtype,
@@ -42,7 +45,7 @@ pub struct LinearChunking {
 }
 
 /// The default budget of one chunk's logits.
-const DEFAULT_LOGITS_BYTES: usize = 256 << 20;
+const DEFAULT_LOGITS_BYTES: usize = 512 << 20;
 
 /// Fewest rows in a chunk, whatever the budget.
 const MIN_CHUNK_ROWS: usize = 16;
@@ -72,6 +75,17 @@ impl LinearChunking {
         // At most `fit`: `rows / chunks <= fit`, and `fit` is a multiple of `step`.
         let even = rows.div_ceil(rows.div_ceil(fit));
         even.next_multiple_of(step).min(fit)
+    }
+
+    /// This chunking with its logits budget (given or default) at most `max_buffer_bytes`
+    /// (a device's largest buffer, [`FusedCrossEntropyBackend::max_buffer_bytes`]), so
+    /// that a chunk's logits can be allocated.
+    pub fn within(&self, max_buffer_bytes: Option<usize>) -> Self {
+        let budget = self.logits_bytes.unwrap_or(DEFAULT_LOGITS_BYTES);
+        Self {
+            logits_bytes: Some(max_buffer_bytes.map_or(budget, |most| budget.min(most))),
+            ..*self
+        }
     }
 
     /// Columns per block of the weight-gradient product for `width` hidden units and
@@ -232,6 +246,16 @@ impl<B: Backend> Typed<B> {
     }
 }
 
+impl<B: FusedCrossEntropyBackend> Typed<B> {
+    /// Rows per chunk of `chunking` on this call's device (its budget at most the
+    /// device's largest buffer).
+    fn rows_per_chunk(&self, chunking: &LinearChunking) -> usize {
+        chunking
+            .within(B::max_buffer_bytes(&self.hidden.device()))
+            .rows_per_chunk(self.rows(), self.vocab(), self.hidden.dtype())
+    }
+}
+
 /// Forward alone: the per-row statistics of every row, one chunk of logits at a time.
 pub(crate) fn linear_rows<B: FusedCrossEntropyBackend>(
     inputs: LinearInputs<B>,
@@ -239,7 +263,7 @@ pub(crate) fn linear_rows<B: FusedCrossEntropyBackend>(
     chunking: &LinearChunking,
 ) -> RowStats<B> {
     let typed = Typed::of(&inputs);
-    let per_chunk = chunking.rows_per_chunk(typed.rows(), typed.vocab(), typed.hidden.dtype());
+    let per_chunk = typed.rows_per_chunk(chunking);
     let parts = chunks(typed.rows(), per_chunk)
         .map(|(start, end)| {
             B::cross_entropy_rows(
@@ -406,7 +430,7 @@ pub(crate) fn linear_one_pass<B: FusedCrossEntropyBackend>(
 ) -> (RowStats<B>, LinearGradients<B>) {
     let typed = Typed::of(&inputs);
     let (rows, vocab) = (typed.rows(), typed.vocab());
-    let per_chunk = chunking.rows_per_chunk(rows, vocab, typed.hidden.dtype());
+    let per_chunk = typed.rows_per_chunk(chunking);
     let denominators = (options.reduction == Reduction::Mean).then(|| {
         mean_denominators_of(
             &typed.targets,
@@ -450,12 +474,12 @@ pub(crate) fn linear_backward<B: FusedCrossEntropyBackend>(
     chunking: &LinearChunking,
 ) -> LinearGradients<B> {
     let typed = Typed::of(&inputs);
-    let (rows, vocab) = (typed.rows(), typed.vocab());
+    let rows = typed.rows();
     let mut sums = GradientSums::new(chunking);
     if rows == 0 {
         return sums.finish(&typed);
     }
-    let per_chunk = chunking.rows_per_chunk(rows, vocab, typed.hidden.dtype());
+    let per_chunk = typed.rows_per_chunk(chunking);
     let stats = float::<B, 2>(stats);
     let grad_output = float::<B, 1>(grad_output).reshape([rows]);
     for (start, end) in chunks(rows, per_chunk) {
