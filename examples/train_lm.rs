@@ -12,16 +12,16 @@
 //! tokens), `--data PATH` (any UTF-8 text file; default: *Around the World in Eighty
 //! Days*, see examples/data/README.md), `--steps N`, `--batch N`, `--loss
 //! stock|fused|linear` (default linear), `--compare` (the same seeded model trained the
-//! three ways, curves and a table), `--max-batch` (with `--compare`: the largest batch
-//! each way fits on the device, by bisection, a few steps per try), `--dtype f32|bf16`
-//! (bf16 on CUDA), `--devices N` (data parallel: each global batch split over N replicas
+//! three ways, curves and a table), `--max-batch` (the largest batch each way fits on
+//! the device, by bisection, two steps per try, each try a child process), `--dtype
+//! f32|bf16` (bf16 on CUDA), `--devices N` (data parallel: each global batch split over N replicas
 //! on the first N GPUs through burn-collective, on the plain cube backend (Burn's fusion
 //! backend lost tensors between the replicas' threads); on wgpu the replicas share the
 //! device),
 //! `--out DIR` (plots and tables; default target/train_lm).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
+use std::process::{Command, Stdio};
 
 use burn::tensor::backend::AutodiffBackend;
 use burn_fused_ce::FusedCrossEntropyBackend;
@@ -36,6 +36,9 @@ use fused_ce_suite::{
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// The flag of a `--max-batch` trial's child process (see [`largest_batch`]).
+const FIT_TRIAL: &str = "--fit-trial";
+
 /// What the command line asks for.
 struct Args {
     model: GptConfig,
@@ -44,6 +47,9 @@ struct Args {
     data: Option<PathBuf>,
     kinds: Vec<LossKind>,
     max_batch: bool,
+    /// Set in the child processes of `--max-batch`: train this many sequences a batch for
+    /// two steps and exit with status 0 when it fit.
+    fit_trial: Option<usize>,
     bf16: bool,
     devices: usize,
     out: PathBuf,
@@ -108,6 +114,7 @@ fn parse_args() -> Result<Args, String> {
         data: value("--data").map(PathBuf::from),
         kinds,
         max_batch: flag("--max-batch"),
+        fit_trial: number(FIT_TRIAL)?,
         bf16,
         devices: number("--devices")?.unwrap_or(1).max(1),
         out: PathBuf::from(value("--out").unwrap_or("target/train_lm")),
@@ -169,6 +176,9 @@ where
     };
     let corpus = Corpus::new(&text, args.vocabulary);
     let (config, run) = (args.model, args.run);
+    if let (Some(batch), Some(&kind)) = (args.fit_trial, args.kinds.first()) {
+        fit_trial::<B>(&config, &run, kind, batch, &corpus, &device);
+    }
     println!(
         "GPT-style model on {RUNTIME_NAME}{}: {} layers, d_model {}, {} heads, {:.1}M parameters; {} vocabulary ({} tokens); {} tokens of text; batch {} x {} tokens, {} steps",
         if args.bf16 { " (bf16)" } else { "" },
@@ -264,61 +274,74 @@ where
         );
     }
     if args.max_batch {
+        // The trials run in processes of their own: free what this one holds first.
+        drop(start);
+        drop(last_model);
+        client.memory_cleanup();
         for outcome in &mut outcomes {
-            outcome.largest_batch = Some(largest_batch::<B>(
-                &config,
-                &run,
-                outcome.kind,
-                &start,
-                &corpus,
-                &device,
-            ));
-            client.memory_cleanup();
+            outcome.largest_batch = Some(largest_batch(&run, outcome.kind));
         }
     }
     report(args, &outcomes);
 }
 
+/// The flag value of `--loss` for `kind`.
+fn loss_flag(kind: LossKind) -> &'static str {
+    match kind {
+        LossKind::Stock => "stock",
+        LossKind::Fused => "fused",
+        LossKind::FusedLinear => "linear",
+    }
+}
+
 /// The largest batch that trains (two steps) without running out of device memory:
-/// doubling from the run's batch, then bisecting.
-fn largest_batch<B>(
-    config: &GptConfig,
-    run: &RunConfig,
-    kind: LossKind,
-    start: &fused_ce_suite::lm::Gpt<B>,
-    corpus: &Corpus,
-    device: &Device,
-) -> usize
-where
-    B: AutodiffBackend<Device = Device> + FusedCrossEntropyBackend,
-{
-    let client = Runtime::client(device);
+/// doubling from the run's batch, then bisecting. Each try is a child process (this
+/// executable with [`FIT_TRIAL`]): running out of memory panics on the device's own thread
+/// and leaves its memory pool unusable (on CUDA), so no try may follow another in one
+/// process. A try that cannot be started counts as not fitting.
+fn largest_batch(run: &RunConfig, kind: LossKind) -> usize {
+    // The model, vocabulary, data and dtype flags, as given; the loss and the batch are
+    // the try's own.
+    let mut passed = Vec::new();
+    let mut given = std::env::args().skip(1);
+    while let Some(arg) = given.next() {
+        match arg.as_str() {
+            "--compare" | "--max-batch" => {}
+            "--loss" | "--batch" | "--steps" | "--out" | "--devices" | FIT_TRIAL => {
+                given.next();
+            }
+            _ => passed.push(arg),
+        }
+    }
+    let executable = std::env::current_exe();
     let fits = |batch: usize| {
-        client.memory_cleanup();
-        let trial = RunConfig {
-            batch,
-            steps: 2,
-            ..*run
+        let tried = executable
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|executable| {
+                Command::new(executable)
+                    .args(&passed)
+                    .args(["--loss", loss_flag(kind), FIT_TRIAL, &batch.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .output()
+                    .map_err(|e| e.to_string())
+            });
+        let outcome = match &tried {
+            Ok(output) if output.status.success() => Ok(()),
+            Ok(output) => Err(String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .filter(|line| !line.trim().is_empty())
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ")),
+            Err(error) => Err(error.clone()),
         };
-        let ok = catch_unwind(AssertUnwindSafe(|| {
-            train::<B>(
-                config,
-                &trial,
-                kind,
-                start.clone(),
-                corpus,
-                device,
-                |_, _| {},
-            );
-            B::sync(device).is_ok()
-        }))
-        .unwrap_or(false);
-        println!(
-            "[{}] batch {batch}: {}",
-            kind.name(),
-            if ok { "fits" } else { "does not fit" }
-        );
-        ok
+        match &outcome {
+            Ok(()) => println!("[{}] batch {batch}: fits", kind.name()),
+            Err(why) => println!("[{}] batch {batch}: does not fit ({why})", kind.name()),
+        }
+        outcome.is_ok()
     };
     let (mut good, mut bad) = (0, run.batch.max(1));
     while fits(bad) {
@@ -337,6 +360,34 @@ where
         }
     }
     good
+}
+
+/// One try of [`largest_batch`], in a process of its own: trains `batch` sequences a
+/// batch for two steps, then exits with status 0; any panic, on any thread (running out
+/// of device memory panics on the device's), exits at once with status 3.
+fn fit_trial<B>(
+    config: &GptConfig,
+    run: &RunConfig,
+    kind: LossKind,
+    batch: usize,
+    corpus: &Corpus,
+    device: &Device,
+) -> !
+where
+    B: AutodiffBackend<Device = Device> + FusedCrossEntropyBackend,
+{
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("{FIT_TRIAL}: {info}");
+        std::process::exit(3)
+    }));
+    let trial = RunConfig {
+        batch,
+        steps: 2,
+        ..*run
+    };
+    let start = initial_model::<B>(config, run.seed, device);
+    train::<B>(config, &trial, kind, start, corpus, device, |_, _| {});
+    std::process::exit(if B::sync(device).is_ok() { 0 } else { 3 })
 }
 
 /// Median step time after the first steps (autotune and warm-up).
