@@ -5,13 +5,16 @@
 # there and run `gpu-bundle/run.sh LOGDIR` (see scripts/gpu-run.sh).
 #
 #   scripts/gpu-bundle.sh [suite] [bench] [linear_head] [vocab_parallel] [oracle] [train_lm]
-#                         [host_overhead]
+#                         [train_lm_untuned] [host_overhead]
 #                                                  (default: suite bench oracle)
 #
 # The benches and examples are built with Burn's autotune, as users run Burn; the test
 # suite without it: each of its many small shapes would tune its matmuls on first use
 # (with autotune, single tests of the fused linear cross-entropy ran for more than six
 # minutes on an H200), and its checks hold whichever matmul kernel runs.
+# `train_lm_untuned` is the language model without autotune, for `--max-batch`: each of
+# its tries trains new shapes, and the memory a batch needs does not depend on the
+# matmul kernel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=gpu-bundle
@@ -27,7 +30,7 @@ export FUSED_CE_COMMIT
 # Builds the named targets with the given features and copies their executables into the
 # bundle, stripped and gzipped.
 bundle_targets() {
-  local features="$1"; shift
+  local features="$1" suffix="$2"; shift 2
   [ $# -gt 0 ] || return 0
   local build=(cargo build --release --no-default-features --features "$features" "$@")
   "${build[@]}"
@@ -42,11 +45,13 @@ for line in sys.stdin:
             and os.path.abspath(msg.get("manifest_path", "")) == root:
         print(msg["target"]["name"], msg["executable"])
 ' | while read -r name exe; do
-      cp "$exe" "$bundle/$name" && strip "$bundle/$name" && gzip -9 -f "$bundle/$name"
+      cp "$exe" "$bundle/$name$suffix" && strip "$bundle/$name$suffix" \
+        && gzip -9 -f "$bundle/$name$suffix"
     done
 }
 tuned=()
 untuned=()
+untuned_renamed=()
 for part in "${parts[@]}"; do
   case "$part" in
     suite) untuned+=(--test suite) ;;
@@ -55,12 +60,14 @@ for part in "${parts[@]}"; do
     vocab_parallel) tuned+=(--bench vocab_parallel) ;;
     oracle) tuned+=(--example torch_oracle) ;;
     train_lm) tuned+=(--example train_lm) ;;
+    train_lm_untuned) untuned_renamed+=(--example train_lm) ;;
     host_overhead) tuned+=(--example host_overhead) ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac
 done
-bundle_targets cuda,autotune "${tuned[@]}"
-bundle_targets cuda "${untuned[@]}"
+bundle_targets cuda,autotune "" "${tuned[@]}"
+bundle_targets cuda "" "${untuned[@]}"
+bundle_targets cuda _untuned "${untuned_renamed[@]}"
 cp scripts/gpu-run.sh "$bundle/run.sh"
 cp scripts/gpu-sweep.sh "$bundle/sweep.sh"
 cp scripts/gpu-ab.sh "$bundle/ab.sh"

@@ -7,6 +7,8 @@
 #
 # SKIP_SUITE=1, SKIP_ORACLE=1, SKIP_TRAIN=1 and SKIP_BENCH=1 leave those parts out;
 # TRAIN_ARGS gives the language model's flags (default: --size gpt2 --compare);
+# MAX_BATCH_ARGS (e.g. "--size gpt2 --compare --dtype bf16") runs train_lm_untuned with
+# them and --max-batch --steps 2: the largest batch of each way (LOGDIR/max_batch.log);
 # LINEAR_HEAD_RUNS gives the LM-head bench's runs, separated by `;`, each its arguments
 # (shapes, logits=M, wblock=M; default: one run of the default cases), each run's
 # results in LOGDIR/linear_head-K;
@@ -34,7 +36,7 @@ fi
 if [ -z "${SKIP_SUITE:-}" ]; then
   for test in "$here"/*; do
     name="$(basename "$test")"
-    case "$name" in logs|throughput|linear_head|vocab_parallel|torch_oracle|train_lm|host_overhead|*.sh|*.py|*.txt|*.gz|*.toml) continue ;; esac
+    case "$name" in logs|throughput|linear_head|vocab_parallel|torch_oracle|train_lm|train_lm_untuned|host_overhead|*.sh|*.py|*.txt|*.gz|*.toml) continue ;; esac
     echo "== test $name"
     "$test" --test-threads="${TEST_THREADS:-1}" $filter > "$logs/test-$name.log" 2>&1
     rc=$?; [ $rc -eq 0 ] || status=$rc
@@ -56,6 +58,13 @@ if [ -x "$here/train_lm" ] && [ -z "${SKIP_TRAIN:-}" ]; then
   echo "== language model"
   "$here/train_lm" ${TRAIN_ARGS:---size gpt2 --compare} --out "$logs/train_lm" 2>&1 \
     | tee "$logs/train_lm.log" | grep -v "^\[" | tail -40
+  [ ${PIPESTATUS[0]} -eq 0 ] || status=1
+fi
+if [ -x "$here/train_lm_untuned" ] && [ -n "${MAX_BATCH_ARGS:-}" ]; then
+  echo "== largest batches (language model without autotune)"
+  # shellcheck disable=SC2086 # the flags, split on spaces
+  "$here/train_lm_untuned" $MAX_BATCH_ARGS --max-batch --steps 2 --out "$logs/max_batch" 2>&1 \
+    | tee "$logs/max_batch.log" | grep -v "step " | tail -30
   [ ${PIPESTATUS[0]} -eq 0 ] || status=1
 fi
 if [ -x "$here/linear_head" ] && [ -z "${SKIP_BENCH:-}" ]; then
