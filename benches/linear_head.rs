@@ -360,6 +360,23 @@ fn matmul_breakdown(
                     None => println!("{case:<22} {part:>6} rows  {name:<28} did not run"),
                 }
             }
+            #[cfg(feature = "cuda")]
+            if part == chunk {
+                let name = "grad_W += h^T dlogits, in place";
+                let case = format!("{rows} x {width} x {vocab}");
+                match in_place_weight_gradient(part, width, vocab, dtype, warmup, reps, device) {
+                    Ok((ms, error)) => {
+                        let tflops = flops / (ms / 1e3) / 1e12;
+                        println!(
+                            "{case:<22} {part:>6} rows  {name:<28} {ms:>8.3} ms {tflops:>7.1} TFLOP/s  (error vs product + add: {error:.1e})"
+                        );
+                        table += &format!("| {case} | {part} | {name} | {ms:.3} | {tflops:.1} |\n");
+                    }
+                    Err(why) => {
+                        println!("{case:<22} {part:>6} rows  {name:<28} did not run: {why}")
+                    }
+                }
+            }
             if part == chunk {
                 break;
             }
@@ -367,4 +384,74 @@ fn matmul_breakdown(
         Runtime::client(device).memory_cleanup();
     }
     table
+}
+
+/// The weight gradient's chunk product summed in place (`sum += h_c^T dlogits_c`, one
+/// kernel: cubek-matmul's specialized TMA matmul reading `sum` as its accumulator), on the
+/// plain cube backend: the median of `reps` synced launches after `warmup`, and the
+/// relative L2 distance of one launch's result from `sum + h_c^T dlogits_c` formed by
+/// Burn's matmul. Not yet used by the fused linear cross-entropy.
+#[cfg(feature = "cuda")]
+fn in_place_weight_gradient(
+    rows: usize,
+    width: usize,
+    vocab: usize,
+    dtype: DType,
+    warmup: usize,
+    reps: usize,
+    device: &Device,
+) -> Result<(f64, f64), String> {
+    use burn::tensor::TensorPrimitive;
+    type C = fused_ce_suite::CubeBackend;
+    let uniform = Distribution::Uniform(-1.0, 1.0);
+    let hidden = Tensor::<C, 2>::random([rows, width], uniform, device).cast(dtype);
+    let grad = Tensor::<C, 2>::random([rows, vocab], uniform, device).cast(dtype);
+    let start = Tensor::<C, 2>::random([width, vocab], uniform, device).cast(dtype);
+    let primitive = |tensor: Tensor<C, 2>| match tensor.into_primitive() {
+        TensorPrimitive::Float(tensor) => tensor,
+        TensorPrimitive::QFloat(tensor) => tensor,
+    };
+    let client = Runtime::client(device);
+    let launch = |sum: &Tensor<C, 2>| -> Result<(), String> {
+        let binding = |tensor: Tensor<C, 2>| {
+            let tensor = primitive(tensor);
+            let dtype = tensor.dtype.into();
+            (tensor.binding(), dtype)
+        };
+        fused_ce_kernels::launch_matmul_accumulate(
+            &client,
+            binding(hidden.clone().transpose()),
+            binding(grad.clone()),
+            binding(sum.clone()),
+        )
+        .map_err(|e| format!("{e:?}"))
+    };
+    // One launch on a copy of `start`, against Burn's product and add.
+    let sum = start.clone() + 0.0;
+    launch(&sum)?;
+    let expected = start.clone() + hidden.clone().transpose().matmul(grad.clone());
+    let got = sum.cast(DType::F32);
+    let expected = expected.cast(DType::F32);
+    let distance = (got - expected.clone())
+        .powi_scalar(2)
+        .sum()
+        .sqrt()
+        .into_scalar();
+    let norm = expected.powi_scalar(2).sum().sqrt().into_scalar();
+    let error = f64::from(distance) / f64::from(norm).max(f64::MIN_POSITIVE);
+    let sync = || <C as Backend>::sync(device).map_err(|e| format!("{e:?}"));
+    let sum = start + 0.0;
+    for _ in 0..warmup {
+        launch(&sum)?;
+    }
+    sync()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let started = Instant::now();
+        launch(&sum)?;
+        sync()?;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((times[times.len() / 2], error))
 }

@@ -11,6 +11,7 @@ mod cuda_injection;
 pub mod cuda_source;
 mod forward;
 mod launch;
+mod matmul_accumulate;
 mod one_pass;
 mod plan;
 mod reduce;
@@ -27,6 +28,7 @@ pub use launch::{
     launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient, launch_shard_gradient_rows,
     launch_shard_targets, launch_whole_vocabulary_rows,
 };
+pub use matmul_accumulate::launch_matmul_accumulate;
 pub use one_pass::{
     OnePassOptions, PARTIAL_SLOTS, UNPUBLISHED, cross_entropy_one_pass_kernel,
     one_pass_prologue_kernel, scale_slot,

@@ -1,0 +1,142 @@
+//! `out += lhs rhs` in place: cubek-matmul's specialized TMA kernel (the kernel Burn's
+//! autotune picks for the fused linear cross-entropy's weight-gradient shapes on Hopper)
+//! with `out` read as each tile's initial accumulator. The fused linear cross-entropy sums
+//! its weight gradient over the chunks with it, so that no chunk's `[H, V]` product is
+//! ever whole beside the sum.
+//!
+//! Each output tile is read once, before the tile's main loop, and written once after it,
+//! by the same cube: reading and writing the same buffer through two views is safe.
+
+use cubecl::{Runtime, client::ComputeClient, features::TypeUsage, ir::StorageType};
+use cubecl::{
+    prelude::{ComptimeOptionArgs, TensorBinding},
+    std::tensor::{
+        MatrixBatchLayout, launch::ViewArg, layout::VirtualLayoutLaunch, matrix_batch_layout,
+    },
+};
+use cubek::matmul::{
+    components::{
+        global::memory::{BatchLayout, BatchLayoutLaunch, GlobalLayout, GlobalLayoutLaunch},
+        tile::TileMatmulKind,
+    },
+    definition::{
+        AvailableVectorSizes, Blueprint as _, MatmulAvailabilityError, MatmulElems,
+        MatmulGlobalElems, MatmulProblem, MatmulSetupError,
+    },
+    launch::{
+        ConcreteInputsFactory, ConcreteOutputFactory, InputArg, OutputArg, TensorMapArgs,
+        launch_kernel,
+    },
+    routines::{
+        BlueprintStrategy, Routine,
+        specialized::{SpecializedAlgorithm, SpecializedStrategy},
+    },
+};
+use cubek::std::InputBinding;
+
+/// The routine: warp-specialized, TMA loads, `mma` tiles.
+type Specialized = SpecializedAlgorithm;
+
+/// `out += lhs rhs` for `lhs [M, K]`, `rhs [K, N]` and `out [M, N]` of the given dtypes,
+/// `out` updated in place. `lhs` and `rhs` may be transposed views (TMA reads either
+/// layout); `out` must be contiguous. An error where the device has no TMA or the shapes
+/// or layouts do not suit the kernel: callers then form the product and add it.
+pub fn launch_matmul_accumulate<R: Runtime>(
+    client: &ComputeClient<R>,
+    lhs: (TensorBinding<R>, StorageType),
+    rhs: (TensorBinding<R>, StorageType),
+    out: (TensorBinding<R>, StorageType),
+) -> Result<(), MatmulSetupError> {
+    let (lhs, lhs_dtype) = lhs;
+    let (rhs, rhs_dtype) = rhs;
+    let (out, out_dtype) = out;
+    for strides in [&lhs.strides, &rhs.strides] {
+        if !matches!(
+            matrix_batch_layout(strides, None),
+            MatrixBatchLayout::Contiguous
+                | MatrixBatchLayout::MildlyPermuted {
+                    batch_swap: false,
+                    ..
+                }
+        ) {
+            return Err(MatmulSetupError::Unavailable(
+                MatmulAvailabilityError::TmaUnavailable,
+            ));
+        }
+    }
+    let dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+        lhs: lhs_dtype,
+        rhs: rhs_dtype,
+        out: out_dtype,
+    });
+    let lhs = InputBinding::new(lhs, lhs_dtype);
+    let rhs = InputBinding::new(rhs, rhs_dtype);
+    let features = &client.properties().features;
+    for dtype in [dtypes.lhs_global, dtypes.rhs_global, dtypes.acc_global] {
+        if !features.type_usage(dtype).contains(TypeUsage::Conversion) {
+            return Err(MatmulSetupError::Unavailable(
+                MatmulAvailabilityError::TypesUnavailable {
+                    lhs: dtypes.lhs_global,
+                    rhs: dtypes.rhs_global,
+                    output: dtypes.acc_global,
+                },
+            ));
+        }
+    }
+    let address_type = lhs
+        .required_address_type()
+        .max(rhs.required_address_type())
+        .max(out.required_address_type(dtypes.acc_global.size()));
+    let problem = MatmulProblem::from_shapes_and_strides(
+        lhs.shape().into(),
+        rhs.shape().into(),
+        out.shape.clone(),
+        lhs.data().strides.clone(),
+        rhs.data().strides.clone(),
+        out.strides.clone(),
+        dtypes.as_global_elems(),
+        address_type,
+        None,
+        None,
+    )?;
+    let vector_sizes = AvailableVectorSizes::from_type_size_tma(client, dtypes.acc_global.size())
+        .filter_lhs_with_tensor(&problem.lhs_strides, &problem.lhs_shape, problem.lhs_layout)
+        .filter_rhs_with_tensor(&problem.rhs_strides, &problem.rhs_shape, problem.rhs_layout)
+        .filter_out_with_tensor(&problem.out_strides, &problem.out_shape)
+        .pick_max()?;
+    let strategy = BlueprintStrategy::<(), Specialized>::Inferred(SpecializedStrategy {
+        tile_matmul: TileMatmulKind::Mma,
+    });
+    let settings = <Specialized as Routine<()>>::device_settings(client, vector_sizes);
+    let expanded = <Specialized as Routine<()>>::expand_blueprint(&problem, &settings, &strategy)?;
+    let launch_info = <Specialized as Routine<()>>::prepare(&problem, &settings, expanded)?;
+
+    let acc_view = ViewArg::new_tensor::<GlobalLayout>(
+        out.clone().into_tensor_arg(),
+        GlobalLayoutLaunch::from_handle(
+            &out,
+            launch_info.vector_sizes.out,
+            launch_info.blueprint.out_global_layout_config(),
+        ),
+    );
+    let acc_batch =
+        VirtualLayoutLaunch::new::<BatchLayout>(BatchLayoutLaunch::from_handle(&out, &problem));
+    let mut input = <InputArg<TensorMapArgs> as ConcreteInputsFactory<Specialized>>::create(
+        lhs,
+        rhs,
+        &launch_info.blueprint,
+        &problem,
+        &launch_info.vector_sizes,
+        &dtypes,
+    );
+    input.acc = ComptimeOptionArgs::Some(acc_view);
+    input.acc_batch = ComptimeOptionArgs::Some(acc_batch);
+    let output = <OutputArg<TensorMapArgs> as ConcreteOutputFactory<Specialized>>::create(
+        out,
+        &launch_info.blueprint,
+        &problem,
+        &launch_info.vector_sizes,
+        &dtypes,
+    );
+    launch_kernel::<TensorMapArgs, R, Specialized>(client, input, output, (), launch_info)
+}
