@@ -127,8 +127,8 @@ fn measure(
         let before = client.memory_usage().ok()?.bytes_reserved;
         step();
         sync()?;
-        let after = client.memory_usage().ok()?.bytes_reserved;
-        let in_use = client.memory_usage().ok()?.bytes_in_use;
+        let usage = client.memory_usage().ok()?;
+        let (after, in_use) = (usage.bytes_reserved, usage.bytes_in_use);
         let mut peak = 0;
         for _ in 0..PEAK_SAMPLED_STEPS {
             peak = peak.max(sampled_peak_in_use(device, || {
@@ -360,24 +360,26 @@ fn matmul_breakdown(
                     None => println!("{case:<22} {part:>6} rows  {name:<28} did not run"),
                 }
             }
-            #[cfg(feature = "cuda")]
             if part == chunk {
-                let name = "grad_W += h^T dlogits, in place";
-                let case = format!("{rows} x {width} x {vocab}");
-                match in_place_weight_gradient(part, width, vocab, dtype, warmup, reps, device) {
-                    Ok((ms, error)) => {
-                        let tflops = flops / (ms / 1e3) / 1e12;
-                        println!(
-                            "{case:<22} {part:>6} rows  {name:<28} {ms:>8.3} ms {tflops:>7.1} TFLOP/s  (error vs product + add: {error:.1e})"
-                        );
-                        table += &format!("| {case} | {part} | {name} | {ms:.3} | {tflops:.1} |\n");
-                    }
-                    Err(why) => {
-                        println!("{case:<22} {part:>6} rows  {name:<28} did not run: {why}")
+                #[cfg(feature = "cuda")]
+                {
+                    let name = "grad_W += h^T dlogits, in place";
+                    let case = format!("{rows} x {width} x {vocab}");
+                    match in_place_weight_gradient(part, width, vocab, dtype, warmup, reps, device)
+                    {
+                        Ok((ms, error)) => {
+                            let tflops = flops / (ms / 1e3) / 1e12;
+                            println!(
+                                "{case:<22} {part:>6} rows  {name:<28} {ms:>8.3} ms {tflops:>7.1} TFLOP/s  (error vs product + add: {error:.1e})"
+                            );
+                            table +=
+                                &format!("| {case} | {part} | {name} | {ms:.3} | {tflops:.1} |\n");
+                        }
+                        Err(why) => {
+                            println!("{case:<22} {part:>6} rows  {name:<28} did not run: {why}")
+                        }
                     }
                 }
-            }
-            if part == chunk {
                 break;
             }
         }
@@ -388,8 +390,8 @@ fn matmul_breakdown(
 
 /// The weight gradient's chunk product summed in place (`sum += h_c^T dlogits_c`, one
 /// kernel: cubek-matmul's specialized TMA matmul reading `sum` as its accumulator), on the
-/// plain cube backend: the median of `reps` synced launches after `warmup`, and the
-/// relative L2 distance of one launch's result from `sum + h_c^T dlogits_c` formed by
+/// plain cube backend: the median of `reps` synced launches after `warmup` ([`measure`]),
+/// and the relative L2 distance of one launch's result from `sum + h_c^T dlogits_c` formed by
 /// Burn's matmul. Not yet used by the fused linear cross-entropy.
 #[cfg(feature = "cuda")]
 fn in_place_weight_gradient(
@@ -439,19 +441,9 @@ fn in_place_weight_gradient(
         .into_scalar();
     let norm = expected.powi_scalar(2).sum().sqrt().into_scalar();
     let error = f64::from(distance) / f64::from(norm).max(f64::MIN_POSITIVE);
-    let sync = || <C as Backend>::sync(device).map_err(|e| format!("{e:?}"));
+    // The launch above succeeded: the timed ones, of the same shapes, launch alike.
     let sum = start + 0.0;
-    for _ in 0..warmup {
-        launch(&sum)?;
-    }
-    sync()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let started = Instant::now();
-        launch(&sum)?;
-        sync()?;
-        times.push(started.elapsed().as_secs_f64() * 1e3);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok((times[times.len() / 2], error))
+    let measured = measure(device, warmup, reps, || drop(launch(&sum)))
+        .ok_or("the timed launches did not run")?;
+    Ok((measured.median_ms, error))
 }
