@@ -39,6 +39,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// The flag of a `--max-batch` trial's child process (see [`largest_batch`]).
 const FIT_TRIAL: &str = "--fit-trial";
 
+/// The values of `--loss` and the losses they name.
+const LOSS_FLAGS: [(&str, LossKind); 3] = [
+    ("stock", LossKind::Stock),
+    ("fused", LossKind::Fused),
+    ("linear", LossKind::FusedLinear),
+];
+
 /// What the command line asks for.
 struct Args {
     model: GptConfig,
@@ -89,12 +96,11 @@ fn parse_args() -> Result<Args, String> {
     let kinds = if flag("--compare") {
         LossKind::ALL.to_vec()
     } else {
-        vec![match value("--loss").unwrap_or("linear") {
-            "stock" => LossKind::Stock,
-            "fused" => LossKind::Fused,
-            "linear" => LossKind::FusedLinear,
-            other => return Err(format!("--loss stock|fused|linear, got {other}")),
-        }]
+        let asked = value("--loss").unwrap_or("linear");
+        match LOSS_FLAGS.iter().find(|(flag, _)| *flag == asked) {
+            Some(&(_, kind)) => vec![kind],
+            None => return Err(format!("--loss stock|fused|linear, got {asked}")),
+        }
     };
     let bf16 = match value("--dtype").unwrap_or("f32") {
         "f32" => false,
@@ -285,13 +291,13 @@ where
     report(args, &outcomes);
 }
 
-/// The flag value of `--loss` for `kind`.
+/// The value of `--loss` that names `kind`.
 fn loss_flag(kind: LossKind) -> &'static str {
-    match kind {
-        LossKind::Stock => "stock",
-        LossKind::Fused => "fused",
-        LossKind::FusedLinear => "linear",
-    }
+    LOSS_FLAGS
+        .iter()
+        .find(|(_, named)| *named == kind)
+        .map(|(flag, _)| *flag)
+        .expect("LOSS_FLAGS names every loss")
 }
 
 /// The largest batch that trains (two steps) without running out of device memory:
