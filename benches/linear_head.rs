@@ -15,8 +15,9 @@
 //! `FUSED_CE_BENCH_OUT` (default target/fused-ce-bench): where `linear_head.md` and
 //! `linear_head.csv` go. Shapes after `--`, as `NxHxV` (f32 on Vulkan, bf16 on CUDA),
 //! replace the default cases, and `logits=M` sets the fused linear cross-entropy's chunk
-//! budget to M MiB and `wblock=M` its weight-gradient blocks
-//! (`LinearChunking::weight_gradient_block_bytes`) to M MiB:
+//! budget to M MiB, `wblock=M` its weight-gradient blocks
+//! (`LinearChunking::weight_gradient_block_bytes`) to M MiB, and `inplace=1` sums its
+//! weight gradient in place (`LinearChunking::weight_gradient_in_place`):
 //! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -180,6 +181,7 @@ fn main() {
         weight_gradient_block_bytes: std::env::args()
             .find_map(|arg| arg.strip_prefix("wblock=")?.parse::<usize>().ok())
             .map(|mib| mib << 20),
+        weight_gradient_in_place: std::env::args().any(|arg| arg == "inplace=1"),
         ..LinearChunking::default()
     };
     let device = Device::default();
@@ -392,7 +394,8 @@ fn matmul_breakdown(
 /// kernel: cubek-matmul's specialized TMA matmul reading `sum` as its accumulator), on the
 /// plain cube backend: the median of `reps` synced launches after `warmup` ([`measure`]),
 /// and the relative L2 distance of one launch's result from `sum + h_c^T dlogits_c` formed by
-/// Burn's matmul. Not yet used by the fused linear cross-entropy.
+/// Burn's matmul. The fused linear cross-entropy sums with it under
+/// `LinearChunking::weight_gradient_in_place`.
 #[cfg(feature = "cuda")]
 fn in_place_weight_gradient(
     rows: usize,

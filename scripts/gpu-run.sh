@@ -10,7 +10,7 @@
 # MAX_BATCH_ARGS (e.g. "--size gpt2 --compare --dtype bf16") runs train_lm_untuned with
 # them and --max-batch --steps 2: the largest batch of each way (LOGDIR/max_batch.log);
 # LINEAR_HEAD_RUNS gives the LM-head bench's runs, separated by `;`, each its arguments
-# (shapes, logits=M, wblock=M; default: one run of the default cases), each run's
+# (shapes, logits=M, wblock=M, inplace=1; default: one run of the default cases), each run's
 # results in LOGDIR/linear_head-K;
 # TEST_THREADS runs that many tests at once (default 1: the LLM-sized cases each hold
 # several GB of device memory).

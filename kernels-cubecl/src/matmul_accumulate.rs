@@ -7,7 +7,12 @@
 //! Each output tile is read once, before the tile's main loop, and written once after it,
 //! by the same cube: reading and writing the same buffer through two views is safe.
 
-use cubecl::{Runtime, client::ComputeClient, features::TypeUsage, ir::StorageType};
+use cubecl::{
+    Runtime,
+    client::ComputeClient,
+    features::{Tma, TypeUsage},
+    ir::StorageType,
+};
 use cubecl::{
     prelude::{ComptimeOptionArgs, TensorBinding},
     std::tensor::{
@@ -34,35 +39,37 @@ use cubek::matmul::{
 };
 use cubek::std::InputBinding;
 
+/// The alignment TMA needs of a tensor's start and of its rows, in bytes.
+const TMA_ALIGN_BYTES: u64 = 16;
+
 /// The routine: warp-specialized, TMA loads, `mma` tiles.
 type Specialized = SpecializedAlgorithm;
 
 /// `out += lhs rhs` for `lhs [M, K]`, `rhs [K, N]` and `out [M, N]` of the given dtypes,
 /// `out` updated in place. `lhs` and `rhs` may be transposed views (TMA reads either
-/// layout); `out` must be contiguous. An error where the device has no TMA or the shapes
-/// or layouts do not suit the kernel: callers then form the product and add it.
+/// layout); `out` must be contiguous. An error where the device has no TMA, or the shapes,
+/// layouts or alignment do not suit the kernel: callers then form the product and add it.
 pub fn launch_matmul_accumulate<R: Runtime>(
     client: &ComputeClient<R>,
     lhs: (TensorBinding<R>, StorageType),
     rhs: (TensorBinding<R>, StorageType),
     out: (TensorBinding<R>, StorageType),
 ) -> Result<(), MatmulSetupError> {
+    if !client.properties().features.tma.contains(Tma::Base) {
+        return Err(MatmulSetupError::Unavailable(
+            MatmulAvailabilityError::TmaUnavailable,
+        ));
+    }
     let (lhs, lhs_dtype) = lhs;
     let (rhs, rhs_dtype) = rhs;
     let (out, out_dtype) = out;
-    for strides in [&lhs.strides, &rhs.strides] {
-        if !matches!(
-            matrix_batch_layout(strides, None),
-            MatrixBatchLayout::Contiguous
-                | MatrixBatchLayout::MildlyPermuted {
-                    batch_swap: false,
-                    ..
-                }
-        ) {
-            return Err(MatmulSetupError::Unavailable(
-                MatmulAvailabilityError::TmaUnavailable,
-            ));
-        }
+    if ![(&lhs, lhs_dtype), (&rhs, rhs_dtype), (&out, out_dtype)]
+        .into_iter()
+        .all(|(binding, dtype)| tma_readable(binding, dtype))
+    {
+        return Err(MatmulSetupError::Unavailable(
+            MatmulAvailabilityError::TmaUnavailable,
+        ));
     }
     let dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
         lhs: lhs_dtype,
@@ -139,4 +146,25 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         &dtypes,
     );
     launch_kernel::<TensorMapArgs, R, Specialized>(client, input, output, (), launch_info)
+}
+
+/// Whether TMA can read `binding` of `dtype`: a matrix or a transposed one, its start and
+/// its rows 16-byte aligned (a vocabulary of 50257 bf16 classes has rows of 100514 bytes,
+/// which it cannot read).
+fn tma_readable<R: Runtime>(binding: &TensorBinding<R>, dtype: StorageType) -> bool {
+    let aligned = |bytes: u64| bytes.is_multiple_of(TMA_ALIGN_BYTES);
+    let layout = matches!(
+        matrix_batch_layout(&binding.strides, None),
+        MatrixBatchLayout::Contiguous
+            | MatrixBatchLayout::MildlyPermuted {
+                batch_swap: false,
+                ..
+            }
+    );
+    let rows = binding
+        .strides
+        .iter()
+        .filter(|&&stride| stride != 1)
+        .all(|&stride| aligned(stride as u64 * dtype.size() as u64));
+    layout && rows && aligned(binding.handle.offset_start.unwrap_or(0))
 }

@@ -13,7 +13,7 @@ use burn::{
 };
 use burn_fused_ce::{
     CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyBackend, FusedCrossEntropyLossConfig,
-    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, fused_cross_entropy,
+    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, fused_cross_entropy, test_hooks,
     try_fused_linear_cross_entropy,
 };
 use fused_ce_suite::DefaultBackend;
@@ -37,6 +37,11 @@ struct LinearCase {
     chunk_rows: usize,
     /// Columns per block of the weight-gradient product, else the whole product.
     block_columns: Option<usize>,
+    /// The weight gradient summed in place over the chunks
+    /// (`LinearChunking::weight_gradient_in_place`).
+    in_place: bool,
+    /// The weight gradient summed in f32 (`LinearChunking::f32_weight_gradient`).
+    f32_weight_gradient: bool,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
     three_d: bool,
     /// Through the module with an `nn::Linear`, else the function.
@@ -56,6 +61,8 @@ impl LinearCase {
             ignore: Ignore::SomeRows,
             chunk_rows: 16,
             block_columns: None,
+            in_place: false,
+            f32_weight_gradient: false,
             three_d: false,
             via_module: false,
         }
@@ -64,10 +71,11 @@ impl LinearCase {
     fn chunking(&self) -> LinearChunking {
         LinearChunking {
             logits_bytes: Some(self.chunk_rows * self.vocab * self.dtype.size()),
-            f32_weight_gradient: false,
+            f32_weight_gradient: self.f32_weight_gradient,
             weight_gradient_block_bytes: self
                 .block_columns
                 .map(|columns| columns * self.width * self.dtype.size()),
+            weight_gradient_in_place: self.in_place,
         }
     }
 }
@@ -440,6 +448,59 @@ where
     }
 }
 
+/// The weight gradient summed in place over the chunks, on shapes whose rows TMA can read
+/// (64 hidden units, 384 classes, chunks of 64 rows and a last one of 8; half types
+/// summed in f32 and in their own dtype) and on one it cannot (67 classes: the product is
+/// formed and added). Where the device has TMA, the in-place matmul must have run.
+fn check_weight_gradient_in_place<B: FusedCrossEntropyBackend>()
+where
+    B::Device: Default,
+{
+    let mut dtypes = vec![DType::F32, DType::F16];
+    if fused_ce_suite::SUPPORTS_BF16 {
+        dtypes.push(DType::BF16);
+    }
+    let before = test_hooks::in_place_accumulate_count();
+    for (n, dtype) in dtypes.into_iter().enumerate() {
+        for reduction in [Reduction::Mean, Reduction::None] {
+            let mut case = LinearCase::new(200, 64, 384, dtype, reduction);
+            case.chunk_rows = 64;
+            case.in_place = true;
+            case.bias = n % 2 == 0;
+            case.f32_weight_gradient = dtype != DType::F32 && reduction == Reduction::Mean;
+            check_linear_case::<B>(case);
+        }
+    }
+    let mut unaligned = LinearCase::new(40, 24, 67, DType::F32, Reduction::Sum);
+    unaligned.in_place = true;
+    check_linear_case::<B>(unaligned);
+    let device = fused_ce_suite::Device::default();
+    let tma = <fused_ce_suite::Runtime as cubecl::Runtime>::client(&device)
+        .properties()
+        .features
+        .tma
+        .contains(cubecl::features::Tma::Base);
+    if tma {
+        assert!(
+            test_hooks::in_place_accumulate_count() > before,
+            "{}: the device has TMA, yet no chunk's product was summed in place",
+            short_name::<B>()
+        );
+    }
+}
+
+#[test]
+fn weight_gradient_in_place_on_the_cube_backend() {
+    poisoned();
+    check_weight_gradient_in_place::<CubeBackend>();
+}
+
+#[test]
+fn weight_gradient_in_place_on_the_default_fusion_backend() {
+    poisoned();
+    check_weight_gradient_in_place::<DefaultBackend>();
+}
+
 #[test]
 fn linear_on_the_cube_backend() {
     poisoned();
@@ -472,6 +533,7 @@ fn linear_guess_across_steps() {
             f32_weight_gradient: true,
             // f32 blocks of 7 of the 50 columns.
             weight_gradient_block_bytes: Some(7 * width * 4),
+            weight_gradient_in_place: false,
         })
         .init::<B>(&device);
     let head: Linear<B> = LinearConfig::new(width, vocab).init(&device);
@@ -532,6 +594,7 @@ fn linear_extra_outputs() {
         logits_bytes: Some(16 * vocab * 4),
         f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
+        weight_gradient_in_place: false,
     };
     let fused = try_fused_linear_cross_entropy(
         hidden.clone(),
@@ -616,6 +679,7 @@ fn chunk_rows_follow_the_budget() {
         logits_bytes: Some(1),
         f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
+        weight_gradient_in_place: false,
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
@@ -645,6 +709,7 @@ fn chunk_rows_follow_the_budget() {
         logits_bytes: Some(64 * 50 * 4),
         f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
+        weight_gradient_in_place: false,
     };
     assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
     // Never more than the budget holds, whatever the rows.
@@ -654,6 +719,7 @@ fn chunk_rows_follow_the_budget() {
                 logits_bytes: Some(fit * 50 * 4),
                 f32_weight_gradient: false,
                 weight_gradient_block_bytes: None,
+                weight_gradient_in_place: false,
             };
             let per = budget.rows_per_chunk(rows, 50, DType::F32);
             assert!(

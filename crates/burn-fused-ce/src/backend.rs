@@ -209,6 +209,21 @@ pub trait FusedCrossEntropyBackend: Backend {
         primitive(sum.slice_assign([0..rows, columns], updated))
     }
 
+    /// `sum + lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype and `sum [M, N]` of
+    /// this or another float dtype (the product is taken to `sum`'s): the fused linear
+    /// cross-entropy's weight gradient summed over the chunks in place
+    /// ([`LinearChunking::weight_gradient_in_place`]). The default forms the whole product
+    /// and adds it. Cube backends on devices with TMA (Hopper and later) run one matmul
+    /// that reads `sum` as its accumulator and writes over it when nothing else holds it;
+    /// fusion backends run that as one custom op.
+    fn accumulate_product(
+        sum: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        product_added::<Self>(sum, lhs, rhs)
+    }
+
     /// The fused linear cross-entropy (see [`crate::try_fused_linear_cross_entropy`]):
     /// the loss and extra outputs. Backends with autodiff override this to register the
     /// backward step; the default computes the forward alone, chunk by chunk.
@@ -332,6 +347,23 @@ pub struct Reduced<B: Backend> {
 /// A float primitive as a typed tensor of rank `D`.
 pub(crate) fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(primitive))
+}
+
+/// `sum + lhs rhs` by tensor ops: the whole product, taken to `sum`'s dtype, then added
+/// (the default of [`FusedCrossEntropyBackend::accumulate_product`]).
+pub(crate) fn product_added<B: Backend>(
+    sum: FloatTensor<B>,
+    lhs: FloatTensor<B>,
+    rhs: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let sum = float::<B, 2>(sum);
+    let product = float::<B, 2>(lhs).matmul(float::<B, 2>(rhs));
+    let product = if product.dtype() == sum.dtype() {
+        product
+    } else {
+        product.cast(sum.dtype())
+    };
+    primitive(sum + product)
 }
 
 /// A typed float tensor's primitive.

@@ -19,15 +19,16 @@ use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
     GradientTarget, IncomingGradient, KernelTuning, LossSettings, OnePassBuffers, OnePassPlan,
     OnePassScratch, PackOptions, RowLaunch, ShardGradientOptions, ShardRowsOptions, ShardScalars,
-    WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_one_pass,
-    launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient, launch_shard_gradient_rows,
-    launch_shard_targets, launch_whole_vocabulary_rows, row_stat, scale_slot,
+    WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_matmul_accumulate,
+    launch_one_pass, launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient,
+    launch_shard_gradient_rows, launch_shard_targets, launch_whole_vocabulary_rows, row_stat,
+    scale_slot,
 };
 
 use crate::{
     backend::{
         CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale, Reduced, RowStats,
-        TwoPassBackward, lse_row, reduce_stats,
+        TwoPassBackward, lse_row, product_added, reduce_stats,
     },
     incoming_guess::next_guess,
     options::{CrossEntropyOptions, Reduction},
@@ -583,6 +584,28 @@ where
 
     fn max_buffer_bytes(device: &R::Device) -> Option<usize> {
         usize::try_from(R::client(device).properties().memory.max_page_size).ok()
+    }
+
+    fn accumulate_product(
+        sum: CubeTensor<R>,
+        lhs: CubeTensor<R>,
+        rhs: CubeTensor<R>,
+    ) -> CubeTensor<R> {
+        // In place only where the kernel may write `sum` and nothing else reads it.
+        if sum.can_mut() && sum.is_contiguous() && sum.meta.num_elements() > 0 {
+            let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
+            let launched = launch_matmul_accumulate(
+                &sum.client.clone(),
+                operand(&lhs),
+                operand(&rhs),
+                operand(&sum),
+            );
+            if launched.is_ok() {
+                test_hooks::count_in_place_accumulate();
+                return sum;
+            }
+        }
+        product_added::<Self>(sum, lhs, rhs)
     }
 
     fn start_read(tensor: CubeTensor<R>) -> PendingRead {

@@ -225,6 +225,28 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
     }
 }
 
+/// [`FusedCrossEntropyBackend::accumulate_product`] on the inner backend, as one op: the
+/// stream hands it the sum's handle by value when this is the sum's last use.
+#[derive(Debug, Clone)]
+struct AccumulateProductOp<B> {
+    desc: CustomOpIr,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
+    for AccumulateProductOp<B>
+{
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([sum, lhs, rhs], [output]) = self.desc.as_fixed();
+        let summed = B::accumulate_product(
+            handles.get_float_tensor::<B>(sum),
+            handles.get_float_tensor::<B>(lhs),
+            handles.get_float_tensor::<B>(rhs),
+        );
+        handles.register_float_tensor::<B>(&output.id, summed);
+    }
+}
+
 /// [`FusedCrossEntropyBackend::shard_contributions`] on the inner backend. Inputs: logits,
 /// targets, [weights, total]; output: the packed contributions.
 #[derive(Debug, Clone)]
@@ -518,6 +540,27 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         let op = AddColumnsOp::<B> {
             desc: desc.clone(),
             start,
+            _backend: PhantomData,
+        };
+        let [summed] = declared_outputs(&client, streams, desc, op);
+        summed
+    }
+
+    fn accumulate_product(
+        sum: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let client = sum.client.clone();
+        let output = TensorIr::uninit(client.create_empty_handle(), sum.shape.clone(), sum.dtype);
+        let streams = OperationStreams::with_inputs([&sum, &lhs, &rhs]);
+        let desc = CustomOpIr::new(
+            "fused_linear_cross_entropy_accumulate_product",
+            &[sum.into_ir(), lhs.into_ir(), rhs.into_ir()],
+            &[output],
+        );
+        let op = AccumulateProductOp::<B> {
+            desc: desc.clone(),
             _backend: PhantomData,
         };
         let [summed] = declared_outputs(&client, streams, desc, op);

@@ -42,6 +42,12 @@ pub struct LinearChunking {
     /// product of a chunk at once, added to the sum (under Burn's fusion backend as the
     /// matmul's epilogue), which holds a second `[H, V]` buffer while it is summed.
     pub weight_gradient_block_bytes: Option<usize>,
+    /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
+    /// reads the sum as its accumulator ([`FusedCrossEntropyBackend::accumulate_product`]):
+    /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
+    /// 16-byte aligned) the product is formed and added as without it. Takes precedence
+    /// over [`Self::weight_gradient_block_bytes`]. Off by default.
+    pub weight_gradient_in_place: bool,
 }
 
 /// The default budget of one chunk's logits.
@@ -358,8 +364,14 @@ impl<B: FusedCrossEntropyBackend> GradientSums<B> {
         let block_columns = self
             .chunking
             .weight_gradient_block_columns(width, vocab, sum_dtype);
+        let in_place = self.chunking.weight_gradient_in_place;
         self.weight = Some(match (self.weight.take(), block_columns) {
             (None, _) => summed_as(hidden_t.matmul(logits_grad.clone())),
+            (Some(sum), _) if in_place => float::<B, 2>(B::accumulate_product(
+                primitive(sum),
+                primitive(hidden_t),
+                primitive(logits_grad.clone()),
+            )),
             // Under Burn's fusion backend the add runs as the matmul's epilogue; the
             // product is still a whole [H, V] buffer until then.
             (Some(sum), None) => sum + summed_as(hidden_t.matmul(logits_grad.clone())),

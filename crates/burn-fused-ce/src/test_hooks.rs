@@ -6,6 +6,7 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 static POISON_OUTPUTS: AtomicBool = AtomicBool::new(false);
 static IN_PLACE_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
+static IN_PLACE_ACCUMULATES: AtomicUsize = AtomicUsize::new(0);
 
 /// Fill every output buffer with NaN before its kernel runs (one extra launch each).
 pub fn set_poison_outputs(enabled: bool) {
@@ -23,4 +24,14 @@ pub fn in_place_backward_count() -> usize {
 
 pub(crate) fn count_in_place_backward() {
     IN_PLACE_BACKWARDS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many weight-gradient products were summed in place by one matmul so far
+/// ([`crate::FusedCrossEntropyBackend::accumulate_product`] on a device with TMA).
+pub fn in_place_accumulate_count() -> usize {
+    IN_PLACE_ACCUMULATES.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_in_place_accumulate() {
+    IN_PLACE_ACCUMULATES.fetch_add(1, Ordering::Relaxed);
 }
