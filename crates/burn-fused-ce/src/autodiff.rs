@@ -219,6 +219,9 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
         let dtype = inputs.logits.primitive.dtype();
         let node = inputs.logits.node.clone();
         let one_pass = takes_one_pass::<B>(&inputs.logits.primitive, options);
+        // Referenced until this op's node is registered below (see
+        // `fused_linear_cross_entropy`).
+        let _logits_referenced = inputs.logits.rc.clone();
         let inputs = inner_inputs(inputs);
         let (loss, parts) = match FusedCrossEntropyBackward
             .prepare::<C>([node])

@@ -156,6 +156,16 @@ pub(crate) fn fused_linear_cross_entropy<
         .try_into()
         .unwrap_or_else(|_| unreachable!("N counts the hidden states, the weight and the bias"));
     let rows = inputs.hidden.primitive.shape()[0];
+    // Until this op's node is registered below, its inputs' nodes stay referenced:
+    // burn-autodiff frees unreferenced steps of every graph whenever any thread's backward
+    // ends, and could otherwise free the steps above this op before it registers, leaving
+    // the parameters there without gradients. (Burn's own ops hold their inputs until
+    // they register.)
+    let _inputs_referenced = [
+        Some(inputs.hidden.rc.clone()),
+        Some(inputs.head.weight.rc.clone()),
+        inputs.head.bias.as_ref().map(|bias| bias.rc.clone()),
+    ];
     let inputs = inner_inputs(inputs);
     let (loss, parts) = match FusedLinearCrossEntropyBackward::<N>
         .prepare::<C>(nodes)

@@ -71,6 +71,10 @@ pub(crate) fn vocab_parallel_cross_entropy<
 ) -> Result<LossParts<Autodiff<B, C>>, CrossEntropyError> {
     let dtype = inputs.logits.primitive.dtype();
     let node = inputs.logits.node.clone();
+    // Referenced until this op's node is registered below (see
+    // `crate::autodiff_linear::fused_linear_cross_entropy`): the exchange waits on other
+    // threads, whose backward may end meanwhile.
+    let _logits_referenced = inputs.logits.rc.clone();
     let inner = CrossEntropyInputs {
         logits: inputs.logits.primitive,
         targets: inputs.targets,
