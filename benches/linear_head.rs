@@ -189,8 +189,9 @@ fn main() {
     println!(
         "LM head and loss, one training step on {RUNTIME_NAME} (Autodiff over Burn's fusion backend)"
     );
-    let mut table = String::from(
-        "| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | pool growth MiB | peak in use MiB, sampled |\n|---|---|---|---:|---:|---:|---:|---:|\n",
+    println!("fused linear CE: {chunking:?}");
+    let mut table = format!(
+        "fused linear CE: `{chunking:?}`\n\n| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | pool growth MiB | peak in use MiB, sampled |\n|---|---|---|---:|---:|---:|---:|---:|\n"
     );
     let mut csv =
         String::from("rows,width,vocab,dtype,way,step_ms,tflops,pool_growth_mib,peak_in_use_mib\n");

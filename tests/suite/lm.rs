@@ -40,6 +40,22 @@ fn tiny_run(seed: u64, steps: usize) -> (Corpus, GptConfig, RunConfig) {
     (corpus, config, run)
 }
 
+/// Each step's loss of `run` on one device from `start`.
+fn loss_curve<B>(
+    corpus: &Corpus,
+    config: &GptConfig,
+    run: &RunConfig,
+    kind: LossKind,
+    start: &Gpt<B>,
+    device: &B::Device,
+) -> Vec<f64>
+where
+    B: burn::tensor::backend::AutodiffBackend + burn_fused_ce::FusedCrossEntropyBackend,
+{
+    let (logs, _) = train(config, run, kind, start.clone(), corpus, device, |_, _| {});
+    logs.iter().map(|l| l.loss).collect()
+}
+
 #[test]
 fn the_three_losses_train_alike_step_by_step() {
     let _backward = shared_device();
@@ -49,18 +65,7 @@ fn the_three_losses_train_alike_step_by_step() {
     let start = initial_model::<Autodiff<DefaultBackend>>(&config, seed, &device);
     let curves: Vec<Vec<f64>> = LossKind::ALL
         .iter()
-        .map(|&kind| {
-            let (logs, _) = train(
-                &config,
-                &run,
-                kind,
-                start.clone(),
-                &corpus,
-                &device,
-                |_, _| {},
-            );
-            logs.iter().map(|l| l.loss).collect()
-        })
+        .map(|&kind| loss_curve(&corpus, &config, &run, kind, &start, &device))
         .collect();
     // AdamW's first steps move a weight by about the learning rate whatever its
     // gradient's size, so rounding differences between the losses' gradients (the fused
@@ -97,19 +102,8 @@ fn another_threads_backward_leaves_the_curve() {
     let device = Default::default();
     let start = initial_model::<AutodiffCube>(&config, seed, &device);
     for kind in LossKind::ALL {
-        let curve = |start: &fused_ce_suite::lm::Gpt<AutodiffCube>| -> Vec<f64> {
-            let (logs, _) = train(
-                &config,
-                &run,
-                kind,
-                start.clone(),
-                &corpus,
-                &device,
-                |_, _| {},
-            );
-            logs.iter().map(|l| l.loss).collect()
-        };
-        let alone = curve(&start);
+        let curve = || loss_curve(&corpus, &config, &run, kind, &start, &device);
+        let alone = curve();
         // Twice: a run beside the other thread misses the window now and then.
         for attempt in 0..2 {
             let stop = AtomicBool::new(false);
@@ -122,7 +116,7 @@ fn another_threads_backward_leaves_the_curve() {
                         let _ = (x * 2.0).sum().backward();
                     }
                 });
-                let beside = curve(&start);
+                let beside = curve();
                 stop.store(true, Ordering::Relaxed);
                 beside
             });
