@@ -6,7 +6,8 @@
 //! the device memory one step adds to the pool beyond its inputs, and the most bytes seen
 //! in use beyond its inputs while it runs (sampled: a lower bound of its peak). Then each matmul of
 //! the step alone, on all rows and on one chunk of the fused linear cross-entropy's rows,
-//! to show where the fused step's time goes.
+//! to show where the fused step's time goes, and on the chunk `grad_h` with its inner
+//! dimension split in 2, 4 and 8 slices of one batched matmul (split-K).
 //!
 //! `cargo bench --bench linear_head` (Vulkan; small sizes) or, on a GPU,
 //! `CUDARC_CUDA_VERSION=13000 cargo bench --bench linear_head --no-default-features
@@ -25,7 +26,9 @@ use std::time::Instant;
 
 use burn::backend::Autodiff;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::tensor::{DType, Distribution, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{
+    DType, Distribution, ElementConversion, Int, Tensor, TensorData, backend::Backend,
+};
 use burn_fused_ce::{
     FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, LinearChunking,
 };
@@ -352,7 +355,7 @@ fn matmul_breakdown(
                     Some(m) => {
                         let tflops = flops / (m.median_ms / 1e3) / 1e12;
                         println!(
-                            "{case:<22} {part:>6} rows  {name:<28} {:>8.3} ms {tflops:>7.1} TFLOP/s",
+                            "{case:<22} {part:>6} rows  {name:<36} {:>8.3} ms {tflops:>7.1} TFLOP/s",
                             m.median_ms
                         );
                         table += &format!(
@@ -360,26 +363,49 @@ fn matmul_breakdown(
                             m.median_ms
                         );
                     }
-                    None => println!("{case:<22} {part:>6} rows  {name:<28} did not run"),
+                    None => println!("{case:<22} {part:>6} rows  {name:<36} did not run"),
                 }
             }
             if part == chunk {
+                let case = format!("{rows} x {width} x {vocab}");
+                let plain = grad.clone().matmul(weight.clone().transpose());
+                for splits in [2, 4, 8].into_iter().filter(|s| vocab.is_multiple_of(*s)) {
+                    let name = format!("grad_h = dlogits W^T, split-K {splits}");
+                    let run = || drop(split_k_hidden_gradient(&grad, &weight, splits));
+                    let error = relative_distance(
+                        split_k_hidden_gradient(&grad, &weight, splits),
+                        plain.clone(),
+                    );
+                    match measure(device, warmup, reps, run) {
+                        Some(m) => {
+                            let tflops = flops / (m.median_ms / 1e3) / 1e12;
+                            println!(
+                                "{case:<22} {part:>6} rows  {name:<36} {:>8.3} ms {tflops:>7.1} TFLOP/s  (error vs unsplit: {error:.1e})",
+                                m.median_ms
+                            );
+                            table += &format!(
+                                "| {case} | {part} | {name} | {:.3} | {tflops:.1} |\n",
+                                m.median_ms
+                            );
+                        }
+                        None => println!("{case:<22} {part:>6} rows  {name:<36} did not run"),
+                    }
+                }
                 #[cfg(feature = "cuda")]
                 {
                     let name = "grad_W += h^T dlogits, in place";
-                    let case = format!("{rows} x {width} x {vocab}");
                     match in_place_weight_gradient(part, width, vocab, dtype, warmup, reps, device)
                     {
                         Ok((ms, error)) => {
                             let tflops = flops / (ms / 1e3) / 1e12;
                             println!(
-                                "{case:<22} {part:>6} rows  {name:<28} {ms:>8.3} ms {tflops:>7.1} TFLOP/s  (error vs product + add: {error:.1e})"
+                                "{case:<22} {part:>6} rows  {name:<36} {ms:>8.3} ms {tflops:>7.1} TFLOP/s  (error vs product + add: {error:.1e})"
                             );
                             table +=
                                 &format!("| {case} | {part} | {name} | {ms:.3} | {tflops:.1} |\n");
                         }
                         Err(why) => {
-                            println!("{case:<22} {part:>6} rows  {name:<28} did not run: {why}")
+                            println!("{case:<22} {part:>6} rows  {name:<36} did not run: {why}")
                         }
                     }
                 }
@@ -389,6 +415,42 @@ fn matmul_breakdown(
         Runtime::client(device).memory_cleanup();
     }
     table
+}
+
+/// `grad_h = dlogits W^T` for one chunk with the inner dimension (the vocabulary) cut in
+/// `splits` slices, multiplied as one batched matmul (`[splits, rows, V / splits]` by
+/// `[splits, V / splits, H]`, both views) and summed in f32: `splits` times the output
+/// tiles of the plain product, for chunks whose `rows x H` output is too small to occupy
+/// the GPU. Measured here, not yet used by the fused linear cross-entropy.
+fn split_k_hidden_gradient(
+    grad: &Tensor<DefaultBackend, 2>,
+    weight: &Tensor<DefaultBackend, 2>,
+    splits: usize,
+) -> Tensor<DefaultBackend, 2> {
+    let [rows, vocab] = grad.dims();
+    let width = weight.dims()[0];
+    let slice = vocab / splits;
+    let lhs = grad.clone().reshape([rows, splits, slice]).swap_dims(0, 1);
+    let rhs = weight
+        .clone()
+        .reshape([width, splits, slice])
+        .permute([1, 2, 0]);
+    lhs.matmul(rhs)
+        .cast(DType::F32)
+        .sum_dim(0)
+        .reshape([rows, width])
+}
+
+/// `|got - expected| / |expected|` (L2, in f32).
+fn relative_distance<Bk: Backend>(got: Tensor<Bk, 2>, expected: Tensor<Bk, 2>) -> f64 {
+    let (got, expected) = (got.cast(DType::F32), expected.cast(DType::F32));
+    let distance = (got - expected.clone())
+        .powi_scalar(2)
+        .sum()
+        .sqrt()
+        .into_scalar();
+    let norm = expected.powi_scalar(2).sum().sqrt().into_scalar();
+    f64::from(distance.elem::<f32>()) / f64::from(norm.elem::<f32>()).max(f64::MIN_POSITIVE)
 }
 
 /// The weight gradient's chunk product summed in place (`sum += h_c^T dlogits_c`, one
@@ -436,15 +498,7 @@ fn in_place_weight_gradient(
     let sum = start.clone() + 0.0;
     launch(&sum)?;
     let expected = start.clone() + hidden.clone().transpose().matmul(grad.clone());
-    let got = sum.cast(DType::F32);
-    let expected = expected.cast(DType::F32);
-    let distance = (got - expected.clone())
-        .powi_scalar(2)
-        .sum()
-        .sqrt()
-        .into_scalar();
-    let norm = expected.powi_scalar(2).sum().sqrt().into_scalar();
-    let error = f64::from(distance) / f64::from(norm).max(f64::MIN_POSITIVE);
+    let error = relative_distance(sum, expected);
     // The launch above succeeded: the timed ones, of the same shapes, launch alike.
     let sum = start + 0.0;
     let measured = measure(device, warmup, reps, || drop(launch(&sum)))
