@@ -7,7 +7,7 @@
 //! in use beyond its inputs while it runs (sampled: a lower bound of its peak). Then each matmul of
 //! the step alone, on all rows and on one chunk of the fused linear cross-entropy's rows,
 //! to show where the fused step's time goes, and on the chunk `grad_h` with its inner
-//! dimension split in 2, 4 and 8 slices of one batched matmul (split-K).
+//! dimension split in 4 slices of one batched matmul (split-K).
 //!
 //! `cargo bench --bench linear_head` (Vulkan; small sizes) or, on a GPU,
 //! `CUDARC_CUDA_VERSION=13000 cargo bench --bench linear_head --no-default-features
@@ -369,7 +369,9 @@ fn matmul_breakdown(
             if part == chunk {
                 let case = format!("{rows} x {width} x {vocab}");
                 let plain = grad.clone().matmul(weight.clone().transpose());
-                for splits in [2, 4, 8].into_iter().filter(|s| vocab.is_multiple_of(*s)) {
+                // Views whose batch stride is below their row stride: cubecl's layout check
+                // calls them highly permuted, so the matmul may copy them first.
+                for splits in [4].into_iter().filter(|s| vocab.is_multiple_of(*s)) {
                     let name = format!("grad_h = dlogits W^T, split-K {splits}");
                     let run = || drop(split_k_hidden_gradient(&grad, &weight, splits));
                     let error = relative_distance(
