@@ -489,6 +489,37 @@ where
     }
 }
 
+/// A config saved before `weight_gradient_in_place` existed still loads, with it off.
+#[test]
+fn configs_saved_without_the_in_place_sum_load() {
+    use burn::config::Config;
+    let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(LinearChunking {
+        logits_bytes: Some(1 << 20),
+        weight_gradient_in_place: true,
+        ..LinearChunking::default()
+    });
+    let json = config.to_string();
+    // The field is the chunking's last: drop its line and the comma before it.
+    let mut lines: Vec<String> = json.lines().map(str::to_string).collect();
+    let at = lines
+        .iter()
+        .position(|line| line.contains("\"weight_gradient_in_place\": true"))
+        .unwrap_or_else(|| panic!("the field is in the saved config: {json}"));
+    lines.remove(at);
+    let before = lines[at - 1].trim_end_matches(',').to_string();
+    lines[at - 1] = before;
+    let older = lines.join("\n");
+    let loaded = FusedLinearCrossEntropyLossConfig::load_binary(older.as_bytes())
+        .expect("an older config loads");
+    assert_eq!(
+        loaded,
+        config.with_chunking(LinearChunking {
+            logits_bytes: Some(1 << 20),
+            ..LinearChunking::default()
+        })
+    );
+}
+
 #[test]
 fn weight_gradient_in_place_on_the_cube_backend() {
     poisoned();

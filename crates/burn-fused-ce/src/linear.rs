@@ -46,7 +46,9 @@ pub struct LinearChunking {
     /// reads the sum as its accumulator ([`FusedCrossEntropyBackend::accumulate_product`]):
     /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
     /// 16-byte aligned) the product is formed and added as without it. Takes precedence
-    /// over [`Self::weight_gradient_block_bytes`]. Off by default.
+    /// over [`Self::weight_gradient_block_bytes`]. Off by default (also when a saved
+    /// config lacks it).
+    #[serde(default)]
     pub weight_gradient_in_place: bool,
 }
 
