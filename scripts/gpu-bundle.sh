@@ -27,6 +27,8 @@ export CUDARC_CUDA_VERSION=13000
 # The bench's report names the commit it measured.
 FUSED_CE_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo '+changes')"
 export FUSED_CE_COMMIT
+# And so does the bundle (run.sh copies it to the logs).
+echo "$FUSED_CE_COMMIT" > "$bundle/commit.txt"
 # Builds the named targets with the given features and copies their executables into the
 # bundle, stripped and gzipped.
 bundle_targets() {

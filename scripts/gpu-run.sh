@@ -28,6 +28,7 @@ for packed in "$here"/*.gz; do
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$logs/gpu.txt" 2>&1
 cat "$logs/gpu.txt"
+[ -f "$here/commit.txt" ] && cp "$here/commit.txt" "$logs/commit.txt" && echo "bundle built at commit $(cat "$here/commit.txt")"
 status=0
 if [ -n "${AUTOTUNE_LOG:-}" ]; then
   printf '[autotune.logger]\nlevel = "full"\nfile = "%s"\n' "$(cd "$logs" && pwd)/autotune.log" > cubecl.toml
