@@ -325,6 +325,7 @@ fn matmul_breakdown(
         let uniform = Distribution::Uniform(-1.0, 1.0);
         let weight = Tensor::<F, 2>::random([width, vocab], uniform, device).cast(dtype);
         let sum = Tensor::<F, 2>::random([width, vocab], uniform, device).cast(dtype);
+        let case = format!("{rows} x {width} x {vocab}");
         for part in [rows, chunk] {
             let hidden = Tensor::<F, 2>::random([part, width], uniform, device).cast(dtype);
             let grad = Tensor::<F, 2>::random([part, vocab], uniform, device).cast(dtype);
@@ -350,24 +351,10 @@ fn matmul_breakdown(
                 ),
             ];
             for (name, run) in matmuls {
-                let case = format!("{rows} x {width} x {vocab}");
-                match measure(device, warmup, reps, &*run) {
-                    Some(m) => {
-                        let tflops = flops / (m.median_ms / 1e3) / 1e12;
-                        println!(
-                            "{case:<22} {part:>6} rows  {name:<36} {:>8.3} ms {tflops:>7.1} TFLOP/s",
-                            m.median_ms
-                        );
-                        table += &format!(
-                            "| {case} | {part} | {name} | {:.3} | {tflops:.1} |\n",
-                            m.median_ms
-                        );
-                    }
-                    None => println!("{case:<22} {part:>6} rows  {name:<36} did not run"),
-                }
+                let timed = measure(device, warmup, reps, &*run).map(|m| m.median_ms);
+                matmul_row(&mut table, &case, part, name, flops, timed.ok_or(None), "");
             }
             if part == chunk {
-                let case = format!("{rows} x {width} x {vocab}");
                 let plain = grad.clone().matmul(weight.clone().transpose());
                 // Views whose batch stride is below their row stride: cubecl's layout check
                 // calls them highly permuted, so the matmul may copy them first.
@@ -378,38 +365,29 @@ fn matmul_breakdown(
                         split_k_hidden_gradient(&grad, &weight, splits),
                         plain.clone(),
                     );
-                    match measure(device, warmup, reps, run) {
-                        Some(m) => {
-                            let tflops = flops / (m.median_ms / 1e3) / 1e12;
-                            println!(
-                                "{case:<22} {part:>6} rows  {name:<36} {:>8.3} ms {tflops:>7.1} TFLOP/s  (error vs unsplit: {error:.1e})",
-                                m.median_ms
-                            );
-                            table += &format!(
-                                "| {case} | {part} | {name} | {:.3} | {tflops:.1} |\n",
-                                m.median_ms
-                            );
-                        }
-                        None => println!("{case:<22} {part:>6} rows  {name:<36} did not run"),
-                    }
+                    let timed = measure(device, warmup, reps, run).map(|m| m.median_ms);
+                    let note = format!("  (error vs unsplit: {error:.1e})");
+                    matmul_row(
+                        &mut table,
+                        &case,
+                        part,
+                        &name,
+                        flops,
+                        timed.ok_or(None),
+                        &note,
+                    );
                 }
                 #[cfg(feature = "cuda")]
                 {
                     let name = "grad_W += h^T dlogits, in place";
-                    match in_place_weight_gradient(part, width, vocab, dtype, warmup, reps, device)
-                    {
-                        Ok((ms, error)) => {
-                            let tflops = flops / (ms / 1e3) / 1e12;
-                            println!(
-                                "{case:<22} {part:>6} rows  {name:<36} {ms:>8.3} ms {tflops:>7.1} TFLOP/s  (error vs product + add: {error:.1e})"
-                            );
-                            table +=
-                                &format!("| {case} | {part} | {name} | {ms:.3} | {tflops:.1} |\n");
-                        }
-                        Err(why) => {
-                            println!("{case:<22} {part:>6} rows  {name:<36} did not run: {why}")
-                        }
-                    }
+                    let measured =
+                        in_place_weight_gradient(part, width, vocab, dtype, warmup, reps, device);
+                    let note = match &measured {
+                        Ok((_, error)) => format!("  (error vs product + add: {error:.1e})"),
+                        Err(_) => String::new(),
+                    };
+                    let timed = measured.map(|(ms, _)| ms).map_err(Some);
+                    matmul_row(&mut table, &case, part, name, flops, timed, &note);
                 }
                 break;
             }
@@ -417,6 +395,30 @@ fn matmul_breakdown(
         Runtime::client(device).memory_cleanup();
     }
     table
+}
+
+/// One row of the matmul breakdown: `timed` (the median ms, or why it did not run when
+/// known) printed with `note`, and added to `table` when it ran.
+fn matmul_row(
+    table: &mut String,
+    case: &str,
+    part: usize,
+    name: &str,
+    flops: f64,
+    timed: Result<f64, Option<String>>,
+    note: &str,
+) {
+    match timed {
+        Ok(ms) => {
+            let tflops = flops / (ms / 1e3) / 1e12;
+            println!(
+                "{case:<22} {part:>6} rows  {name:<36} {ms:>8.3} ms {tflops:>7.1} TFLOP/s{note}"
+            );
+            *table += &format!("| {case} | {part} | {name} | {ms:.3} | {tflops:.1} |\n");
+        }
+        Err(None) => println!("{case:<22} {part:>6} rows  {name:<36} did not run"),
+        Err(Some(why)) => println!("{case:<22} {part:>6} rows  {name:<36} did not run: {why}"),
+    }
 }
 
 /// `grad_h = dlogits W^T` for one chunk with the inner dimension (the vocabulary) cut in

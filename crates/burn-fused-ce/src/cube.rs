@@ -594,12 +594,8 @@ where
         // In place only where the kernel may write `sum` and nothing else reads it.
         if sum.can_mut() && sum.is_contiguous() && sum.meta.num_elements() > 0 {
             let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
-            let launched = launch_matmul_accumulate(
-                &sum.client.clone(),
-                operand(&lhs),
-                operand(&rhs),
-                operand(&sum),
-            );
+            let launched =
+                launch_matmul_accumulate(&sum.client, operand(&lhs), operand(&rhs), operand(&sum));
             if launched.is_ok() {
                 test_hooks::count_in_place_accumulate();
                 return sum;
