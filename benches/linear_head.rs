@@ -17,8 +17,9 @@
 //! `linear_head.csv` go. Shapes after `--`, as `NxHxV` (f32 on Vulkan, bf16 on CUDA),
 //! replace the default cases, and `logits=M` sets the fused linear cross-entropy's chunk
 //! budget to M MiB, `wblock=M` its weight-gradient blocks
-//! (`LinearChunking::weight_gradient_block_bytes`) to M MiB, and `inplace=1` sums its
-//! weight gradient in place (`LinearChunking::weight_gradient_in_place`):
+//! (`LinearChunking::weight_gradient_block_bytes`) to M MiB, and `inplace=0` or `inplace=1`
+//! turns off or on the in-place weight-gradient sum (`LinearChunking::weight_gradient_in_place`,
+//! on by default):
 //! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -184,7 +185,13 @@ fn main() {
         weight_gradient_block_bytes: std::env::args()
             .find_map(|arg| arg.strip_prefix("wblock=")?.parse::<usize>().ok())
             .map(|mib| mib << 20),
-        weight_gradient_in_place: std::env::args().any(|arg| arg == "inplace=1"),
+        weight_gradient_in_place: std::env::args()
+            .find_map(|arg| match arg.as_str() {
+                "inplace=0" => Some(false),
+                "inplace=1" => Some(true),
+                _ => None,
+            })
+            .unwrap_or(LinearChunking::default().weight_gradient_in_place),
         ..LinearChunking::default()
     };
     let device = Device::default();

@@ -6,6 +6,10 @@
 //!
 //! Each output tile is read once, before the tile's main loop, and written once after it,
 //! by the same cube: reading and writing the same buffer through two views is safe.
+//!
+//! The accumulator's shared-memory stage is f32 whatever `out`'s dtype: cubek-matmul 0.2's
+//! `mma` tiles load a half-precision accumulator stage wrongly (the sum comes out wrong),
+//! and an f32 one right. The stage is filled once per tile, outside the main loop.
 
 use cubecl::{
     Runtime,
@@ -26,15 +30,15 @@ use cubek::matmul::{
     },
     definition::{
         AvailableVectorSizes, Blueprint as _, MatmulAvailabilityError, MatmulElems,
-        MatmulGlobalElems, MatmulProblem, MatmulSetupError,
+        MatmulGlobalElems, MatmulProblem, MatmulSetupError, MultiRowStrategy, TilingBlueprint,
     },
     launch::{
         ConcreteInputsFactory, ConcreteOutputFactory, InputArg, OutputArg, TensorMapArgs,
         launch_kernel,
     },
     routines::{
-        BlueprintStrategy, Routine,
-        specialized::{SpecializedAlgorithm, SpecializedStrategy},
+        DeviceSettings, ExpandInfo, PlaneTilingBlueprintOptions, Routine, infer_blueprint_plane,
+        specialized::SpecializedAlgorithm,
     },
 };
 use cubek::std::InputBinding;
@@ -111,12 +115,12 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         .filter_rhs_with_tensor(&problem.rhs_strides, &problem.rhs_shape, problem.rhs_layout)
         .filter_out_with_tensor(&problem.out_strides, &problem.out_shape)
         .pick_max()?;
-    let strategy = BlueprintStrategy::<(), Specialized>::Inferred(SpecializedStrategy {
-        tile_matmul: TileMatmulKind::Mma,
-    });
     let settings = <Specialized as Routine<()>>::device_settings(client, vector_sizes);
-    let expanded = <Specialized as Routine<()>>::expand_blueprint(&problem, &settings, &strategy)?;
-    let launch_info = <Specialized as Routine<()>>::prepare(&problem, &settings, expanded)?;
+    let launch_info = <Specialized as Routine<()>>::prepare(
+        &problem,
+        &settings,
+        blueprint(&problem, &settings)?,
+    )?;
 
     let acc_view = ViewArg::new_tensor::<GlobalLayout>(
         out.clone().into_tensor_arg(),
@@ -134,7 +138,7 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         &launch_info.blueprint,
         &problem,
         &launch_info.vector_sizes,
-        &dtypes,
+        &launch_info.dtypes,
     );
     input.acc = ComptimeOptionArgs::Some(acc_view);
     input.acc_batch = ComptimeOptionArgs::Some(acc_batch);
@@ -143,9 +147,40 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         &launch_info.blueprint,
         &problem,
         &launch_info.vector_sizes,
-        &dtypes,
+        &launch_info.dtypes,
     );
     launch_kernel::<TensorMapArgs, R, Specialized>(client, input, output, (), launch_info)
+}
+
+/// The specialized routine's own blueprint inference for `mma` tiles, with two changes:
+/// the accumulator's stage is f32 (see the module's note), and each plane takes one row of
+/// tiles (cubek's default gives planes two rows on tall problems, which the in-place sum
+/// runs slower with).
+fn blueprint<R: Runtime>(
+    problem: &MatmulProblem,
+    settings: &DeviceSettings<R>,
+) -> Result<ExpandInfo<TilingBlueprint>, MatmulSetupError> {
+    let tile_matmul = TileMatmulKind::Mma;
+    let mut dtypes = MatmulElems::from_globals(&problem.global_dtypes);
+    if tile_matmul.can_cast_stage_element() {
+        dtypes.adjust_stage_dtypes();
+    }
+    let (blueprint, mut dtypes) = infer_blueprint_plane::<R>(
+        tile_matmul,
+        &settings.client,
+        problem,
+        settings.plane_dim,
+        dtypes,
+        &settings.vector_sizes,
+        PlaneTilingBlueprintOptions {
+            specialized: true,
+            multi_row_strategy: MultiRowStrategy::Never,
+            swizzled: tile_matmul.should_swizzle(&settings.client),
+            ..Default::default()
+        },
+    )?;
+    dtypes.acc_stage = dtypes.acc_register;
+    Ok(ExpandInfo { blueprint, dtypes })
 }
 
 /// Whether TMA can read `binding` of `dtype`: a matrix or a transposed one, its start and

@@ -448,10 +448,21 @@ where
     }
 }
 
+/// Whether the device has TMA, which the in-place weight-gradient sum needs.
+fn device_has_tma() -> bool {
+    let device = fused_ce_suite::Device::default();
+    <fused_ce_suite::Runtime as cubecl::Runtime>::client(&device)
+        .properties()
+        .features
+        .tma
+        .contains(cubecl::features::Tma::Base)
+}
+
 /// The weight gradient summed in place over the chunks, on shapes whose rows TMA can read
 /// (64 hidden units, 384 classes, chunks of 64 rows and a last one of 8; half types
 /// summed in f32 and in their own dtype) and on one it cannot (67 classes: the product is
-/// formed and added). Where the device has TMA, the in-place matmul must have run.
+/// formed and added). Where the device has TMA, every aligned case must have summed in
+/// place.
 fn check_weight_gradient_in_place<B: FusedCrossEntropyBackend>()
 where
     B::Device: Default,
@@ -460,7 +471,7 @@ where
     if fused_ce_suite::SUPPORTS_BF16 {
         dtypes.push(DType::BF16);
     }
-    let before = test_hooks::in_place_accumulate_count();
+    let tma = device_has_tma();
     for (n, dtype) in dtypes.into_iter().enumerate() {
         for reduction in [Reduction::Mean, Reduction::None] {
             let mut case = LinearCase::new(200, 64, 384, dtype, reduction);
@@ -468,34 +479,102 @@ where
             case.in_place = true;
             case.bias = n % 2 == 0;
             case.f32_weight_gradient = dtype != DType::F32 && reduction == Reduction::Mean;
+            let context = format!("{} {case:?}", short_name::<B>());
+            let before = test_hooks::in_place_accumulate_count();
             check_linear_case::<B>(case);
+            if tma {
+                assert!(
+                    test_hooks::in_place_accumulate_count() > before,
+                    "{context}: the device has TMA, yet no chunk's product was summed in place",
+                );
+            }
         }
     }
     let mut unaligned = LinearCase::new(40, 24, 67, DType::F32, Reduction::Sum);
     unaligned.in_place = true;
     check_linear_case::<B>(unaligned);
+}
+
+/// The in-place kernel itself, `sum += lhs rhs`, against an f64 reference from the same
+/// inputs: sums of each dtype (and f32 sums of half inputs), a transposed `lhs` as the
+/// weight gradient has it, and shapes past the sizes where cubek-matmul's tiling changes
+/// (one row of tiles per plane or two, narrow and wide stages). Where the device has no
+/// TMA the kernel must refuse, and callers form the product and add it.
+#[test]
+fn matmul_accumulate_adds_the_product_to_the_sum() {
+    use burn::tensor::{Distribution, TensorPrimitive};
+    type C = fused_ce_suite::CubeBackend;
+    let _only_us = exclusive_device();
+    let seed = fresh_seed();
     let device = fused_ce_suite::Device::default();
-    let tma = <fused_ce_suite::Runtime as cubecl::Runtime>::client(&device)
-        .properties()
-        .features
-        .tma
-        .contains(cubecl::features::Tma::Base);
-    if tma {
-        assert!(
-            test_hooks::in_place_accumulate_count() > before,
-            "{}: the device has TMA, yet no chunk's product was summed in place",
-            short_name::<B>()
+    let client = <fused_ce_suite::Runtime as cubecl::Runtime>::client(&device);
+    let binding = |tensor: Tensor<C, 2>| match tensor.into_primitive() {
+        TensorPrimitive::Float(tensor) | TensorPrimitive::QFloat(tensor) => {
+            let dtype = tensor.dtype.into();
+            (tensor.binding(), dtype)
+        }
+    };
+    let mut cases = vec![(DType::F32, DType::F32), (DType::F16, DType::F16)];
+    if fused_ce_suite::SUPPORTS_BF16 {
+        cases.extend([(DType::BF16, DType::BF16), (DType::BF16, DType::F32)]);
+    }
+    let shapes = [(64, 384, 64), (256, 1024, 96), (2048, 1024, 128)];
+    for (n, (&(m, cols, k), &(input, sum_dtype))) in shapes
+        .iter()
+        .cycle()
+        .zip(cases.iter().cycle())
+        .take(shapes.len() * cases.len())
+        .enumerate()
+    {
+        let context = format!("{m}x{cols}x{k}, {input:?} inputs, {sum_dtype:?} sum, seed={seed}");
+        C::seed(&device, seed.wrapping_add(n as u64));
+        let uniform = Distribution::Uniform(-1.0, 1.0);
+        // The product and the sum of the same size, so that neither hides the other.
+        let rows =
+            (Tensor::<C, 2>::random([k, m], uniform, &device) / (k as f64).sqrt()).cast(input);
+        let rhs = Tensor::<C, 2>::random([k, cols], uniform, &device).cast(input);
+        let start = Tensor::<C, 2>::random([m, cols], uniform, &device).cast(sum_dtype);
+        let (rows64, rhs64, start64) = (
+            to_f64(rows.clone()),
+            to_f64(rhs.clone()),
+            to_f64(start.clone()),
         );
+        let sum = start + 0.0;
+        let launched = fused_ce_kernels::launch_matmul_accumulate(
+            &client,
+            binding(rows.clone().transpose()),
+            binding(rhs.clone()),
+            binding(sum.clone()),
+        );
+        if !device_has_tma() {
+            assert!(
+                launched.is_err(),
+                "{context}: no TMA, yet the kernel launched"
+            );
+            continue;
+        }
+        launched.unwrap_or_else(|error| panic!("{context}: did not launch: {error:?}"));
+        let product = matmul_f64(&transpose_f64(&rows64, k, m), &rhs64, m, k, cols);
+        let expected: Vec<f64> = start64.iter().zip(&product).map(|(s, p)| s + p).collect();
+        // One rounding to the sum's dtype (and TF32 operands for f32 inputs).
+        let bound = match sum_dtype {
+            DType::F32 => 1e-3,
+            DType::F16 => 2e-3,
+            _ => 8e-3,
+        };
+        check_close(&to_f64(sum), &expected, bound, &context);
     }
 }
 
-/// A config saved before `weight_gradient_in_place` existed still loads, with it off.
+/// A config saved before `weight_gradient_in_place` existed still loads, with it at its
+/// default (on), as a new config has it.
 #[test]
 fn configs_saved_without_the_in_place_sum_load() {
     use burn::config::Config;
+    assert!(LinearChunking::default().weight_gradient_in_place);
     let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(LinearChunking {
         logits_bytes: Some(1 << 20),
-        weight_gradient_in_place: true,
+        weight_gradient_in_place: false,
         ..LinearChunking::default()
     });
     let json = config.to_string();
@@ -503,7 +582,7 @@ fn configs_saved_without_the_in_place_sum_load() {
     let mut lines: Vec<String> = json.lines().map(str::to_string).collect();
     let at = lines
         .iter()
-        .position(|line| line.contains("\"weight_gradient_in_place\": true"))
+        .position(|line| line.contains("\"weight_gradient_in_place\": false"))
         .unwrap_or_else(|| panic!("the field is in the saved config: {json}"));
     lines.remove(at);
     let before = lines[at - 1].trim_end_matches(',').to_string();

@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// How the fused linear cross-entropy cuts its work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LinearChunking {
     /// The most bytes one chunk's logits take (their gradient is written over them): the
     /// rows are spread evenly over as few chunks as the budget allows, at least 16 rows a
@@ -46,10 +46,27 @@ pub struct LinearChunking {
     /// reads the sum as its accumulator ([`FusedCrossEntropyBackend::accumulate_product`]):
     /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
     /// 16-byte aligned) the product is formed and added as without it. Takes precedence
-    /// over [`Self::weight_gradient_block_bytes`]. Off by default (also when a saved
+    /// over [`Self::weight_gradient_block_bytes`]. On by default (also when a saved
     /// config lacks it).
-    #[serde(default)]
+    #[serde(default = "in_place_by_default")]
     pub weight_gradient_in_place: bool,
+}
+
+impl Default for LinearChunking {
+    fn default() -> Self {
+        Self {
+            logits_bytes: None,
+            f32_weight_gradient: false,
+            weight_gradient_block_bytes: None,
+            weight_gradient_in_place: in_place_by_default(),
+        }
+    }
+}
+
+/// [`LinearChunking::weight_gradient_in_place`] when not given: on, as it costs no time
+/// and leaves no `[H, V]` product beside the sum.
+fn in_place_by_default() -> bool {
+    true
 }
 
 /// The default budget of one chunk's logits.
