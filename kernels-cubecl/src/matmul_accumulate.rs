@@ -51,7 +51,8 @@ type Specialized = SpecializedAlgorithm;
 
 /// `out += lhs rhs` for `lhs [M, K]`, `rhs [K, N]` and `out [M, N]` of the given dtypes,
 /// `out` updated in place. `lhs` and `rhs` may be transposed views (TMA reads either
-/// layout); `out` must be contiguous. An error where the device has no TMA, or the shapes,
+/// layout); `out`'s rows must be contiguous (its row stride may be padded, as CUDA
+/// allocations are). An error where the device has no TMA, or the shapes,
 /// layouts or alignment do not suit the kernel: callers then form the product and add it.
 pub fn launch_matmul_accumulate<R: Runtime>(
     client: &ComputeClient<R>,

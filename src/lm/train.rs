@@ -180,16 +180,23 @@ pub fn sample<B: burn::tensor::backend::Backend>(
     device: &B::Device,
 ) -> String {
     let mut tokens = prompt.to_vec();
+    // One input shape for every token: the context padded on the right to a fixed window.
+    // Causal attention leaves the positions before the padding as they were, and under
+    // Burn's autotune each new sequence length would tune its matmuls again.
+    let window = (prompt.len() + len).clamp(1, config.seq_len);
     for _ in 0..len {
-        let context: Vec<i64> = tokens[tokens.len().saturating_sub(config.seq_len)..]
+        let context = &tokens[tokens.len().saturating_sub(window)..];
+        let last = context.len().max(1) - 1;
+        let input: Vec<i64> = context
             .iter()
             .map(|&t| i64::from(t))
+            .chain(std::iter::repeat(0))
+            .take(window)
             .collect();
-        let seq = context.len();
-        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(context, [1, seq]), device);
+        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(input, [1, window]), device);
         let logits = model.forward(input);
         let next = logits
-            .slice([seq - 1..seq, 0..config.vocab])
+            .slice([last..last + 1, 0..config.vocab])
             .argmax(1)
             .into_scalar()
             .elem::<i64>();

@@ -485,7 +485,9 @@ where
             if tma {
                 assert!(
                     test_hooks::in_place_accumulate_count() > before,
-                    "{context}: the device has TMA, yet no chunk's product was summed in place",
+                    "{context}: the device has TMA, yet no chunk's product was summed in place \
+                     (the last refusal: {:?})",
+                    test_hooks::in_place_accumulate_refusal(),
                 );
             }
         }
@@ -496,8 +498,8 @@ where
 }
 
 /// The in-place kernel itself, `sum += lhs rhs`, against an f64 reference from the same
-/// inputs: sums of each dtype (and f32 sums of half inputs), a transposed `lhs` as the
-/// weight gradient has it, and shapes past the sizes where cubek-matmul's tiling changes
+/// inputs: sums of each dtype (and f32 sums of half inputs), contiguous and with padded
+/// rows, a transposed `lhs` as the weight gradient has it, and shapes past the sizes where cubek-matmul's tiling changes
 /// (one row of tiles per plane or two, narrow and wide stages). Where the device has no
 /// TMA the kernel must refuse, and callers form the product and add it.
 #[test]
@@ -539,7 +541,16 @@ fn matmul_accumulate_adds_the_product_to_the_sum() {
             to_f64(rhs.clone()),
             to_f64(start.clone()),
         );
-        let sum = start + 0.0;
+        // Every other case sums into rows padded to a longer stride, as CUDA pads the
+        // rows of Burn's matmul outputs: the window of a wider tensor.
+        let sum = if n % 2 == 1 {
+            let padded = Tensor::<C, 2>::random([m, cols + 64], uniform, &device).cast(sum_dtype);
+            padded
+                .slice_assign([0..m, 0..cols], start)
+                .narrow(1, 0, cols)
+        } else {
+            start + 0.0
+        };
         let launched = fused_ce_kernels::launch_matmul_accumulate(
             &client,
             binding(rows.clone().transpose()),

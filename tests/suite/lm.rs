@@ -13,8 +13,8 @@ use burn::{
 use fused_ce_suite::{
     AutodiffCube, DefaultBackend,
     lm::{
-        Corpus, Gpt, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, Vocabulary, initial_model, train,
-        train_data_parallel,
+        Corpus, Gpt, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, Vocabulary, initial_model,
+        sample, train, train_data_parallel,
     },
 };
 
@@ -303,4 +303,42 @@ fn parameters<B: burn::tensor::backend::Backend>(model: &Gpt<B>) -> Vec<f64> {
 
 fn norm(values: &[f64]) -> f64 {
     values.iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// The example's greedy sampling feeds one padded window shape for every token (so that
+/// autotune tunes it once): it continues a prompt as feeding each exact context does, also
+/// once the context slides past the model's sequence length.
+#[test]
+fn sampling_through_a_padded_window_continues_as_exact_contexts_do() {
+    use burn::tensor::{ElementConversion, Int, TensorData};
+    let seed = fresh_seed();
+    let (corpus, config, _) = tiny_run(seed, 1);
+    let device = Default::default();
+    let model = initial_model::<DefaultBackend>(&config, seed, &device);
+    // 12 + 8 tokens: past the 16-token sequence length.
+    let (prompt, len) = (&corpus.tokens[..12], 8);
+    let mut tokens = prompt.to_vec();
+    for _ in 0..len {
+        let context: Vec<i64> = tokens[tokens.len().saturating_sub(config.seq_len)..]
+            .iter()
+            .map(|&t| i64::from(t))
+            .collect();
+        let seq = context.len();
+        let input = Tensor::<DefaultBackend, 2, Int>::from_data(
+            TensorData::new(context, [1, seq]),
+            &device,
+        );
+        let next = model
+            .forward(input)
+            .slice([seq - 1..seq, 0..config.vocab])
+            .argmax(1)
+            .into_scalar()
+            .elem::<i64>();
+        tokens.push(next as u32);
+    }
+    assert_eq!(
+        sample(&model, &config, &corpus, prompt, len, &device),
+        corpus.decode(&tokens),
+        "seed={seed}"
+    );
 }

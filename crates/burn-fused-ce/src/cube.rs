@@ -591,14 +591,30 @@ where
         lhs: CubeTensor<R>,
         rhs: CubeTensor<R>,
     ) -> CubeTensor<R> {
-        // In place only where the kernel may write `sum` and nothing else reads it.
-        if sum.can_mut() && sum.is_contiguous() && sum.meta.num_elements() > 0 {
+        // In place only where the kernel may write `sum` and nothing else reads it, and
+        // only into a contiguous sum: CUDA pads the rows of some of Burn's matmul outputs
+        // (the first chunk's product among them), which then sum as product + add.
+        let writable = sum.can_mut() && sum.is_contiguous() && sum.meta.num_elements() > 0;
+        if !writable {
+            test_hooks::note_in_place_accumulate_refusal(|| {
+                format!(
+                    "the sum is shared or not contiguous ({:?}, can_mut {}, strides {:?})",
+                    sum.dtype,
+                    sum.can_mut(),
+                    sum.meta.strides()
+                )
+            });
+        }
+        if writable {
             let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
             let launched =
                 launch_matmul_accumulate(&sum.client, operand(&lhs), operand(&rhs), operand(&sum));
-            if launched.is_ok() {
-                test_hooks::count_in_place_accumulate();
-                return sum;
+            match launched {
+                Ok(()) => {
+                    test_hooks::count_in_place_accumulate();
+                    return sum;
+                }
+                Err(error) => test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}")),
             }
         }
         product_added::<Self>(sum, lhs, rhs)

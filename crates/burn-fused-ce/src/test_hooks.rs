@@ -3,10 +3,12 @@
 //! prove what the op did. Without the feature they are private and never switched on.
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 static POISON_OUTPUTS: AtomicBool = AtomicBool::new(false);
 static IN_PLACE_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
 static IN_PLACE_ACCUMULATES: AtomicUsize = AtomicUsize::new(0);
+static IN_PLACE_ACCUMULATE_REFUSAL: Mutex<Option<String>> = Mutex::new(None);
 
 /// Fill every output buffer with NaN before its kernel runs (one extra launch each).
 pub fn set_poison_outputs(enabled: bool) {
@@ -34,4 +36,21 @@ pub fn in_place_accumulate_count() -> usize {
 
 pub(crate) fn count_in_place_accumulate() {
     IN_PLACE_ACCUMULATES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Why the last weight-gradient product that could not be summed in place was refused
+/// (the in-place matmul's error), if one was.
+pub fn in_place_accumulate_refusal() -> Option<String> {
+    IN_PLACE_ACCUMULATE_REFUSAL
+        .lock()
+        .map_or(None, |refusal| refusal.clone())
+}
+
+/// Keeps `why()` for [`in_place_accumulate_refusal`]; formed only where the hooks are on.
+pub(crate) fn note_in_place_accumulate_refusal(why: impl FnOnce() -> String) {
+    if cfg!(feature = "test-hooks")
+        && let Ok(mut refusal) = IN_PLACE_ACCUMULATE_REFUSAL.lock()
+    {
+        *refusal = Some(why());
+    }
 }
