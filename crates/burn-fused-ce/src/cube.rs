@@ -594,8 +594,7 @@ where
         // In place only where the kernel may write `sum` and nothing else reads it, and
         // only into a contiguous sum: CUDA pads the rows of some of Burn's matmul outputs
         // (the first chunk's product among them), which then sum as product + add.
-        let writable = sum.can_mut() && sum.is_contiguous() && sum.meta.num_elements() > 0;
-        if !writable {
+        if !(sum.can_mut() && sum.is_contiguous() && sum.meta.num_elements() > 0) {
             test_hooks::note_in_place_accumulate_refusal(|| {
                 format!(
                     "the sum is shared or not contiguous ({:?}, can_mut {}, strides {:?})",
@@ -604,20 +603,19 @@ where
                     sum.meta.strides()
                 )
             });
+            return product_added::<Self>(sum, lhs, rhs);
         }
-        if writable {
-            let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
-            let launched =
-                launch_matmul_accumulate(&sum.client, operand(&lhs), operand(&rhs), operand(&sum));
-            match launched {
-                Ok(()) => {
-                    test_hooks::count_in_place_accumulate();
-                    return sum;
-                }
-                Err(error) => test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}")),
+        let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
+        match launch_matmul_accumulate(&sum.client, operand(&lhs), operand(&rhs), operand(&sum)) {
+            Ok(()) => {
+                test_hooks::count_in_place_accumulate();
+                sum
+            }
+            Err(error) => {
+                test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
+                product_added::<Self>(sum, lhs, rhs)
             }
         }
-        product_added::<Self>(sum, lhs, rhs)
     }
 
     fn start_read(tensor: CubeTensor<R>) -> PendingRead {

@@ -44,8 +44,9 @@ pub struct LinearChunking {
     pub weight_gradient_block_bytes: Option<usize>,
     /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
     /// reads the sum as its accumulator ([`FusedCrossEntropyBackend::accumulate_product`]):
-    /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
-    /// 16-byte aligned) the product is formed and added as without it. Takes precedence
+    /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, rows not
+    /// 16-byte aligned, or a sum whose rows the device padded) the product is formed and
+    /// added as without it. Takes precedence
     /// over [`Self::weight_gradient_block_bytes`]. On by default (also when a saved
     /// config lacks it).
     #[serde(default = "in_place_by_default")]
@@ -63,8 +64,8 @@ impl Default for LinearChunking {
     }
 }
 
-/// [`LinearChunking::weight_gradient_in_place`] when not given: on, as it costs no time
-/// and leaves no `[H, V]` product beside the sum.
+/// [`LinearChunking::weight_gradient_in_place`] when not given: on, as it leaves no
+/// `[H, V]` product beside the sum for about the time of forming and adding one.
 fn in_place_by_default() -> bool {
     true
 }
