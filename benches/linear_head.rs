@@ -480,28 +480,19 @@ fn in_place_weight_gradient(
     reps: usize,
     device: &Device,
 ) -> Result<(f64, f64), String> {
-    use burn::tensor::TensorPrimitive;
+    use fused_ce_suite::kernel_operand;
     type C = fused_ce_suite::CubeBackend;
     let uniform = Distribution::Uniform(-1.0, 1.0);
     let hidden = Tensor::<C, 2>::random([rows, width], uniform, device).cast(dtype);
     let grad = Tensor::<C, 2>::random([rows, vocab], uniform, device).cast(dtype);
     let start = Tensor::<C, 2>::random([width, vocab], uniform, device).cast(dtype);
-    let primitive = |tensor: Tensor<C, 2>| match tensor.into_primitive() {
-        TensorPrimitive::Float(tensor) => tensor,
-        TensorPrimitive::QFloat(tensor) => tensor,
-    };
     let client = Runtime::client(device);
     let launch = |sum: &Tensor<C, 2>| -> Result<(), String> {
-        let binding = |tensor: Tensor<C, 2>| {
-            let tensor = primitive(tensor);
-            let dtype = tensor.dtype.into();
-            (tensor.binding(), dtype)
-        };
         fused_ce_kernels::launch_matmul_accumulate(
             &client,
-            binding(hidden.clone().transpose()),
-            binding(grad.clone()),
-            binding(sum.clone()),
+            kernel_operand(hidden.clone().transpose()),
+            kernel_operand(grad.clone()),
+            kernel_operand(sum.clone()),
         )
         .map_err(|e| format!("{e:?}"))
     };

@@ -63,3 +63,16 @@ pub type DefaultBackend = burn::backend::Wgpu;
 
 /// Whether this build's runtime can compute in bf16 (CUDA yes; lavapipe has no bf16).
 pub const SUPPORTS_BF16: bool = cfg!(feature = "cuda");
+
+/// A float tensor of the plain cube backend as a kernel's operand: its binding and its
+/// dtype, as `fused_ce_kernels`' launch functions take them.
+pub fn kernel_operand<const D: usize>(
+    tensor: burn::tensor::Tensor<CubeBackend, D>,
+) -> (
+    cubecl::prelude::TensorBinding<Runtime>,
+    cubecl::ir::StorageType,
+) {
+    let tensor = tensor.into_primitive().tensor();
+    let dtype = tensor.dtype.into();
+    (tensor.binding(), dtype)
+}

@@ -501,23 +501,20 @@ where
 
 /// The in-place kernel itself, `sum += lhs rhs`, against an f64 reference from the same
 /// inputs: sums of each dtype (and f32 sums of half inputs), contiguous and with padded
-/// rows, a transposed `lhs` as the weight gradient has it, and shapes past the sizes where cubek-matmul's tiling changes
-/// (one row of tiles per plane or two, narrow and wide stages). Where the device has no
-/// TMA the kernel must refuse, and callers form the product and add it.
+/// rows, a transposed `lhs` as the weight gradient has it, and shapes past the sizes
+/// where cubek-matmul's tiling changes (one row of tiles per plane or two, narrow and
+/// wide stages). Where the device has no TMA the kernel must refuse, and callers form the
+/// product and add it.
 #[test]
 fn matmul_accumulate_adds_the_product_to_the_sum() {
-    use burn::tensor::{Distribution, TensorPrimitive};
+    use burn::tensor::Distribution;
+    use fused_ce_suite::kernel_operand;
     type C = fused_ce_suite::CubeBackend;
     let _only_us = exclusive_device();
     let seed = fresh_seed();
     let device = fused_ce_suite::Device::default();
     let client = <fused_ce_suite::Runtime as cubecl::Runtime>::client(&device);
-    let binding = |tensor: Tensor<C, 2>| match tensor.into_primitive() {
-        TensorPrimitive::Float(tensor) | TensorPrimitive::QFloat(tensor) => {
-            let dtype = tensor.dtype.into();
-            (tensor.binding(), dtype)
-        }
-    };
+    let tma = device_has_tma();
     let mut cases = vec![(DType::F32, DType::F32), (DType::F16, DType::F16)];
     if fused_ce_suite::SUPPORTS_BF16 {
         cases.extend([(DType::BF16, DType::BF16), (DType::BF16, DType::F32)]);
@@ -555,11 +552,11 @@ fn matmul_accumulate_adds_the_product_to_the_sum() {
         };
         let launched = fused_ce_kernels::launch_matmul_accumulate(
             &client,
-            binding(rows.clone().transpose()),
-            binding(rhs.clone()),
-            binding(sum.clone()),
+            kernel_operand(rows.clone().transpose()),
+            kernel_operand(rhs.clone()),
+            kernel_operand(sum.clone()),
         );
-        if !device_has_tma() {
+        if !tma {
             assert!(
                 launched.is_err(),
                 "{context}: no TMA, yet the kernel launched"
