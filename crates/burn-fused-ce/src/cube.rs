@@ -58,6 +58,13 @@ fn rows_view<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
     with_leading_one(tensor, 3)
 }
 
+/// A 2-D tensor whose rows each have unit stride and do not overlap (padded rows
+/// included): one that a kernel may write element by element.
+fn has_separate_contiguous_rows<R: CubeRuntime>(tensor: &CubeTensor<R>) -> bool {
+    let (shape, strides) = (tensor.meta.shape(), tensor.meta.strides());
+    shape.num_dims() == 2 && strides[1] == 1 && strides[0] >= shape[1]
+}
+
 /// `[N, ..]` viewed as `[1, N, ..]` (no copy) when it has fewer than `rank` dimensions.
 fn with_leading_one<R: CubeRuntime>(tensor: CubeTensor<R>, rank: usize) -> CubeTensor<R> {
     let shape = tensor.meta.shape().clone();
@@ -592,14 +599,16 @@ where
         rhs: CubeTensor<R>,
     ) -> CubeTensor<R> {
         // In place only where the kernel may write `sum` and nothing else reads it, and
-        // only into a contiguous sum: CUDA pads the rows of some of Burn's matmul outputs
-        // (the first chunk's product among them), which then sum as product + add.
-        if !(sum.can_mut() && sum.is_contiguous() && sum.meta.num_elements() > 0) {
+        // only into rows that are each contiguous and apart (CUDA pads the rows of some
+        // of Burn's matmul outputs, the first chunk's product among them).
+        if !(sum.can_mut() && has_separate_contiguous_rows(&sum) && sum.meta.num_elements() > 0) {
             test_hooks::note_in_place_accumulate_refusal(|| {
                 format!(
-                    "the sum is shared or not contiguous ({:?}, can_mut {}, strides {:?})",
+                    "the sum is shared or its rows are not contiguous and apart \
+                     ({:?}, can_mut {}, shape {:?}, strides {:?})",
                     sum.dtype,
                     sum.can_mut(),
+                    sum.meta.shape(),
                     sum.meta.strides()
                 )
             });

@@ -44,9 +44,8 @@ pub struct LinearChunking {
     pub weight_gradient_block_bytes: Option<usize>,
     /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
     /// reads the sum as its accumulator ([`FusedCrossEntropyBackend::accumulate_product`]):
-    /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, rows not
-    /// 16-byte aligned, or a sum whose rows the device padded) the product is formed and
-    /// added as without it. Takes precedence
+    /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
+    /// 16-byte aligned) the product is formed and added as without it. Takes precedence
     /// over [`Self::weight_gradient_block_bytes`]. On by default (also when a saved
     /// config lacks it).
     #[serde(default = "in_place_by_default")]
