@@ -202,6 +202,14 @@ where
     println!(
         "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); the results are cached (under target/autotune) for later runs."
     );
+    // The largest batches first, while this process holds no device memory: each try
+    // is a process of its own, and this one's memory pool, once grown by training, is
+    // not given back to the device.
+    let largest_batches: Vec<Option<usize>> = args
+        .kinds
+        .iter()
+        .map(|&kind| args.max_batch.then(|| largest_batch(&run, kind)))
+        .collect();
     let start = initial_model::<B>(&config, run.seed, &device);
     let client = Runtime::client(&device);
     let reserved = || {
@@ -212,7 +220,7 @@ where
     };
     let mut outcomes = Vec::new();
     let mut last_model = None;
-    for &kind in &args.kinds {
+    for (&kind, &largest_batch) in args.kinds.iter().zip(&largest_batches) {
         client.memory_cleanup();
         let before = reserved();
         let progress = ProgressBar::new(run.steps as u64);
@@ -268,7 +276,7 @@ where
             kind,
             logs,
             pool_growth_mib: reserved() - before,
-            largest_batch: None,
+            largest_batch,
         });
         last_model = Some(model);
     }
@@ -278,15 +286,6 @@ where
             "sample: {:?}",
             sample(model, &config, &corpus, prompt, 24, &device)
         );
-    }
-    if args.max_batch {
-        // The trials run in processes of their own: free what this one holds first.
-        drop(start);
-        drop(last_model);
-        client.memory_cleanup();
-        for outcome in &mut outcomes {
-            outcome.largest_batch = Some(largest_batch(&run, outcome.kind));
-        }
     }
     report(args, &outcomes);
 }
