@@ -14,7 +14,8 @@
 //! stock|fused|linear` (default linear), `--compare` (the same seeded model trained the
 //! three ways, curves and a table), `--max-batch` (the largest batch each way fits on
 //! the device, by bisection, two steps per try, each try a child process), `--dtype
-//! f32|bf16` (bf16 on CUDA), `--devices N` (data parallel: each global batch split over N replicas
+//! f32|bf16` (bf16 on CUDA), `--chunk-mib M` (the fused linear cross-entropy's chunk
+//! budget, `LinearChunking::logits_bytes`, in MiB; default 512), `--devices N` (data parallel: each global batch split over N replicas
 //! on the first N GPUs through burn-collective, on the plain cube backend (Burn's fusion
 //! backend lost tensors between the replicas' threads); on wgpu the replicas share the
 //! device),
@@ -24,7 +25,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use burn::tensor::backend::AutodiffBackend;
-use burn_fused_ce::FusedCrossEntropyBackend;
+use burn_fused_ce::{FusedCrossEntropyBackend, LinearChunking};
 use cubecl::Runtime as _;
 use fused_ce_suite::{
     DefaultBackend, Device, RUNTIME_NAME, Runtime, devices,
@@ -115,6 +116,10 @@ fn parse_args() -> Result<Args, String> {
             steps: number("--steps")?.unwrap_or(steps),
             lr,
             seed: 7,
+            chunking: LinearChunking {
+                logits_bytes: number("--chunk-mib")?.map(|mib| mib << 20),
+                ..LinearChunking::default()
+            },
         },
         vocabulary,
         data: value("--data").map(PathBuf::from),

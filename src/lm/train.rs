@@ -15,7 +15,7 @@ use burn::{
 };
 use burn_fused_ce::{
     FusedCrossEntropyBackend, FusedCrossEntropyLoss, FusedCrossEntropyLossConfig,
-    FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig,
+    FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig, LinearChunking,
 };
 use rand::{SeedableRng, rngs::SmallRng};
 
@@ -52,6 +52,8 @@ pub struct RunConfig {
     pub steps: usize,
     pub lr: f64,
     pub seed: u64,
+    /// The fused linear cross-entropy's chunks (its logits budget among them).
+    pub chunking: LinearChunking,
 }
 
 /// What a step reports.
@@ -98,7 +100,9 @@ impl<B: AutodiffBackend + FusedCrossEntropyBackend> Trainer<B> {
                 .expect("valid learning-rate schedule"),
             stock: CrossEntropyLossConfig::new().init(device),
             fused: FusedCrossEntropyLossConfig::new().init(device),
-            fused_linear: FusedLinearCrossEntropyLossConfig::new().init(device),
+            fused_linear: FusedLinearCrossEntropyLossConfig::new()
+                .with_chunking(run.chunking)
+                .init(device),
             kind,
         }
     }

@@ -10,6 +10,7 @@ use burn::{
     module::{Module, ModuleVisitor, Param},
     tensor::Tensor,
 };
+use burn_fused_ce::LinearChunking;
 use fused_ce_suite::{
     AutodiffCube, DefaultBackend,
     lm::{
@@ -36,6 +37,7 @@ fn tiny_run(seed: u64, steps: usize) -> (Corpus, GptConfig, RunConfig) {
         steps,
         lr: 3e-3,
         seed,
+        chunking: LinearChunking::default(),
     };
     (corpus, config, run)
 }
