@@ -17,6 +17,7 @@ mod plan;
 mod reduce;
 mod row;
 mod shards;
+mod tma_rows;
 mod tuning;
 
 pub use backward::{GradOptions, cross_entropy_backward_kernel, scale_gradient_kernel};
@@ -41,6 +42,7 @@ pub use shards::{
     pack_shard_rows_kernel, shard_gradient_rows_kernel, shard_targets_kernel,
     whole_vocabulary_rows_kernel,
 };
+pub use tma_rows::{has_tma, tma_readable, tma_readable_copy};
 pub use tuning::{CacheHints, KernelTuning, TuningError};
 
 /// Rows of the per-row statistics matrix `[COUNT, N]` (f32) that forward writes; each row

@@ -11,17 +11,10 @@
 //! `mma` tiles load a half-precision accumulator stage wrongly (the sum comes out wrong),
 //! and an f32 one right. The stage is filled once per tile, outside the main loop.
 
-use cubecl::{
-    Runtime,
-    client::ComputeClient,
-    features::{Tma, TypeUsage},
-    ir::StorageType,
-};
+use cubecl::{Runtime, client::ComputeClient, features::TypeUsage, ir::StorageType};
 use cubecl::{
     prelude::{ComptimeOptionArgs, TensorBinding},
-    std::tensor::{
-        MatrixBatchLayout, launch::ViewArg, layout::VirtualLayoutLaunch, matrix_batch_layout,
-    },
+    std::tensor::{launch::ViewArg, layout::VirtualLayoutLaunch},
 };
 use cubek::matmul::{
     components::{
@@ -43,8 +36,7 @@ use cubek::matmul::{
 };
 use cubek::std::InputBinding;
 
-/// The alignment TMA needs of a tensor's start and of its rows, in bytes.
-const TMA_ALIGN_BYTES: u64 = 16;
+use crate::tma_rows::{has_tma, tma_readable};
 
 /// The routine: warp-specialized, TMA loads, `mma` tiles.
 type Specialized = SpecializedAlgorithm;
@@ -60,7 +52,7 @@ pub fn launch_matmul_accumulate<R: Runtime>(
     rhs: (TensorBinding<R>, StorageType),
     out: (TensorBinding<R>, StorageType),
 ) -> Result<(), MatmulSetupError> {
-    if !client.properties().features.tma.contains(Tma::Base) {
+    if !has_tma(client) {
         return Err(MatmulSetupError::Unavailable(
             MatmulAvailabilityError::TmaUnavailable,
         ));
@@ -182,25 +174,4 @@ fn blueprint<R: Runtime>(
     )?;
     dtypes.acc_stage = dtypes.acc_register;
     Ok(ExpandInfo { blueprint, dtypes })
-}
-
-/// Whether TMA can read `binding` of `dtype`: a matrix or a transposed one, its start and
-/// its rows 16-byte aligned (a vocabulary of 50257 bf16 classes has rows of 100514 bytes,
-/// which it cannot read).
-fn tma_readable<R: Runtime>(binding: &TensorBinding<R>, dtype: StorageType) -> bool {
-    let aligned = |bytes: u64| bytes.is_multiple_of(TMA_ALIGN_BYTES);
-    let layout = matches!(
-        matrix_batch_layout(&binding.strides, None),
-        MatrixBatchLayout::Contiguous
-            | MatrixBatchLayout::MildlyPermuted {
-                batch_swap: false,
-                ..
-            }
-    );
-    let rows = binding
-        .strides
-        .iter()
-        .filter(|&&stride| stride != 1)
-        .all(|&stride| aligned(stride as u64 * dtype.size() as u64));
-    layout && rows && aligned(binding.handle.offset_start.unwrap_or(0))
 }

@@ -451,11 +451,9 @@ where
 /// Whether the device has TMA, which the in-place weight-gradient sum needs.
 fn device_has_tma() -> bool {
     let device = fused_ce_suite::Device::default();
-    <fused_ce_suite::Runtime as cubecl::Runtime>::client(&device)
-        .properties()
-        .features
-        .tma
-        .contains(cubecl::features::Tma::Base)
+    fused_ce_kernels::has_tma(&<fused_ce_suite::Runtime as cubecl::Runtime>::client(
+        &device,
+    ))
 }
 
 /// The weight gradient summed in place over the chunks, on shapes whose rows TMA can read
@@ -613,6 +611,62 @@ fn configs_saved_without_the_in_place_sum_load() {
             ..LinearChunking::default()
         })
     );
+}
+
+/// The head's weight as the chunks' matmuls read it (`with_matmul_aligned_rows`), for
+/// rows that TMA cannot read as they are (67 f32 or 101 half classes, laid out without
+/// padding) and rows it can (64 f32 classes): the values come back unchanged, and on the
+/// cube backend of a device with TMA every row stride comes back 16-byte aligned.
+fn check_matmul_aligned_rows<B: FusedCrossEntropyBackend>() -> Vec<(DType, Tensor<B, 2>)>
+where
+    B::Device: Default,
+{
+    use burn::tensor::{Distribution, TensorPrimitive};
+    let device = B::Device::default();
+    let seed = fresh_seed();
+    let mut cases = vec![(DType::F32, 67), (DType::F32, 64), (DType::F16, 101)];
+    if SUPPORTS_BF16 {
+        cases.push((DType::BF16, 101));
+    }
+    let mut aligned_matrices = Vec::new();
+    for (n, (dtype, vocab)) in cases.into_iter().enumerate() {
+        B::seed(&device, seed.wrapping_add(n as u64));
+        // One flat buffer viewed as rows: no padding between them.
+        let weight =
+            Tensor::<B, 1>::random([24 * vocab], Distribution::Uniform(-1.0, 1.0), &device)
+                .cast(dtype)
+                .reshape([24, vocab]);
+        let aligned = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(
+            B::with_matmul_aligned_rows(weight.clone().into_primitive().tensor()),
+        ));
+        assert_eq!(
+            aligned.to_data(),
+            weight.to_data(),
+            "{} {dtype:?} [24, {vocab}]: the values changed, seed={seed}",
+            short_name::<B>()
+        );
+        aligned_matrices.push((dtype, aligned));
+    }
+    aligned_matrices
+}
+
+#[test]
+fn matmul_aligned_rows_on_the_cube_backend() {
+    let tma = device_has_tma();
+    for (dtype, aligned) in check_matmul_aligned_rows::<CubeBackend>() {
+        let primitive = aligned.into_primitive().tensor();
+        let row_bytes = primitive.meta.strides()[0] * dtype.size();
+        assert!(
+            !tma || row_bytes.is_multiple_of(16),
+            "{dtype:?} {:?}: the device has TMA, yet rows of {row_bytes} bytes",
+            primitive.meta.shape()
+        );
+    }
+}
+
+#[test]
+fn matmul_aligned_rows_on_the_default_fusion_backend() {
+    check_matmul_aligned_rows::<DefaultBackend>();
 }
 
 #[test]

@@ -209,6 +209,17 @@ pub trait FusedCrossEntropyBackend: Backend {
         primitive(sum.slice_assign([0..rows, columns], updated))
     }
 
+    /// `matrix` with rows this backend's fastest matmuls can read, its values unchanged:
+    /// the fused linear cross-entropy passes the head's weight through it once per call.
+    /// Cube backends on devices with TMA (Hopper and later) copy a matrix whose rows are
+    /// not 16-byte aligned (a vocabulary of 50257 or 100277 bf16 classes without padding,
+    /// as Burn's optimizer step leaves a weight) into rows padded to the allocator's
+    /// pitch: otherwise each chunk's matmuls run on kernels without TMA. Fusion backends
+    /// run that as one custom op. The default returns `matrix` as is.
+    fn with_matmul_aligned_rows(matrix: FloatTensor<Self>) -> FloatTensor<Self> {
+        matrix
+    }
+
     /// `sum + lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype and `sum [M, N]` of
     /// this or another float dtype (the product is taken to `sum`'s): the fused linear
     /// cross-entropy's weight gradient summed over the chunks in place

@@ -22,7 +22,7 @@ use fused_ce_kernels::{
     WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_matmul_accumulate,
     launch_one_pass, launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient,
     launch_shard_gradient_rows, launch_shard_targets, launch_whole_vocabulary_rows, row_stat,
-    scale_slot,
+    scale_slot, tma_readable_copy,
 };
 
 use crate::{
@@ -591,6 +591,20 @@ where
 
     fn max_buffer_bytes(device: &R::Device) -> Option<usize> {
         usize::try_from(R::client(device).properties().memory.max_page_size).ok()
+    }
+
+    fn with_matmul_aligned_rows(matrix: CubeTensor<R>) -> CubeTensor<R> {
+        let dtype = matrix.dtype;
+        match tma_readable_copy(&matrix.client, matrix.clone().binding(), dtype.into()) {
+            Some(copy) => CubeTensor::new(
+                matrix.client.clone(),
+                copy.handle,
+                *copy.metadata,
+                matrix.device.clone(),
+                dtype,
+            ),
+            None => matrix,
+        }
     }
 
     fn accumulate_product(

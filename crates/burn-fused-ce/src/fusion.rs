@@ -225,6 +225,23 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime> fo
     }
 }
 
+/// [`FusedCrossEntropyBackend::with_matmul_aligned_rows`] on the inner backend, as one op.
+#[derive(Debug, Clone)]
+struct MatmulAlignedRowsOp<B> {
+    desc: CustomOpIr,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
+    for MatmulAlignedRowsOp<B>
+{
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([matrix], [output]) = self.desc.as_fixed();
+        let aligned = B::with_matmul_aligned_rows(handles.get_float_tensor::<B>(matrix));
+        handles.register_float_tensor::<B>(&output.id, aligned);
+    }
+}
+
 /// [`FusedCrossEntropyBackend::accumulate_product`] on the inner backend, as one op: the
 /// stream hands it the sum's handle by value when this is the sum's last use.
 #[derive(Debug, Clone)]
@@ -544,6 +561,27 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         };
         let [summed] = declared_outputs(&client, streams, desc, op);
         summed
+    }
+
+    fn with_matmul_aligned_rows(matrix: FloatTensor<Self>) -> FloatTensor<Self> {
+        let client = matrix.client.clone();
+        let output = TensorIr::uninit(
+            client.create_empty_handle(),
+            matrix.shape.clone(),
+            matrix.dtype,
+        );
+        let streams = OperationStreams::with_inputs([&matrix]);
+        let desc = CustomOpIr::new(
+            "fused_linear_cross_entropy_matmul_aligned_rows",
+            &[matrix.into_ir()],
+            &[output],
+        );
+        let op = MatmulAlignedRowsOp::<B> {
+            desc: desc.clone(),
+            _backend: PhantomData,
+        };
+        let [aligned] = declared_outputs(&client, streams, desc, op);
+        aligned
     }
 
     fn accumulate_product(

@@ -229,16 +229,20 @@ struct Typed<B: Backend> {
     targets: Tensor<B, 1, Int>,
 }
 
-impl<B: Backend> Typed<B> {
+impl<B: FusedCrossEntropyBackend> Typed<B> {
+    /// The call's tensors, the weight with rows the chunks' matmuls read at full speed
+    /// ([`FusedCrossEntropyBackend::with_matmul_aligned_rows`]).
     fn of(inputs: &LinearInputs<B>) -> Self {
         Self {
             hidden: float::<B, 2>(inputs.hidden.clone()),
-            weight: float::<B, 2>(inputs.head.weight.clone()),
+            weight: float::<B, 2>(B::with_matmul_aligned_rows(inputs.head.weight.clone())),
             bias: inputs.head.bias.clone().map(float::<B, 1>),
             targets: Tensor::from_primitive(inputs.targets.clone()),
         }
     }
+}
 
+impl<B: Backend> Typed<B> {
     fn rows(&self) -> usize {
         self.hidden.dims()[0]
     }
