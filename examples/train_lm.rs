@@ -15,10 +15,10 @@
 //! three ways, curves and a table), `--max-batch` (the largest batch each way fits on
 //! the device, by bisection, two steps per try, each try a child process), `--dtype
 //! f32|bf16` (bf16 on CUDA), `--chunk-mib M` (the fused linear cross-entropy's chunk
-//! budget, `LinearChunking::logits_bytes`, in MiB; default 512), `--devices N` (data parallel: each global batch split over N replicas
-//! on the first N GPUs through burn-collective, on the plain cube backend (Burn's fusion
-//! backend lost tensors between the replicas' threads); on wgpu the replicas share the
-//! device),
+//! budget, `LinearChunking::logits_bytes`, in MiB; default 512), `--devices N` (data
+//! parallel: each global batch split over N replicas on the first N GPUs through
+//! burn-collective, on the plain cube backend (Burn's fusion backend lost tensors between
+//! the replicas' threads); on wgpu the replicas share the device),
 //! `--out DIR` (plots and tables; default target/train_lm).
 
 use std::path::PathBuf;
@@ -117,7 +117,12 @@ fn parse_args() -> Result<Args, String> {
             lr,
             seed: 7,
             chunking: LinearChunking {
-                logits_bytes: number("--chunk-mib")?.map(|mib| mib << 20),
+                logits_bytes: number("--chunk-mib")?
+                    .map(|mib| {
+                        mib.checked_mul(1 << 20)
+                            .ok_or(format!("--chunk-mib {mib} is more bytes than fit"))
+                    })
+                    .transpose()?,
                 ..LinearChunking::default()
             },
         },
