@@ -386,15 +386,28 @@ fn matmul_breakdown(
                 }
                 #[cfg(feature = "cuda")]
                 {
-                    let name = "grad_W += h^T dlogits, in place";
-                    let measured =
-                        in_place_weight_gradient(part, width, vocab, dtype, warmup, reps, device);
-                    let note = match &measured {
-                        Ok((_, error)) => format!("  (error vs product + add: {error:.1e})"),
-                        Err(_) => String::new(),
-                    };
-                    let timed = measured.map(|(ms, _)| ms).map_err(Some);
-                    matmul_row(&mut table, &case, part, name, flops, timed, &note);
+                    let shape = (part, width, vocab, dtype);
+                    let mut in_place = vec![(
+                        "grad_W += h^T dlogits, in place".to_string(),
+                        in_place_weight_gradient(shape, (warmup, reps), device),
+                    )];
+                    for planes in [None, Some(4), Some(8), Some(12)] {
+                        let name = match planes {
+                            None => "grad_h += dlogits W^T, in place".to_string(),
+                            Some(p) => format!("grad_h += dlogits W^T, in place, {p} planes"),
+                        };
+                        let measured =
+                            in_place_hidden_gradient(shape, planes, (warmup, reps), device);
+                        in_place.push((name, measured));
+                    }
+                    for (name, measured) in in_place {
+                        let note = match &measured {
+                            Ok((_, error)) => format!("  (error vs product + add: {error:.1e})"),
+                            Err(_) => String::new(),
+                        };
+                        let timed = measured.map(|(ms, _)| ms).map_err(Some);
+                        matmul_row(&mut table, &case, part, &name, flops, timed, &note);
+                    }
                 }
                 break;
             }
@@ -466,40 +479,85 @@ fn relative_distance<Bk: Backend>(got: Tensor<Bk, 2>, expected: Tensor<Bk, 2>) -
 
 /// The weight gradient's chunk product summed in place (`sum += h_c^T dlogits_c`, one
 /// kernel: cubek-matmul's specialized TMA matmul reading `sum` as its accumulator), on the
-/// plain cube backend: the median of `reps` synced launches after `warmup` ([`measure`]),
-/// and the relative L2 distance of one launch's result from `sum + h_c^T dlogits_c` formed by
-/// Burn's matmul. The fused linear cross-entropy sums with it under
-/// `LinearChunking::weight_gradient_in_place`.
+/// plain cube backend ([`in_place_product`]). The fused linear cross-entropy sums with it
+/// under `LinearChunking::weight_gradient_in_place`.
 #[cfg(feature = "cuda")]
 fn in_place_weight_gradient(
-    rows: usize,
-    width: usize,
-    vocab: usize,
-    dtype: DType,
-    warmup: usize,
-    reps: usize,
+    (rows, width, vocab, dtype): (usize, usize, usize, DType),
+    (warmup, reps): (usize, usize),
+    device: &Device,
+) -> Result<(f64, f64), String> {
+    let uniform = Distribution::Uniform(-1.0, 1.0);
+    let hidden = Tensor::<CubeOnly, 2>::random([rows, width], uniform, device).cast(dtype);
+    let grad = Tensor::<CubeOnly, 2>::random([rows, vocab], uniform, device).cast(dtype);
+    let start = Tensor::<CubeOnly, 2>::random([width, vocab], uniform, device).cast(dtype);
+    in_place_product(
+        hidden.transpose(),
+        grad,
+        start,
+        None,
+        (warmup, reps),
+        device,
+    )
+}
+
+/// A chunk's hidden-state gradient by the same in-place kernel (`out += dlogits_c W^T`
+/// into a random `out`), its cubes `planes` planes each ([`in_place_product`]): the
+/// output is small (chunk x H) over a long inner dimension (V), and fewer planes give
+/// more, smaller output tiles to spread over the device.
+#[cfg(feature = "cuda")]
+fn in_place_hidden_gradient(
+    (rows, width, vocab, dtype): (usize, usize, usize, DType),
+    planes: Option<u32>,
+    (warmup, reps): (usize, usize),
+    device: &Device,
+) -> Result<(f64, f64), String> {
+    let uniform = Distribution::Uniform(-1.0, 1.0);
+    let grad = Tensor::<CubeOnly, 2>::random([rows, vocab], uniform, device).cast(dtype);
+    let weight = Tensor::<CubeOnly, 2>::random([width, vocab], uniform, device).cast(dtype);
+    let start = Tensor::<CubeOnly, 2>::random([rows, width], uniform, device).cast(dtype);
+    in_place_product(
+        grad,
+        weight.transpose(),
+        start,
+        planes,
+        (warmup, reps),
+        device,
+    )
+}
+
+#[cfg(feature = "cuda")]
+type CubeOnly = fused_ce_suite::CubeBackend;
+
+/// `sum += lhs rhs` in place by `fused_ce_kernels::launch_matmul_accumulate_with_planes`
+/// on the plain cube backend: the median of `reps` synced launches after `warmup`
+/// ([`measure`]), and the relative L2 distance of one launch's result from
+/// `start + lhs rhs` formed by Burn's matmul.
+#[cfg(feature = "cuda")]
+fn in_place_product(
+    lhs: Tensor<CubeOnly, 2>,
+    rhs: Tensor<CubeOnly, 2>,
+    start: Tensor<CubeOnly, 2>,
+    planes: Option<u32>,
+    (warmup, reps): (usize, usize),
     device: &Device,
 ) -> Result<(f64, f64), String> {
     use fused_ce_suite::kernel_operand;
-    type C = fused_ce_suite::CubeBackend;
-    let uniform = Distribution::Uniform(-1.0, 1.0);
-    let hidden = Tensor::<C, 2>::random([rows, width], uniform, device).cast(dtype);
-    let grad = Tensor::<C, 2>::random([rows, vocab], uniform, device).cast(dtype);
-    let start = Tensor::<C, 2>::random([width, vocab], uniform, device).cast(dtype);
     let client = Runtime::client(device);
-    let launch = |sum: &Tensor<C, 2>| -> Result<(), String> {
-        fused_ce_kernels::launch_matmul_accumulate(
+    let launch = |sum: &Tensor<CubeOnly, 2>| -> Result<(), String> {
+        fused_ce_kernels::launch_matmul_accumulate_with_planes(
             &client,
-            kernel_operand(hidden.clone().transpose()),
-            kernel_operand(grad.clone()),
+            kernel_operand(lhs.clone()),
+            kernel_operand(rhs.clone()),
             kernel_operand(sum.clone()),
+            planes,
         )
         .map_err(|e| format!("{e:?}"))
     };
     // One launch on a copy of `start`, against Burn's product and add.
     let sum = start.clone() + 0.0;
     launch(&sum)?;
-    let expected = start.clone() + hidden.clone().transpose().matmul(grad.clone());
+    let expected = start.clone() + lhs.clone().matmul(rhs.clone());
     let error = relative_distance(sum, expected);
     // The launch above succeeded: the timed ones, of the same shapes, launch alike.
     let sum = start + 0.0;

@@ -52,6 +52,20 @@ pub fn launch_matmul_accumulate<R: Runtime>(
     rhs: (TensorBinding<R>, StorageType),
     out: (TensorBinding<R>, StorageType),
 ) -> Result<(), MatmulSetupError> {
+    launch_matmul_accumulate_with_planes(client, lhs, rhs, out, None)
+}
+
+/// [`launch_matmul_accumulate`] with `planes` computing planes per cube: each cube's
+/// output tile is `planes` instruction tiles tall and `planes` wide, so fewer planes give
+/// more, smaller tiles (more cubes for a small output over a long inner dimension).
+/// `None`: cubek's choice for the device and shapes.
+pub fn launch_matmul_accumulate_with_planes<R: Runtime>(
+    client: &ComputeClient<R>,
+    lhs: (TensorBinding<R>, StorageType),
+    rhs: (TensorBinding<R>, StorageType),
+    out: (TensorBinding<R>, StorageType),
+    planes: Option<u32>,
+) -> Result<(), MatmulSetupError> {
     if !has_tma(client) {
         return Err(MatmulSetupError::Unavailable(
             MatmulAvailabilityError::TmaUnavailable,
@@ -112,7 +126,7 @@ pub fn launch_matmul_accumulate<R: Runtime>(
     let launch_info = <Specialized as Routine<()>>::prepare(
         &problem,
         &settings,
-        blueprint(&problem, &settings)?,
+        blueprint(&problem, &settings, planes)?,
     )?;
 
     let acc_view = ViewArg::new_tensor::<GlobalLayout>(
@@ -152,6 +166,7 @@ pub fn launch_matmul_accumulate<R: Runtime>(
 fn blueprint<R: Runtime>(
     problem: &MatmulProblem,
     settings: &DeviceSettings<R>,
+    planes: Option<u32>,
 ) -> Result<ExpandInfo<TilingBlueprint>, MatmulSetupError> {
     let tile_matmul = TileMatmulKind::Mma;
     let mut dtypes = MatmulElems::from_globals(&problem.global_dtypes);
@@ -167,6 +182,7 @@ fn blueprint<R: Runtime>(
         &settings.vector_sizes,
         PlaneTilingBlueprintOptions {
             specialized: true,
+            row_count: planes,
             multi_row_strategy: MultiRowStrategy::Never,
             swizzled: tile_matmul.should_swizzle(&settings.client),
             ..Default::default()
