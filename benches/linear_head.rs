@@ -7,7 +7,9 @@
 //! in use beyond its inputs while it runs (sampled: a lower bound of its peak). Then each matmul of
 //! the step alone, on all rows and on one chunk of the fused linear cross-entropy's rows,
 //! to show where the fused step's time goes, and on the chunk `grad_h` with its inner
-//! dimension split in 4 slices of one batched matmul (split-K).
+//! dimension split in 4 slices of one batched matmul (split-K). On CUDA, the chunk's
+//! in-place matmuls: the weight gradient's sum, and `grad_h` into a random start with the
+//! launch's own choice of planes per cube and with 16, 8 and 4.
 //!
 //! `cargo bench --bench linear_head` (Vulkan; small sizes) or, on a GPU,
 //! `CUDARC_CUDA_VERSION=13000 cargo bench --bench linear_head --no-default-features
@@ -19,7 +21,8 @@
 //! budget to M MiB, `wblock=M` its weight-gradient blocks
 //! (`LinearChunking::weight_gradient_block_bytes`) to M MiB, and `inplace=0` or `inplace=1`
 //! turns off or on the in-place weight-gradient sum (`LinearChunking::weight_gradient_in_place`,
-//! on by default):
+//! on by default), and `hinplace=0` or `hinplace=1` the hidden-state gradient by the same
+//! in-place matmul (`LinearChunking::hidden_gradient_in_place`, on by default):
 //! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -192,6 +195,13 @@ fn main() {
                 _ => None,
             })
             .unwrap_or(LinearChunking::default().weight_gradient_in_place),
+        hidden_gradient_in_place: std::env::args()
+            .find_map(|arg| match arg.as_str() {
+                "hinplace=0" => Some(false),
+                "hinplace=1" => Some(true),
+                _ => None,
+            })
+            .unwrap_or(LinearChunking::default().hidden_gradient_in_place),
         ..LinearChunking::default()
     };
     let device = Device::default();
@@ -391,7 +401,7 @@ fn matmul_breakdown(
                         "grad_W += h^T dlogits, in place".to_string(),
                         in_place_weight_gradient(shape, (warmup, reps), device),
                     )];
-                    for planes in [None, Some(4), Some(8), Some(12)] {
+                    for planes in [None, Some(16), Some(8), Some(4)] {
                         let name = match planes {
                             None => "grad_h += dlogits W^T, in place".to_string(),
                             Some(p) => format!("grad_h += dlogits W^T, in place, {p} planes"),

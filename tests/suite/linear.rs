@@ -40,6 +40,9 @@ struct LinearCase {
     /// The weight gradient summed in place over the chunks
     /// (`LinearChunking::weight_gradient_in_place`).
     in_place: bool,
+    /// Each chunk's hidden-state gradient by the in-place matmul into zeros
+    /// (`LinearChunking::hidden_gradient_in_place`).
+    hidden_in_place: bool,
     /// The weight gradient summed in f32 (`LinearChunking::f32_weight_gradient`).
     f32_weight_gradient: bool,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
@@ -62,6 +65,7 @@ impl LinearCase {
             chunk_rows: 16,
             block_columns: None,
             in_place: false,
+            hidden_in_place: true,
             f32_weight_gradient: false,
             three_d: false,
             via_module: false,
@@ -76,6 +80,7 @@ impl LinearCase {
                 .block_columns
                 .map(|columns| columns * self.width * self.dtype.size()),
             weight_gradient_in_place: self.in_place,
+            hidden_gradient_in_place: self.hidden_in_place,
         }
     }
 }
@@ -436,6 +441,8 @@ where
                     case.options.softcap = Some(12.0);
                 }
                 case.class_weights = n % 5 < 2;
+                // The hidden-state gradient by the backend's matmul in a third of the cases.
+                case.hidden_in_place = n % 3 != 2;
                 check_linear_case::<B>(case);
             }
         }
@@ -462,7 +469,9 @@ fn device_has_tma() -> bool {
 /// product is formed and added). Where the device has TMA, every aligned case must have
 /// summed in place. 384 classes: CUDA pads the rows of Burn's matmul outputs to a
 /// multiple of 512 bytes (384 half classes come out with a row stride of 512), and the
-/// first chunk's product starts the sum.
+/// first chunk's product starts the sum. Then the hidden-state gradient alone by the
+/// in-place matmul (`hidden_gradient_in_place`, the weight gradient by the backend's
+/// matmul), which must have run it where the device has TMA.
 fn check_weight_gradient_in_place<B: FusedCrossEntropyBackend>()
 where
     B::Device: Default,
@@ -496,6 +505,22 @@ where
                 );
             }
         }
+    }
+    // The hidden-state gradient alone by the in-place matmul (into zeros): the weight
+    // gradient by the backend's matmul, so that any in-place launch is the former's.
+    let mut hidden_only = LinearCase::new(200, 64, 512, DType::F32, Reduction::Sum);
+    hidden_only.chunk_rows = 64;
+    hidden_only.hidden_in_place = true;
+    let context = format!("{} {hidden_only:?}", short_name::<B>());
+    let before = test_hooks::in_place_accumulate_count();
+    check_linear_case::<B>(hidden_only);
+    if tma {
+        assert!(
+            test_hooks::in_place_accumulate_count() > before,
+            "{context}: the device has TMA, yet no chunk's hidden-state gradient ran the \
+             in-place matmul (the last refusal: {:?})",
+            test_hooks::in_place_accumulate_refusal(),
+        );
     }
     let mut unaligned = LinearCase::new(40, 24, 67, DType::F32, Reduction::Sum);
     unaligned.in_place = true;
@@ -580,30 +605,45 @@ fn matmul_accumulate_adds_the_product_to_the_sum() {
     }
 }
 
-/// A config saved before `weight_gradient_in_place` existed still loads, with it at its
-/// default (on), as a new config has it.
+/// A config saved before `weight_gradient_in_place` and `hidden_gradient_in_place`
+/// existed still loads, with both at their default (on), as a new config has them.
 #[test]
-fn configs_saved_without_the_in_place_sum_load() {
+fn configs_saved_without_the_in_place_matmuls_load() {
     use burn::config::Config;
     assert!(LinearChunking::default().weight_gradient_in_place);
+    assert!(LinearChunking::default().hidden_gradient_in_place);
     let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(LinearChunking {
         logits_bytes: Some(1 << 20),
         weight_gradient_in_place: false,
+        hidden_gradient_in_place: false,
         ..LinearChunking::default()
     });
     let json = config.to_string();
-    // The field is the chunking's last: drop its line and the comma before it.
-    let mut lines: Vec<String> = json.lines().map(str::to_string).collect();
-    let at = lines
-        .iter()
-        .position(|line| line.contains("\"weight_gradient_in_place\": false"))
-        .unwrap_or_else(|| panic!("the field is in the saved config: {json}"));
-    lines.remove(at);
-    let before = lines[at - 1].trim_end_matches(',').to_string();
-    lines[at - 1] = before;
+    let fields = [
+        "\"weight_gradient_in_place\": false",
+        "\"hidden_gradient_in_place\": false",
+    ];
+    for field in fields {
+        assert!(
+            json.contains(field),
+            "{field} is in the saved config: {json}"
+        );
+    }
+    // Drop both fields' lines, then the comma left before a closing brace.
+    let mut lines: Vec<String> = json
+        .lines()
+        .filter(|line| !fields.iter().any(|field| line.contains(field)))
+        .map(str::to_string)
+        .collect();
+    for at in 1..lines.len() {
+        if lines[at].trim_start().starts_with('}') {
+            let before = lines[at - 1].trim_end().trim_end_matches(',').to_string();
+            lines[at - 1] = before;
+        }
+    }
     let older = lines.join("\n");
     let loaded = FusedLinearCrossEntropyLossConfig::load_binary(older.as_bytes())
-        .expect("an older config loads");
+        .unwrap_or_else(|error| panic!("an older config loads: {error:?}\n{older}"));
     assert_eq!(
         loaded,
         config.with_chunking(LinearChunking {
@@ -714,6 +754,7 @@ fn linear_guess_across_steps() {
             // f32 blocks of 7 of the 50 columns.
             weight_gradient_block_bytes: Some(7 * width * 4),
             weight_gradient_in_place: false,
+            hidden_gradient_in_place: false,
         })
         .init::<B>(&device);
     let head: Linear<B> = LinearConfig::new(width, vocab).init(&device);
@@ -775,6 +816,7 @@ fn linear_extra_outputs() {
         f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
         weight_gradient_in_place: false,
+        hidden_gradient_in_place: false,
     };
     let fused = try_fused_linear_cross_entropy(
         hidden.clone(),
@@ -860,6 +902,7 @@ fn chunk_rows_follow_the_budget() {
         f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
         weight_gradient_in_place: false,
+        hidden_gradient_in_place: false,
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
@@ -890,6 +933,7 @@ fn chunk_rows_follow_the_budget() {
         f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
         weight_gradient_in_place: false,
+        hidden_gradient_in_place: false,
     };
     assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
     // Never more than the budget holds, whatever the rows.
@@ -900,6 +944,7 @@ fn chunk_rows_follow_the_budget() {
                 f32_weight_gradient: false,
                 weight_gradient_block_bytes: None,
                 weight_gradient_in_place: false,
+                hidden_gradient_in_place: false,
             };
             let per = budget.rows_per_chunk(rows, 50, DType::F32);
             assert!(

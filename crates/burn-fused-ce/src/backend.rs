@@ -223,10 +223,12 @@ pub trait FusedCrossEntropyBackend: Backend {
     /// `sum + lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype and `sum [M, N]` of
     /// this or another float dtype (the product is taken to `sum`'s): the fused linear
     /// cross-entropy's weight gradient summed over the chunks in place
-    /// ([`LinearChunking::weight_gradient_in_place`]). The default forms the whole product
-    /// and adds it. Cube backends on devices with TMA (Hopper and later) run one matmul
-    /// that reads `sum` as its accumulator and writes over it when nothing else holds it;
-    /// fusion backends run that as one custom op.
+    /// ([`LinearChunking::weight_gradient_in_place`]), and each chunk's hidden-state
+    /// gradient formed into zeros ([`LinearChunking::hidden_gradient_in_place`]). The
+    /// default forms the whole product and adds it. Cube backends on devices with TMA
+    /// (Hopper and later) run one matmul that reads `sum` as its accumulator and writes
+    /// over it when nothing else holds it, its output tiles small enough for a small `sum`
+    /// to spread over the device's SMs; fusion backends run that as one custom op.
     fn accumulate_product(
         sum: FloatTensor<Self>,
         lhs: FloatTensor<Self>,

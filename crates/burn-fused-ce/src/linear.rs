@@ -50,6 +50,14 @@ pub struct LinearChunking {
     /// config lacks it).
     #[serde(default = "in_place_by_default")]
     pub weight_gradient_in_place: bool,
+    /// Form each chunk's hidden-state gradient `dlogits_c W^T` with the same in-place
+    /// matmul, into zeros ([`FusedCrossEntropyBackend::accumulate_product`]): that output
+    /// is small (chunk x H over the whole vocabulary), and the in-place matmul gives it
+    /// tiles small enough to spread over the device's SMs, where the backend's matmul
+    /// leaves some idle. Where the backend cannot (no TMA, or rows not 16-byte aligned),
+    /// or off: the backend's matmul. On by default (also when a saved config lacks it).
+    #[serde(default = "in_place_by_default")]
+    pub hidden_gradient_in_place: bool,
 }
 
 impl Default for LinearChunking {
@@ -59,12 +67,15 @@ impl Default for LinearChunking {
             f32_weight_gradient: false,
             weight_gradient_block_bytes: None,
             weight_gradient_in_place: in_place_by_default(),
+            hidden_gradient_in_place: in_place_by_default(),
         }
     }
 }
 
-/// [`LinearChunking::weight_gradient_in_place`] when not given: on, as it leaves no
-/// `[H, V]` product beside the sum for about the time of forming and adding one.
+/// [`LinearChunking::weight_gradient_in_place`] and
+/// [`LinearChunking::hidden_gradient_in_place`] when not given: on, as the first leaves
+/// no `[H, V]` product beside the sum for about the time of forming and adding one, and
+/// the second runs a chunk's hidden-state gradient on all of the device's SMs.
 fn in_place_by_default() -> bool {
     true
 }
@@ -366,8 +377,20 @@ impl<B: FusedCrossEntropyBackend> GradientSums<B> {
     /// Takes one chunk's logits gradient (rows `start..end`) to the hidden states, the
     /// weight and the bias.
     fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: Tensor<B, 2>) {
-        self.hidden
-            .push(logits_grad.clone().matmul(typed.weight.clone().transpose()));
+        let weight_t = typed.weight.clone().transpose();
+        self.hidden.push(if self.chunking.hidden_gradient_in_place {
+            let zeros = Tensor::<B, 2>::zeros(
+                [end - start, typed.weight.dims()[0]],
+                (&logits_grad.device(), logits_grad.dtype()),
+            );
+            float::<B, 2>(B::accumulate_product(
+                primitive(zeros),
+                primitive(logits_grad.clone()),
+                primitive(weight_t),
+            ))
+        } else {
+            logits_grad.clone().matmul(weight_t)
+        });
         // `grad_W += h_c^T dlogits_c`: the first chunk's product is the sum.
         let hidden_t = rows_of(&typed.hidden, start, end).transpose();
         let f32_sum = self.chunking.f32_weight_gradient;
