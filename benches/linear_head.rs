@@ -8,8 +8,7 @@
 //! the step alone, on all rows and on one chunk of the fused linear cross-entropy's rows,
 //! to show where the fused step's time goes, and on the chunk `grad_h` with its inner
 //! dimension split in 4 slices of one batched matmul (split-K). On CUDA, the chunk's
-//! in-place matmuls: the weight gradient's sum, and `grad_h` into a random start with the
-//! launch's own choice of planes per cube and with 16, 8 and 4.
+//! in-place matmuls: the weight gradient's sum, and `grad_h` into a random start.
 //!
 //! `cargo bench --bench linear_head` (Vulkan; small sizes) or, on a GPU,
 //! `CUDARC_CUDA_VERSION=13000 cargo bench --bench linear_head --no-default-features
@@ -22,7 +21,7 @@
 //! (`LinearChunking::weight_gradient_block_bytes`) to M MiB, and `inplace=0` or `inplace=1`
 //! turns off or on the in-place weight-gradient sum (`LinearChunking::weight_gradient_in_place`,
 //! on by default), and `hinplace=0` or `hinplace=1` the hidden-state gradient by the same
-//! in-place matmul (`LinearChunking::hidden_gradient_in_place`, on by default):
+//! in-place matmul (`LinearChunking::hidden_gradient_in_place`, off by default):
 //! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -401,15 +400,10 @@ fn matmul_breakdown(
                         "grad_W += h^T dlogits, in place".to_string(),
                         in_place_weight_gradient(shape, (warmup, reps), device),
                     )];
-                    for planes in [None, Some(16), Some(8), Some(4)] {
-                        let name = match planes {
-                            None => "grad_h += dlogits W^T, in place".to_string(),
-                            Some(p) => format!("grad_h += dlogits W^T, in place, {p} planes"),
-                        };
-                        let measured =
-                            in_place_hidden_gradient(shape, planes, (warmup, reps), device);
-                        in_place.push((name, measured));
-                    }
+                    in_place.push((
+                        "grad_h += dlogits W^T, in place".to_string(),
+                        in_place_hidden_gradient(shape, (warmup, reps), device),
+                    ));
                     for (name, measured) in in_place {
                         let note = match &measured {
                             Ok((_, error)) => format!("  (error vs product + add: {error:.1e})"),
@@ -501,24 +495,15 @@ fn in_place_weight_gradient(
     let hidden = Tensor::<CubeOnly, 2>::random([rows, width], uniform, device).cast(dtype);
     let grad = Tensor::<CubeOnly, 2>::random([rows, vocab], uniform, device).cast(dtype);
     let start = Tensor::<CubeOnly, 2>::random([width, vocab], uniform, device).cast(dtype);
-    in_place_product(
-        hidden.transpose(),
-        grad,
-        start,
-        None,
-        (warmup, reps),
-        device,
-    )
+    in_place_product(hidden.transpose(), grad, start, (warmup, reps), device)
 }
 
 /// A chunk's hidden-state gradient by the same in-place kernel (`out += dlogits_c W^T`
-/// into a random `out`), its cubes `planes` planes each ([`in_place_product`]): the
-/// output is small (chunk x H) over a long inner dimension (V), and fewer planes give
-/// more, smaller output tiles to spread over the device.
+/// into a random `out`, [`in_place_product`]), as `LinearChunking::hidden_gradient_in_place`
+/// forms it (into zeros).
 #[cfg(feature = "cuda")]
 fn in_place_hidden_gradient(
     (rows, width, vocab, dtype): (usize, usize, usize, DType),
-    planes: Option<u32>,
     (warmup, reps): (usize, usize),
     device: &Device,
 ) -> Result<(f64, f64), String> {
@@ -526,21 +511,14 @@ fn in_place_hidden_gradient(
     let grad = Tensor::<CubeOnly, 2>::random([rows, vocab], uniform, device).cast(dtype);
     let weight = Tensor::<CubeOnly, 2>::random([width, vocab], uniform, device).cast(dtype);
     let start = Tensor::<CubeOnly, 2>::random([rows, width], uniform, device).cast(dtype);
-    in_place_product(
-        grad,
-        weight.transpose(),
-        start,
-        planes,
-        (warmup, reps),
-        device,
-    )
+    in_place_product(grad, weight.transpose(), start, (warmup, reps), device)
 }
 
 #[cfg(feature = "cuda")]
 type CubeOnly = fused_ce_suite::CubeBackend;
 
-/// `sum += lhs rhs` in place by `fused_ce_kernels::launch_matmul_accumulate_with_planes`
-/// on the plain cube backend: the median of `reps` synced launches after `warmup`
+/// `sum += lhs rhs` in place by `fused_ce_kernels::launch_matmul_accumulate` on the plain
+/// cube backend: the median of `reps` synced launches after `warmup`
 /// ([`measure`]), and the relative L2 distance of one launch's result from
 /// `start + lhs rhs` formed by Burn's matmul.
 #[cfg(feature = "cuda")]
@@ -548,19 +526,17 @@ fn in_place_product(
     lhs: Tensor<CubeOnly, 2>,
     rhs: Tensor<CubeOnly, 2>,
     start: Tensor<CubeOnly, 2>,
-    planes: Option<u32>,
     (warmup, reps): (usize, usize),
     device: &Device,
 ) -> Result<(f64, f64), String> {
     use fused_ce_suite::kernel_operand;
     let client = Runtime::client(device);
     let launch = |sum: &Tensor<CubeOnly, 2>| -> Result<(), String> {
-        fused_ce_kernels::launch_matmul_accumulate_with_planes(
+        fused_ce_kernels::launch_matmul_accumulate(
             &client,
             kernel_operand(lhs.clone()),
             kernel_operand(rhs.clone()),
             kernel_operand(sum.clone()),
-            planes,
         )
         .map_err(|e| format!("{e:?}"))
     };

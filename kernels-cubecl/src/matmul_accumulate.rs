@@ -30,8 +30,8 @@ use cubek::matmul::{
         launch_kernel,
     },
     routines::{
-        DeviceSettings, ExpandInfo, LaunchInfo, PlaneTilingBlueprintOptions, Routine,
-        infer_blueprint_plane, specialized::SpecializedAlgorithm,
+        DeviceSettings, ExpandInfo, PlaneTilingBlueprintOptions, Routine, infer_blueprint_plane,
+        specialized::SpecializedAlgorithm,
     },
 };
 use cubek::std::InputBinding;
@@ -51,21 +51,6 @@ pub fn launch_matmul_accumulate<R: Runtime>(
     lhs: (TensorBinding<R>, StorageType),
     rhs: (TensorBinding<R>, StorageType),
     out: (TensorBinding<R>, StorageType),
-) -> Result<(), MatmulSetupError> {
-    launch_matmul_accumulate_with_planes(client, lhs, rhs, out, None)
-}
-
-/// [`launch_matmul_accumulate`] with `planes` computing planes per cube: each cube's
-/// output tile is `planes` instruction tiles tall and `planes` wide, so fewer planes give
-/// more, smaller tiles (more cubes for a small output over a long inner dimension).
-/// `None`, as [`launch_matmul_accumulate`] launches: cubek's choice, or fewer planes
-/// where that leaves some of the device's SMs without a cube.
-pub fn launch_matmul_accumulate_with_planes<R: Runtime>(
-    client: &ComputeClient<R>,
-    lhs: (TensorBinding<R>, StorageType),
-    rhs: (TensorBinding<R>, StorageType),
-    out: (TensorBinding<R>, StorageType),
-    planes: Option<u32>,
 ) -> Result<(), MatmulSetupError> {
     if !has_tma(client) {
         return Err(MatmulSetupError::Unavailable(
@@ -124,7 +109,11 @@ pub fn launch_matmul_accumulate_with_planes<R: Runtime>(
         .filter_out_with_tensor(&problem.out_strides, &problem.out_shape)
         .pick_max()?;
     let settings = <Specialized as Routine<()>>::device_settings(client, vector_sizes);
-    let launch_info = prepared(&problem, &settings, planes)?;
+    let launch_info = <Specialized as Routine<()>>::prepare(
+        &problem,
+        &settings,
+        blueprint(&problem, &settings)?,
+    )?;
 
     let acc_view = ViewArg::new_tensor::<GlobalLayout>(
         out.clone().into_tensor_arg(),
@@ -156,65 +145,13 @@ pub fn launch_matmul_accumulate_with_planes<R: Runtime>(
     launch_kernel::<TensorMapArgs, R, Specialized>(client, input, output, (), launch_info)
 }
 
-/// Fewer computing planes per cube to try, in turn, where cubek's choice leaves some of
-/// the device's SMs without a cube.
-const FEWER_PLANES: [u32; 2] = [8, 4];
-
-/// The launch for `planes` computing planes per cube ([`blueprint_with`]). `None`:
-/// cubek's choice, unless its output tiles give fewer cubes than the device has SMs (a
-/// small output over a long inner dimension, such as a chunk's hidden-state gradient
-/// `[chunk, H]` over the vocabulary): then fewer planes, smaller tiles, as long as that
-/// gives more cubes and the routine accepts them.
-fn prepared<R: Runtime>(
-    problem: &MatmulProblem,
-    settings: &DeviceSettings<R>,
-    planes: Option<u32>,
-) -> Result<LaunchInfo<TilingBlueprint>, MatmulSetupError> {
-    let prepare = |planes| {
-        <Specialized as Routine<()>>::prepare(
-            problem,
-            settings,
-            blueprint_with(problem, settings, planes)?,
-        )
-    };
-    let mut chosen = prepare(planes)?;
-    let sms = settings
-        .client
-        .properties()
-        .hardware
-        .num_streaming_multiprocessors;
-    let (None, Some(sms)) = (planes, sms) else {
-        return Ok(chosen);
-    };
-    for fewer in FEWER_PLANES {
-        if cubes(&chosen.blueprint, problem) >= sms as usize {
-            break;
-        }
-        if let Ok(smaller) = prepare(Some(fewer))
-            && cubes(&smaller.blueprint, problem) > cubes(&chosen.blueprint, problem)
-        {
-            chosen = smaller;
-        }
-    }
-    Ok(chosen)
-}
-
-/// Output tiles of `blueprint` over `problem`'s output, one cube each.
-fn cubes(blueprint: &TilingBlueprint, problem: &MatmulProblem) -> usize {
-    let scheme = &blueprint.tiling_scheme;
-    let along_m = scheme.elements_per_global_partition_along_m() as usize;
-    let along_n = scheme.elements_per_global_partition_along_n() as usize;
-    problem.m.div_ceil(along_m.max(1)) * problem.n.div_ceil(along_n.max(1))
-}
-
 /// The specialized routine's own blueprint inference for `mma` tiles, with two changes:
 /// the accumulator's stage is f32 (see the module's note), and each plane takes one row of
 /// tiles (cubek's default gives planes two rows on tall problems, which the in-place sum
-/// runs slower with). `planes`: computing planes per cube (`None`: cubek's choice).
-fn blueprint_with<R: Runtime>(
+/// runs slower with).
+fn blueprint<R: Runtime>(
     problem: &MatmulProblem,
     settings: &DeviceSettings<R>,
-    planes: Option<u32>,
 ) -> Result<ExpandInfo<TilingBlueprint>, MatmulSetupError> {
     let tile_matmul = TileMatmulKind::Mma;
     let mut dtypes = MatmulElems::from_globals(&problem.global_dtypes);
@@ -230,7 +167,6 @@ fn blueprint_with<R: Runtime>(
         &settings.vector_sizes,
         PlaneTilingBlueprintOptions {
             specialized: true,
-            row_count: planes,
             multi_row_strategy: MultiRowStrategy::Never,
             swizzled: tile_matmul.should_swizzle(&settings.client),
             ..Default::default()

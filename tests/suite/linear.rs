@@ -606,22 +606,23 @@ fn matmul_accumulate_adds_the_product_to_the_sum() {
 }
 
 /// A config saved before `weight_gradient_in_place` and `hidden_gradient_in_place`
-/// existed still loads, with both at their default (on), as a new config has them.
+/// existed still loads, with both at their defaults (on and off), as a new config has
+/// them.
 #[test]
 fn configs_saved_without_the_in_place_matmuls_load() {
     use burn::config::Config;
     assert!(LinearChunking::default().weight_gradient_in_place);
-    assert!(LinearChunking::default().hidden_gradient_in_place);
+    assert!(!LinearChunking::default().hidden_gradient_in_place);
     let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(LinearChunking {
         logits_bytes: Some(1 << 20),
         weight_gradient_in_place: false,
-        hidden_gradient_in_place: false,
+        hidden_gradient_in_place: true,
         ..LinearChunking::default()
     });
     let json = config.to_string();
     let fields = [
         "\"weight_gradient_in_place\": false",
-        "\"hidden_gradient_in_place\": false",
+        "\"hidden_gradient_in_place\": true",
     ];
     for field in fields {
         assert!(

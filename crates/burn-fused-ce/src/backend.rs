@@ -227,8 +227,7 @@ pub trait FusedCrossEntropyBackend: Backend {
     /// gradient formed into zeros ([`LinearChunking::hidden_gradient_in_place`]). The
     /// default forms the whole product and adds it. Cube backends on devices with TMA
     /// (Hopper and later) run one matmul that reads `sum` as its accumulator and writes
-    /// over it when nothing else holds it, its output tiles small enough for a small `sum`
-    /// to spread over the device's SMs; fusion backends run that as one custom op.
+    /// over it when nothing else holds it; fusion backends run that as one custom op.
     fn accumulate_product(
         sum: FloatTensor<Self>,
         lhs: FloatTensor<Self>,

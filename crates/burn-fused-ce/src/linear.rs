@@ -51,12 +51,10 @@ pub struct LinearChunking {
     #[serde(default = "in_place_by_default")]
     pub weight_gradient_in_place: bool,
     /// Form each chunk's hidden-state gradient `dlogits_c W^T` with the same in-place
-    /// matmul, into zeros ([`FusedCrossEntropyBackend::accumulate_product`]): that output
-    /// is small (chunk x H over the whole vocabulary), and the in-place matmul gives it
-    /// tiles small enough to spread over the device's SMs, where the backend's matmul
-    /// leaves some idle. Where the backend cannot (no TMA, or rows not 16-byte aligned),
-    /// or off: the backend's matmul. On by default (also when a saved config lacks it).
-    #[serde(default = "in_place_by_default")]
+    /// matmul, into zeros ([`FusedCrossEntropyBackend::accumulate_product`]), rather than
+    /// with the backend's matmul (also where the backend cannot: no TMA, or rows not
+    /// 16-byte aligned). Off by default (also when a saved config lacks it).
+    #[serde(default)]
     pub hidden_gradient_in_place: bool,
 }
 
@@ -67,15 +65,13 @@ impl Default for LinearChunking {
             f32_weight_gradient: false,
             weight_gradient_block_bytes: None,
             weight_gradient_in_place: in_place_by_default(),
-            hidden_gradient_in_place: in_place_by_default(),
+            hidden_gradient_in_place: false,
         }
     }
 }
 
-/// [`LinearChunking::weight_gradient_in_place`] and
-/// [`LinearChunking::hidden_gradient_in_place`] when not given: on, as the first leaves
-/// no `[H, V]` product beside the sum for about the time of forming and adding one, and
-/// the second runs a chunk's hidden-state gradient on all of the device's SMs.
+/// [`LinearChunking::weight_gradient_in_place`] when not given: on, as it leaves no
+/// `[H, V]` product beside the sum for about the time of forming and adding one.
 fn in_place_by_default() -> bool {
     true
 }
