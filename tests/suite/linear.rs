@@ -65,7 +65,7 @@ impl LinearCase {
             chunk_rows: 16,
             block_columns: None,
             in_place: false,
-            hidden_in_place: true,
+            hidden_in_place: LinearChunking::default().hidden_gradient_in_place,
             f32_weight_gradient: false,
             three_d: false,
             via_module: false,
@@ -493,17 +493,10 @@ where
             case.in_place = true;
             case.bias = n % 2 == 0;
             case.f32_weight_gradient = dtype != DType::F32 && reduction == Reduction::Mean;
-            let context = format!("{} {case:?}", short_name::<B>());
-            let before = test_hooks::in_place_accumulate_count();
-            check_linear_case::<B>(case);
-            if tma {
-                assert!(
-                    test_hooks::in_place_accumulate_count() > before,
-                    "{context}: the device has TMA, yet no chunk's product was summed in place \
-                     (the last refusal: {:?})",
-                    test_hooks::in_place_accumulate_refusal(),
-                );
-            }
+            // The hidden-state gradient by the backend's matmul, so that any in-place
+            // launch is the weight gradient's.
+            case.hidden_in_place = false;
+            check_ran_in_place::<B>(tma, case, "no chunk's product was summed in place");
         }
     }
     // The hidden-state gradient alone by the in-place matmul (into zeros): the weight
@@ -511,20 +504,32 @@ where
     let mut hidden_only = LinearCase::new(200, 64, 512, DType::F32, Reduction::Sum);
     hidden_only.chunk_rows = 64;
     hidden_only.hidden_in_place = true;
-    let context = format!("{} {hidden_only:?}", short_name::<B>());
-    let before = test_hooks::in_place_accumulate_count();
-    check_linear_case::<B>(hidden_only);
-    if tma {
-        assert!(
-            test_hooks::in_place_accumulate_count() > before,
-            "{context}: the device has TMA, yet no chunk's hidden-state gradient ran the \
-             in-place matmul (the last refusal: {:?})",
-            test_hooks::in_place_accumulate_refusal(),
-        );
-    }
+    check_ran_in_place::<B>(
+        tma,
+        hidden_only,
+        "no chunk's hidden-state gradient ran the in-place matmul",
+    );
     let mut unaligned = LinearCase::new(40, 24, 67, DType::F32, Reduction::Sum);
     unaligned.in_place = true;
     check_linear_case::<B>(unaligned);
+}
+
+/// Checks `case`, which must have launched the in-place matmul at least once where the
+/// device has TMA (`missing` says what did not happen otherwise).
+fn check_ran_in_place<B: FusedCrossEntropyBackend>(tma: bool, case: LinearCase, missing: &str)
+where
+    B::Device: Default,
+{
+    let context = format!("{} {case:?}", short_name::<B>());
+    let before = test_hooks::in_place_accumulate_count();
+    check_linear_case::<B>(case);
+    if tma {
+        assert!(
+            test_hooks::in_place_accumulate_count() > before,
+            "{context}: the device has TMA, yet {missing} (the last refusal: {:?})",
+            test_hooks::in_place_accumulate_refusal(),
+        );
+    }
 }
 
 /// The in-place kernel itself, `sum += lhs rhs`, against an f64 reference from the same
