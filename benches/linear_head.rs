@@ -180,28 +180,34 @@ fn main() {
         })
         .collect();
     let cases = if asked.is_empty() { cases } else { asked };
+    // `NAME=M` in MiB, as bytes.
+    let mib_arg = |name: &str| {
+        std::env::args()
+            .find_map(|arg| {
+                arg.strip_prefix(name)?
+                    .strip_prefix('=')?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .map(|mib| mib << 20)
+    };
+    // `NAME=0` or `NAME=1`.
+    let on_off_arg = |name: &str| {
+        std::env::args().find_map(|arg| match arg.strip_prefix(name)?.strip_prefix('=')? {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        })
+    };
+    let defaults = LinearChunking::default();
     let chunking = LinearChunking {
-        logits_bytes: std::env::args()
-            .find_map(|arg| arg.strip_prefix("logits=")?.parse::<usize>().ok())
-            .map(|mib| mib << 20),
-        weight_gradient_block_bytes: std::env::args()
-            .find_map(|arg| arg.strip_prefix("wblock=")?.parse::<usize>().ok())
-            .map(|mib| mib << 20),
-        weight_gradient_in_place: std::env::args()
-            .find_map(|arg| match arg.as_str() {
-                "inplace=0" => Some(false),
-                "inplace=1" => Some(true),
-                _ => None,
-            })
-            .unwrap_or(LinearChunking::default().weight_gradient_in_place),
-        hidden_gradient_in_place: std::env::args()
-            .find_map(|arg| match arg.as_str() {
-                "hinplace=0" => Some(false),
-                "hinplace=1" => Some(true),
-                _ => None,
-            })
-            .unwrap_or(LinearChunking::default().hidden_gradient_in_place),
-        ..LinearChunking::default()
+        logits_bytes: mib_arg("logits"),
+        weight_gradient_block_bytes: mib_arg("wblock"),
+        weight_gradient_in_place: on_off_arg("inplace")
+            .unwrap_or(defaults.weight_gradient_in_place),
+        hidden_gradient_in_place: on_off_arg("hinplace")
+            .unwrap_or(defaults.hidden_gradient_in_place),
+        ..defaults
     };
     let device = Device::default();
     let mut rng = SmallRng::seed_from_u64(0x5eed);
@@ -396,21 +402,23 @@ fn matmul_breakdown(
                 #[cfg(feature = "cuda")]
                 {
                     let shape = (part, width, vocab, dtype);
-                    let mut in_place = vec![(
-                        "grad_W += h^T dlogits, in place".to_string(),
-                        in_place_weight_gradient(shape, (warmup, reps), device),
-                    )];
-                    in_place.push((
-                        "grad_h += dlogits W^T, in place".to_string(),
-                        in_place_hidden_gradient(shape, (warmup, reps), device),
-                    ));
+                    let in_place = [
+                        (
+                            "grad_W += h^T dlogits, in place",
+                            in_place_weight_gradient(shape, (warmup, reps), device),
+                        ),
+                        (
+                            "grad_h += dlogits W^T, in place",
+                            in_place_hidden_gradient(shape, (warmup, reps), device),
+                        ),
+                    ];
                     for (name, measured) in in_place {
                         let note = match &measured {
                             Ok((_, error)) => format!("  (error vs product + add: {error:.1e})"),
                             Err(_) => String::new(),
                         };
                         let timed = measured.map(|(ms, _)| ms).map_err(Some);
-                        matmul_row(&mut table, &case, part, &name, flops, timed, &note);
+                        matmul_row(&mut table, &case, part, name, flops, timed, &note);
                     }
                 }
                 break;
