@@ -6,9 +6,9 @@
 //! the device memory one step adds to the pool beyond its inputs, and the most bytes seen
 //! in use beyond its inputs while it runs (sampled: a lower bound of its peak). Then each matmul of
 //! the step alone, on all rows and on one chunk of the fused linear cross-entropy's rows,
-//! to show where the fused step's time goes, and on the chunk `grad_h` with its inner
-//! dimension split in 4 slices of one batched matmul (split-K). On CUDA, the chunk's
-//! in-place matmuls: the weight gradient's sum, and `grad_h` into a random start.
+//! to show where the fused step's time goes, and the chunk `grad_h` with its inner
+//! dimension split as the fused op splits it (split-K). On CUDA, the chunk's in-place
+//! matmuls: the weight gradient's sum, and `grad_h` (unsplit) into a random start.
 //!
 //! `cargo bench --bench linear_head` (Vulkan; small sizes) or, on a GPU,
 //! `CUDARC_CUDA_VERSION=13000 cargo bench --bench linear_head --no-default-features
@@ -20,8 +20,8 @@
 //! budget to M MiB, `wblock=M` its weight-gradient blocks
 //! (`LinearChunking::weight_gradient_block_bytes`) to M MiB, and `inplace=0` or `inplace=1`
 //! turns off or on the in-place weight-gradient sum (`LinearChunking::weight_gradient_in_place`,
-//! on by default), and `hinplace=0` or `hinplace=1` the hidden-state gradient by the same
-//! in-place matmul (`LinearChunking::hidden_gradient_in_place`, off by default):
+//! on by default), and `splitk=0` or `splitk=1` the hidden-state gradient's split along
+//! the vocabulary (`LinearChunking::hidden_gradient_split_k`, on by default):
 //! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -30,10 +30,12 @@ use std::time::Instant;
 use burn::backend::Autodiff;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{
-    DType, Distribution, ElementConversion, Int, Tensor, TensorData, backend::Backend,
+    DType, Distribution, ElementConversion, Int, Tensor, TensorData, TensorPrimitive,
+    backend::Backend,
 };
 use burn_fused_ce::{
-    FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, LinearChunking,
+    FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
+    LinearChunking,
 };
 use cubecl::Runtime as _;
 use fused_ce_suite::{DefaultBackend, Device, RUNTIME_NAME, Runtime};
@@ -205,8 +207,7 @@ fn main() {
         weight_gradient_block_bytes: mib_arg("wblock"),
         weight_gradient_in_place: on_off_arg("inplace")
             .unwrap_or(defaults.weight_gradient_in_place),
-        hidden_gradient_in_place: on_off_arg("hinplace")
-            .unwrap_or(defaults.hidden_gradient_in_place),
+        hidden_gradient_split_k: on_off_arg("splitk").unwrap_or(defaults.hidden_gradient_split_k),
         ..defaults
     };
     let device = Device::default();
@@ -377,28 +378,25 @@ fn matmul_breakdown(
                 matmul_row(&mut table, &case, part, name, flops, timed.ok_or(None), "");
             }
             if part == chunk {
+                // The library's split of the chunk's `grad_h` along the vocabulary.
                 let plain = grad.clone().matmul(weight.clone().transpose());
-                // Views whose batch stride is below their row stride: cubecl's layout check
-                // calls them highly permuted, so the matmul may copy them first.
-                for splits in [4].into_iter().filter(|s| vocab.is_multiple_of(*s)) {
-                    let name = format!("grad_h = dlogits W^T, split-K {splits}");
-                    let run = || drop(split_k_hidden_gradient(&grad, &weight, splits));
-                    let error = relative_distance(
-                        split_k_hidden_gradient(&grad, &weight, splits),
-                        plain.clone(),
-                    );
-                    let timed = measure(device, warmup, reps, run).map(|m| m.median_ms);
-                    let note = format!("  (error vs unsplit: {error:.1e})");
-                    matmul_row(
-                        &mut table,
-                        &case,
-                        part,
-                        &name,
-                        flops,
-                        timed.ok_or(None),
-                        &note,
-                    );
-                }
+                let split = || split_k_hidden_gradient(&grad, &weight);
+                let error = relative_distance(split(), plain);
+                let timed = measure(device, warmup, reps, || drop(split())).map(|m| m.median_ms);
+                let name = format!(
+                    "grad_h = dlogits W^T, split-K{}",
+                    slices_note(part, width, vocab, dtype, device)
+                );
+                let note = format!("  (error vs unsplit: {error:.1e})");
+                matmul_row(
+                    &mut table,
+                    &case,
+                    part,
+                    &name,
+                    flops,
+                    timed.ok_or(None),
+                    &note,
+                );
                 #[cfg(feature = "cuda")]
                 {
                     let shape = (part, width, vocab, dtype);
@@ -453,28 +451,43 @@ fn matmul_row(
     }
 }
 
-/// `grad_h = dlogits W^T` for one chunk with the inner dimension (the vocabulary) cut in
-/// `splits` slices, multiplied as one batched matmul (`[splits, rows, V / splits]` by
-/// `[splits, V / splits, H]`, both views) and summed in f32: `splits` times the output
-/// tiles of the plain product, for chunks whose `rows x H` output is too small to occupy
-/// the GPU. Measured here, not yet used by the fused linear cross-entropy.
+/// `grad_h = dlogits W^T` for one chunk as the fused linear cross-entropy forms it
+/// (`LinearChunking::hidden_gradient_split_k`): the vocabulary cut into slices multiplied
+/// side by side and summed in f32 where that fills more of the device
+/// (`FusedCrossEntropyBackend::matmul_split_k`).
 fn split_k_hidden_gradient(
     grad: &Tensor<DefaultBackend, 2>,
     weight: &Tensor<DefaultBackend, 2>,
-    splits: usize,
 ) -> Tensor<DefaultBackend, 2> {
-    let [rows, vocab] = grad.dims();
-    let width = weight.dims()[0];
-    let slice = vocab / splits;
-    let lhs = grad.clone().reshape([rows, splits, slice]).swap_dims(0, 1);
-    let rhs = weight
-        .clone()
-        .reshape([width, splits, slice])
-        .permute([1, 2, 0]);
-    lhs.matmul(rhs)
-        .cast(DType::F32)
-        .sum_dim(0)
-        .reshape([rows, width])
+    let product = <DefaultBackend as FusedCrossEntropyBackend>::matmul_split_k(
+        grad.clone().into_primitive().tensor(),
+        weight.clone().transpose().into_primitive().tensor(),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(product))
+}
+
+/// How many slices the split takes for a chunk's `grad_h` (` (K slices)`), on CUDA.
+fn slices_note(rows: usize, width: usize, vocab: usize, dtype: DType, device: &Device) -> String {
+    #[cfg(feature = "cuda")]
+    {
+        use fused_ce_suite::kernel_operand;
+        let uniform = Distribution::Uniform(-1.0, 1.0);
+        let grad = Tensor::<CubeOnly, 2>::random([rows, vocab], uniform, device).cast(dtype);
+        let weight = Tensor::<CubeOnly, 2>::random([width, vocab], uniform, device).cast(dtype);
+        let (lhs, rhs) = (kernel_operand(grad), kernel_operand(weight.transpose()));
+        let (slices, _) = fused_ce_kernels::split_k_slices(
+            &Runtime::client(device),
+            (&lhs.0, lhs.1),
+            (&rhs.0, rhs.1),
+            DType::F32.into(),
+        );
+        format!(" ({slices} slices)")
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (rows, width, vocab, dtype, device);
+        String::new()
+    }
 }
 
 /// `|got - expected| / |expected|` (L2, in f32).
@@ -507,8 +520,8 @@ fn in_place_weight_gradient(
 }
 
 /// A chunk's hidden-state gradient by the same in-place kernel (`out += dlogits_c W^T`
-/// into a random `out`, [`in_place_product`]), as `LinearChunking::hidden_gradient_in_place`
-/// forms it (into zeros).
+/// into a random `out`, [`in_place_product`]), unsplit: the rate the split
+/// (`LinearChunking::hidden_gradient_split_k`) starts from.
 #[cfg(feature = "cuda")]
 fn in_place_hidden_gradient(
     (rows, width, vocab, dtype): (usize, usize, usize, DType),

@@ -11,7 +11,13 @@
 //! `mma` tiles load a half-precision accumulator stage wrongly (the sum comes out wrong),
 //! and an f32 one right. The stage is filled once per tile, outside the main loop.
 
-use cubecl::{Runtime, client::ComputeClient, features::TypeUsage, ir::StorageType};
+use cubecl::{
+    Runtime,
+    client::ComputeClient,
+    features::TypeUsage,
+    ir::{AddressType, StorageType},
+    zspace::{Shape, Strides},
+};
 use cubecl::{
     prelude::{ComptimeOptionArgs, TensorBinding},
     std::tensor::{launch::ViewArg, layout::VirtualLayoutLaunch},
@@ -30,11 +36,14 @@ use cubek::matmul::{
         launch_kernel,
     },
     routines::{
-        DeviceSettings, ExpandInfo, PlaneTilingBlueprintOptions, Routine, infer_blueprint_plane,
-        specialized::SpecializedAlgorithm,
+        DeviceSettings, ExpandInfo, LaunchInfo, PlaneTilingBlueprintOptions, Routine,
+        infer_blueprint_plane, specialized::SpecializedAlgorithm,
     },
 };
-use cubek::std::InputBinding;
+use cubek::std::{
+    InputBinding,
+    cube_count::{CubeCountPlan, CubeCountPlanKind},
+};
 
 use crate::tma_rows::{has_tma, tma_readable};
 
@@ -42,7 +51,8 @@ use crate::tma_rows::{has_tma, tma_readable};
 type Specialized = SpecializedAlgorithm;
 
 /// `out += lhs rhs` for `lhs [M, K]`, `rhs [K, N]` and `out [M, N]` of the given dtypes,
-/// `out` updated in place. `lhs` and `rhs` may be transposed views (TMA reads either
+/// `out` updated in place; or for a batch of them (`[B, M, K]`, `[B, K, N]`, `[B, M, N]`,
+/// each operand's batch at any stride: slices of one matrix, [`split_k_slices`]). `lhs` and `rhs` may be transposed views (TMA reads either
 /// layout); `out`'s rows must be contiguous (its row stride may be padded, as CUDA
 /// allocations are). An error where the device has no TMA, or the shapes,
 /// layouts or alignment do not suit the kernel: callers then form the product and add it.
@@ -75,44 +85,12 @@ pub fn launch_matmul_accumulate<R: Runtime>(
     });
     let lhs = InputBinding::new(lhs, lhs_dtype);
     let rhs = InputBinding::new(rhs, rhs_dtype);
-    let features = &client.properties().features;
-    for dtype in [dtypes.lhs_global, dtypes.rhs_global, dtypes.acc_global] {
-        if !features.type_usage(dtype).contains(TypeUsage::Conversion) {
-            return Err(MatmulSetupError::Unavailable(
-                MatmulAvailabilityError::TypesUnavailable {
-                    lhs: dtypes.lhs_global,
-                    rhs: dtypes.rhs_global,
-                    output: dtypes.acc_global,
-                },
-            ));
-        }
-    }
-    let address_type = lhs
-        .required_address_type()
-        .max(rhs.required_address_type())
-        .max(out.required_address_type(dtypes.acc_global.size()));
-    let problem = MatmulProblem::from_shapes_and_strides(
-        lhs.shape().into(),
-        rhs.shape().into(),
-        out.shape.clone(),
-        lhs.data().strides.clone(),
-        rhs.data().strides.clone(),
-        out.strides.clone(),
-        dtypes.as_global_elems(),
-        address_type,
-        None,
-        None,
-    )?;
-    let vector_sizes = AvailableVectorSizes::from_type_size_tma(client, dtypes.acc_global.size())
-        .filter_lhs_with_tensor(&problem.lhs_strides, &problem.lhs_shape, problem.lhs_layout)
-        .filter_rhs_with_tensor(&problem.rhs_strides, &problem.rhs_shape, problem.rhs_layout)
-        .filter_out_with_tensor(&problem.out_strides, &problem.out_shape)
-        .pick_max()?;
-    let settings = <Specialized as Routine<()>>::device_settings(client, vector_sizes);
-    let launch_info = <Specialized as Routine<()>>::prepare(
-        &problem,
-        &settings,
-        blueprint(&problem, &settings)?,
+    let out_address = out.required_address_type(dtypes.acc_global.size());
+    let (problem, launch_info) = plan(
+        client,
+        (&lhs, &rhs),
+        (out.shape.clone(), out.strides.clone(), out_address),
+        dtypes,
     )?;
 
     let acc_view = ViewArg::new_tensor::<GlobalLayout>(
@@ -143,6 +121,140 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         &launch_info.dtypes,
     );
     launch_kernel::<TensorMapArgs, R, Specialized>(client, input, output, (), launch_info)
+}
+
+/// The problem and the kernel's launch for `lhs rhs` into an output of the given shape,
+/// strides and address type, of the given dtypes.
+fn plan<R: Runtime>(
+    client: &ComputeClient<R>,
+    (lhs, rhs): (&InputBinding<R>, &InputBinding<R>),
+    (out_shape, out_strides, out_address): (Shape, Strides, AddressType),
+    dtypes: MatmulElems,
+) -> Result<(MatmulProblem, LaunchInfo<TilingBlueprint>), MatmulSetupError> {
+    let features = &client.properties().features;
+    for dtype in [dtypes.lhs_global, dtypes.rhs_global, dtypes.acc_global] {
+        if !features.type_usage(dtype).contains(TypeUsage::Conversion) {
+            return Err(MatmulSetupError::Unavailable(
+                MatmulAvailabilityError::TypesUnavailable {
+                    lhs: dtypes.lhs_global,
+                    rhs: dtypes.rhs_global,
+                    output: dtypes.acc_global,
+                },
+            ));
+        }
+    }
+    let address_type = lhs
+        .required_address_type()
+        .max(rhs.required_address_type())
+        .max(out_address);
+    let problem = MatmulProblem::from_shapes_and_strides(
+        lhs.shape().into(),
+        rhs.shape().into(),
+        out_shape,
+        lhs.data().strides.clone(),
+        rhs.data().strides.clone(),
+        out_strides,
+        dtypes.as_global_elems(),
+        address_type,
+        None,
+        None,
+    )?;
+    let vector_sizes = AvailableVectorSizes::from_type_size_tma(client, dtypes.acc_global.size())
+        .filter_lhs_with_tensor(&problem.lhs_strides, &problem.lhs_shape, problem.lhs_layout)
+        .filter_rhs_with_tensor(&problem.rhs_strides, &problem.rhs_shape, problem.rhs_layout)
+        .filter_out_with_tensor(&problem.out_strides, &problem.out_shape)
+        .pick_max()?;
+    let settings = <Specialized as Routine<()>>::device_settings(client, vector_sizes);
+    let launch_info = <Specialized as Routine<()>>::prepare(
+        &problem,
+        &settings,
+        blueprint(&problem, &settings)?,
+    )?;
+    Ok((problem, launch_info))
+}
+
+/// Fewest columns of the inner dimension in one slice of a split product.
+const MIN_SLICE: usize = 256;
+
+/// Most slices of a split product.
+const MAX_SLICES: usize = 8;
+
+/// Columns of one slice are a multiple of this (the kernel's stage along the inner
+/// dimension), so that only the last, leftover columns load a partial stage.
+const SLICE_STEP: usize = 64;
+
+/// How to cut the inner dimension `K` of `lhs [M, K] rhs [K, N]`, summed into an
+/// `out_dtype` output, so that the slices' products side by side
+/// ([`launch_matmul_accumulate`] on `[slices, M, slice]` by `[slices, slice, N]` views)
+/// fill the device's SMs better than one product does: `(slices, slice)`, the columns
+/// past `slices * slice` left over. One slice where the product alone fills them as well
+/// (a product with many output tiles) or where the kernel cannot run.
+///
+/// The kernel runs one cube per SM at a time, all cubes of a launch over the same inner
+/// length, so a launch takes `ceil(cubes / SMs)` equal waves: a chunk's hidden-state
+/// gradient of `chunk x H` (104 tiles of 1664 x 2048) leaves a fifth of the 132 SMs of an
+/// H200 idle for its whole inner dimension (the vocabulary); in 5 slices, 520 tiles a
+/// fifth as long fill 4 waves.
+pub fn split_k_slices<R: Runtime>(
+    client: &ComputeClient<R>,
+    lhs: (&TensorBinding<R>, StorageType),
+    rhs: (&TensorBinding<R>, StorageType),
+    out_dtype: StorageType,
+) -> (usize, usize) {
+    let inner = lhs.0.shape[lhs.0.shape.len() - 1];
+    let whole = (1, inner);
+    let sms = client.properties().hardware.num_streaming_multiprocessors;
+    let (Some(sms), true) = (sms, has_tma(client)) else {
+        return whole;
+    };
+    let (m, n) = (lhs.0.shape[0], rhs.0.shape[rhs.0.shape.len() - 1]);
+    let out = (
+        Shape::from(vec![m, n]),
+        Strides::from(vec![n, 1]),
+        AddressType::from_len(m * n),
+    );
+    let dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+        lhs: lhs.1,
+        rhs: rhs.1,
+        out: out_dtype,
+    });
+    let (lhs, rhs) = (
+        InputBinding::new(lhs.0.clone(), lhs.1),
+        InputBinding::new(rhs.0.clone(), rhs.1),
+    );
+    let Ok((_, launch_info)) = plan(client, (&lhs, &rhs), out, dtypes) else {
+        return whole;
+    };
+    let cubes = problem_cubes(&launch_info.cube_count_plan);
+    let sms = sms as u64;
+    // The time of `slices` slices against one product: waves of cubes each over
+    // `1 / slices` of the inner dimension.
+    let time = |slices: usize| (cubes * slices as u64).div_ceil(sms) as f64 / slices as f64;
+    let most = MAX_SLICES.min(inner / MIN_SLICE).max(1);
+    // More slices only where they save a twentieth of the time.
+    let slices = (2..=most).fold(1, |best, slices| {
+        if time(slices) < 0.95 * time(best) {
+            slices
+        } else {
+            best
+        }
+    });
+    if slices == 1 {
+        return whole;
+    }
+    let slice = (inner / slices) / SLICE_STEP * SLICE_STEP;
+    if slice == 0 { whole } else { (slices, slice) }
+}
+
+/// The cubes of a launch plan's problem: its output tiles times its batches.
+fn problem_cubes(plan: &CubeCountPlan) -> u64 {
+    let count = match plan.kind {
+        CubeCountPlanKind::FromProblem { problem_count }
+        | CubeCountPlanKind::Sm { problem_count, .. }
+        | CubeCountPlanKind::Flattened { problem_count }
+        | CubeCountPlanKind::Spread { problem_count, .. } => problem_count,
+    };
+    count.x as u64 * count.y as u64 * count.z as u64
 }
 
 /// The specialized routine's own blueprint inference for `mma` tiles, with two changes:

@@ -20,20 +20,25 @@ pub fn has_tma<R: Runtime>(client: &ComputeClient<R>) -> bool {
     client.properties().features.tma.contains(Tma::Base)
 }
 
-/// Whether TMA can read `binding` of `dtype`: a matrix or a transposed one, its start and
-/// its rows 16-byte aligned.
+/// Whether TMA can read `binding` of `dtype`: a matrix or a transposed one, or a batch of
+/// them (`[B, R, C]`, the batch at any stride: slices of one matrix side by side), its
+/// start and its rows 16-byte aligned.
 pub fn tma_readable<R: Runtime>(binding: &TensorBinding<R>, dtype: StorageType) -> bool {
     let aligned = |bytes: u64| bytes.is_multiple_of(TMA_ALIGN_BYTES);
-    let layout = matches!(
-        matrix_batch_layout(&binding.strides, None),
-        MatrixBatchLayout::Contiguous
-            | MatrixBatchLayout::MildlyPermuted {
-                batch_swap: false,
-                ..
-            }
-    );
-    let rows = binding
-        .strides
+    let strides = &binding.strides;
+    let layout = match strides.len() {
+        // The kernels map a batch dimension onto the tensor map's own, with its stride.
+        3 => (strides[1] == 1 || strides[2] == 1) && (strides[0] > 0 || binding.shape[0] == 1),
+        _ => matches!(
+            matrix_batch_layout(strides, None),
+            MatrixBatchLayout::Contiguous
+                | MatrixBatchLayout::MildlyPermuted {
+                    batch_swap: false,
+                    ..
+                }
+        ),
+    };
+    let rows = strides
         .iter()
         .filter(|&&stride| stride != 1)
         .all(|&stride| aligned(stride as u64 * dtype.size() as u64));

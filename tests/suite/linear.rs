@@ -40,9 +40,9 @@ struct LinearCase {
     /// The weight gradient summed in place over the chunks
     /// (`LinearChunking::weight_gradient_in_place`).
     in_place: bool,
-    /// Each chunk's hidden-state gradient by the in-place matmul into zeros
-    /// (`LinearChunking::hidden_gradient_in_place`).
-    hidden_in_place: bool,
+    /// Each chunk's hidden-state gradient split along the vocabulary where that fills
+    /// more of the device (`LinearChunking::hidden_gradient_split_k`).
+    split_k: bool,
     /// The weight gradient summed in f32 (`LinearChunking::f32_weight_gradient`).
     f32_weight_gradient: bool,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
@@ -65,7 +65,7 @@ impl LinearCase {
             chunk_rows: 16,
             block_columns: None,
             in_place: false,
-            hidden_in_place: LinearChunking::default().hidden_gradient_in_place,
+            split_k: LinearChunking::default().hidden_gradient_split_k,
             f32_weight_gradient: false,
             three_d: false,
             via_module: false,
@@ -80,7 +80,7 @@ impl LinearCase {
                 .block_columns
                 .map(|columns| columns * self.width * self.dtype.size()),
             weight_gradient_in_place: self.in_place,
-            hidden_gradient_in_place: self.hidden_in_place,
+            hidden_gradient_split_k: self.split_k,
         }
     }
 }
@@ -441,8 +441,8 @@ where
                     case.options.softcap = Some(12.0);
                 }
                 case.class_weights = n % 5 < 2;
-                // The hidden-state gradient by the backend's matmul in a third of the cases.
-                case.hidden_in_place = n % 3 != 2;
+                // The split off in a third of the cases (67 classes are too few to split).
+                case.split_k = n % 3 != 2;
                 check_linear_case::<B>(case);
             }
         }
@@ -469,9 +469,7 @@ fn device_has_tma() -> bool {
 /// product is formed and added). Where the device has TMA, every aligned case must have
 /// summed in place. 384 classes: CUDA pads the rows of Burn's matmul outputs to a
 /// multiple of 512 bytes (384 half classes come out with a row stride of 512), and the
-/// first chunk's product starts the sum. Then the hidden-state gradient alone by the
-/// in-place matmul (`hidden_gradient_in_place`, the weight gradient by the backend's
-/// matmul), which must have run it where the device has TMA.
+/// first chunk's product starts the sum.
 fn check_weight_gradient_in_place<B: FusedCrossEntropyBackend>()
 where
     B::Device: Default,
@@ -493,39 +491,73 @@ where
             case.in_place = true;
             case.bias = n % 2 == 0;
             case.f32_weight_gradient = dtype != DType::F32 && reduction == Reduction::Mean;
-            // The hidden-state gradient by the backend's matmul, so that any in-place
-            // launch is the weight gradient's.
-            case.hidden_in_place = false;
-            check_ran_in_place::<B>(tma, case, "no chunk's product was summed in place");
+            check_ran::<B>(
+                tma,
+                case,
+                test_hooks::in_place_accumulate_count,
+                "no chunk's product was summed in place",
+            );
         }
     }
-    // The hidden-state gradient alone by the in-place matmul (into zeros): the weight
-    // gradient by the backend's matmul, so that any in-place launch is the former's.
-    let mut hidden_only = LinearCase::new(200, 64, 512, DType::F32, Reduction::Sum);
-    hidden_only.chunk_rows = 64;
-    hidden_only.hidden_in_place = true;
-    check_ran_in_place::<B>(
-        tma,
-        hidden_only,
-        "no chunk's hidden-state gradient ran the in-place matmul",
-    );
     let mut unaligned = LinearCase::new(40, 24, 67, DType::F32, Reduction::Sum);
     unaligned.in_place = true;
     check_linear_case::<B>(unaligned);
 }
 
-/// Checks `case`, which must have launched the in-place matmul at least once where the
-/// device has TMA (`missing` says what did not happen otherwise).
-fn check_ran_in_place<B: FusedCrossEntropyBackend>(tma: bool, case: LinearCase, missing: &str)
+/// Each chunk's hidden-state gradient split along the vocabulary
+/// (`hidden_gradient_split_k`): 1000 classes in 3 slices of 320 and 40 left over, chunks
+/// of 64 rows (an output of one tile) and a last one of 8, in f32 and in the widest half
+/// type; 1000 classes of 96 rows unsplit (off) beside it. Where the device has TMA, the
+/// split must have run.
+fn check_hidden_gradient_split_k<B: FusedCrossEntropyBackend>()
 where
     B::Device: Default,
 {
+    let tma = device_has_tma();
+    let half = if fused_ce_suite::SUPPORTS_BF16 {
+        DType::BF16
+    } else {
+        DType::F16
+    };
+    for (dtype, reduction) in [(DType::F32, Reduction::Sum), (half, Reduction::None)] {
+        let mut case = LinearCase::new(200, 64, 1000, dtype, reduction);
+        case.chunk_rows = 64;
+        case.split_k = true;
+        check_ran::<B>(
+            tma,
+            case,
+            test_hooks::split_k_product_count,
+            "no chunk's hidden-state gradient was split",
+        );
+    }
+    let mut unsplit = LinearCase::new(96, 64, 1000, DType::F32, Reduction::Mean);
+    unsplit.split_k = false;
+    let before = test_hooks::split_k_product_count();
+    check_linear_case::<B>(unsplit);
+    assert_eq!(
+        test_hooks::split_k_product_count(),
+        before,
+        "{}: split with hidden_gradient_split_k off",
+        short_name::<B>()
+    );
+}
+
+/// Checks `case`, which must have moved the test-hook counter `count` at least once where
+/// the device has TMA (`missing` says what did not happen otherwise).
+fn check_ran<B: FusedCrossEntropyBackend>(
+    tma: bool,
+    case: LinearCase,
+    count: fn() -> usize,
+    missing: &str,
+) where
+    B::Device: Default,
+{
     let context = format!("{} {case:?}", short_name::<B>());
-    let before = test_hooks::in_place_accumulate_count();
+    let before = count();
     check_linear_case::<B>(case);
     if tma {
         assert!(
-            test_hooks::in_place_accumulate_count() > before,
+            count() > before,
             "{context}: the device has TMA, yet {missing} (the last refusal: {:?})",
             test_hooks::in_place_accumulate_refusal(),
         );
@@ -610,24 +642,28 @@ fn matmul_accumulate_adds_the_product_to_the_sum() {
     }
 }
 
-/// A config saved before `weight_gradient_in_place` and `hidden_gradient_in_place`
-/// existed still loads, with both at their defaults (on and off), as a new config has
-/// them.
+/// A config saved before `weight_gradient_in_place` and `hidden_gradient_split_k`
+/// existed still loads, with both at their defaults (on), as a new config has them; one
+/// saved with the split's earlier name (`hidden_gradient_in_place`) keeps its value.
 #[test]
 fn configs_saved_without_the_in_place_matmuls_load() {
     use burn::config::Config;
     assert!(LinearChunking::default().weight_gradient_in_place);
-    assert!(!LinearChunking::default().hidden_gradient_in_place);
+    assert!(LinearChunking::default().hidden_gradient_split_k);
     let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(LinearChunking {
         logits_bytes: Some(1 << 20),
         weight_gradient_in_place: false,
-        hidden_gradient_in_place: true,
+        hidden_gradient_split_k: false,
         ..LinearChunking::default()
     });
     let json = config.to_string();
+    let renamed = json.replace("hidden_gradient_split_k", "hidden_gradient_in_place");
+    let loaded = FusedLinearCrossEntropyLossConfig::load_binary(renamed.as_bytes())
+        .unwrap_or_else(|error| panic!("a config with the earlier name loads: {error:?}"));
+    assert_eq!(loaded, config, "the earlier name keeps its value");
     let fields = [
         "\"weight_gradient_in_place\": false",
-        "\"hidden_gradient_in_place\": true",
+        "\"hidden_gradient_split_k\": false",
     ];
     for field in fields {
         assert!(
@@ -728,6 +764,18 @@ fn weight_gradient_in_place_on_the_default_fusion_backend() {
 }
 
 #[test]
+fn hidden_gradient_split_k_on_the_cube_backend() {
+    poisoned();
+    check_hidden_gradient_split_k::<CubeBackend>();
+}
+
+#[test]
+fn hidden_gradient_split_k_on_the_default_fusion_backend() {
+    poisoned();
+    check_hidden_gradient_split_k::<DefaultBackend>();
+}
+
+#[test]
 fn linear_on_the_cube_backend() {
     poisoned();
     check_linear_matrix::<CubeBackend>(&float_dtypes());
@@ -760,7 +808,7 @@ fn linear_guess_across_steps() {
             // f32 blocks of 7 of the 50 columns.
             weight_gradient_block_bytes: Some(7 * width * 4),
             weight_gradient_in_place: false,
-            hidden_gradient_in_place: false,
+            hidden_gradient_split_k: true,
         })
         .init::<B>(&device);
     let head: Linear<B> = LinearConfig::new(width, vocab).init(&device);
@@ -822,7 +870,7 @@ fn linear_extra_outputs() {
         f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
         weight_gradient_in_place: false,
-        hidden_gradient_in_place: false,
+        hidden_gradient_split_k: true,
     };
     let fused = try_fused_linear_cross_entropy(
         hidden.clone(),
@@ -908,7 +956,7 @@ fn chunk_rows_follow_the_budget() {
         f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
         weight_gradient_in_place: false,
-        hidden_gradient_in_place: false,
+        hidden_gradient_split_k: true,
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
@@ -939,7 +987,7 @@ fn chunk_rows_follow_the_budget() {
         f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
         weight_gradient_in_place: false,
-        hidden_gradient_in_place: false,
+        hidden_gradient_split_k: true,
     };
     assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
     // Never more than the budget holds, whatever the rows.
@@ -950,7 +998,7 @@ fn chunk_rows_follow_the_budget() {
                 f32_weight_gradient: false,
                 weight_gradient_block_bytes: None,
                 weight_gradient_in_place: false,
-                hidden_gradient_in_place: false,
+                hidden_gradient_split_k: true,
             };
             let per = budget.rows_per_chunk(rows, 50, DType::F32);
             assert!(

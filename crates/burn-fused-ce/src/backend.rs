@@ -223,17 +223,28 @@ pub trait FusedCrossEntropyBackend: Backend {
     /// `sum + lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype and `sum [M, N]` of
     /// this or another float dtype (the product is taken to `sum`'s): the fused linear
     /// cross-entropy's weight gradient summed over the chunks in place
-    /// ([`LinearChunking::weight_gradient_in_place`]), and each chunk's hidden-state
-    /// gradient formed into zeros ([`LinearChunking::hidden_gradient_in_place`]). The
-    /// default forms the whole product and adds it. Cube backends on devices with TMA
-    /// (Hopper and later) run one matmul that reads `sum` as its accumulator and writes
-    /// over it when nothing else holds it; fusion backends run that as one custom op.
+    /// ([`LinearChunking::weight_gradient_in_place`]). The default forms the whole product
+    /// and adds it. Cube backends on devices with TMA (Hopper and later) run one matmul
+    /// that reads `sum` as its accumulator and writes over it when nothing else holds it;
+    /// fusion backends run that as one custom op.
     fn accumulate_product(
         sum: FloatTensor<Self>,
         lhs: FloatTensor<Self>,
         rhs: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         product_added::<Self>(sum, lhs, rhs)
+    }
+
+    /// `lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype, with the inner dimension
+    /// cut into slices multiplied side by side and summed in f32 (split-K) where the
+    /// output alone has too few tiles to occupy the device: each chunk's hidden-state
+    /// gradient, `chunk x H` over the whole vocabulary
+    /// ([`LinearChunking::hidden_gradient_split_k`]). The default is the backend's
+    /// matmul. Cube backends on devices with TMA (Hopper and later) split where that fills
+    /// more of the SMs (`fused_ce_kernels::split_k_slices`), one launch of the in-place
+    /// matmul for all slices into f32 zeros; fusion backends run that as one custom op.
+    fn matmul_split_k(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        primitive(float::<Self, 2>(lhs).matmul(float::<Self, 2>(rhs)))
     }
 
     /// The fused linear cross-entropy (see [`crate::try_fused_linear_cross_entropy`]):

@@ -5,7 +5,7 @@ use std::any::{Any, TypeId};
 use std::sync::{Mutex, OnceLock};
 
 use burn::tensor::{
-    DType, Shape, TensorData, TensorMetadata, backend::ExecutionError, ops::FloatTensor,
+    DType, Shape, Tensor, TensorData, TensorMetadata, backend::ExecutionError, ops::FloatTensor,
 };
 use burn_cubecl::{
     BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement,
@@ -22,13 +22,13 @@ use fused_ce_kernels::{
     WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_matmul_accumulate,
     launch_one_pass, launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient,
     launch_shard_gradient_rows, launch_shard_targets, launch_whole_vocabulary_rows, row_stat,
-    scale_slot, tma_readable_copy,
+    scale_slot, split_k_slices, tma_readable_copy,
 };
 
 use crate::{
     backend::{
         CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale, Reduced, RowStats,
-        TwoPassBackward, lse_row, product_added, reduce_stats,
+        TwoPassBackward, float, lse_row, primitive, product_added, reduce_stats,
     },
     incoming_guess::next_guess,
     options::{CrossEntropyOptions, Reduction},
@@ -641,6 +641,85 @@ where
         }
     }
 
+    fn matmul_split_k(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {
+        let plain = |lhs, rhs| primitive(float::<Self, 2>(lhs).matmul(float::<Self, 2>(rhs)));
+        if lhs.dtype != rhs.dtype || lhs.meta.num_dims() != 2 || rhs.meta.num_dims() != 2 {
+            return plain(lhs, rhs);
+        }
+        let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
+        let (lhs_operand, rhs_operand) = (operand(&lhs), operand(&rhs));
+        let (slices, slice) = split_k_slices(
+            &lhs.client,
+            (&lhs_operand.0, lhs_operand.1),
+            (&rhs_operand.0, rhs_operand.1),
+            DType::F32.into(),
+        );
+        if slices < 2 {
+            return plain(lhs, rhs);
+        }
+        let (m, inner, n) = (
+            lhs.meta.shape()[0],
+            lhs.meta.shape()[1],
+            rhs.meta.shape()[1],
+        );
+        let partial = primitive(Tensor::<Self, 3>::zeros(
+            [slices, m, n],
+            (&lhs.device, DType::F32),
+        ));
+        // `[slices, ..]` views of `tensor`, slice `s` starting `s * slice` columns along
+        // the inner dimension `inner_dim`; or the columns left over, as one matrix.
+        let sliced = |tensor: &CubeTensor<R>, inner_dim: usize| {
+            let strides = tensor.meta.strides();
+            let mut shape = tensor.meta.shape().to_vec();
+            shape[inner_dim] = slice;
+            shape.insert(0, slices);
+            let batch = Strides::from(vec![slice * strides[inner_dim], strides[0], strides[1]]);
+            let slices_view = view_of(tensor, tensor.handle.clone(), shape, batch);
+            let used = (slices * slice * strides[inner_dim] * tensor.elem_size()) as u64;
+            let mut shape = tensor.meta.shape().to_vec();
+            shape[inner_dim] = inner - slices * slice;
+            let rest = view_of(
+                tensor,
+                tensor.handle.clone().offset_start(used),
+                shape,
+                strides.clone(),
+            );
+            (slices_view, rest)
+        };
+        let ((lhs_slices, lhs_rest), (rhs_slices, rhs_rest)) = (sliced(&lhs, 1), sliced(&rhs, 0));
+        let first = view_of(
+            &partial,
+            partial.handle.clone(),
+            vec![m, n],
+            Strides::from(vec![n, 1]),
+        );
+        let client = &lhs.client;
+        let launched = launch_matmul_accumulate(
+            client,
+            operand(&lhs_slices),
+            operand(&rhs_slices),
+            operand(&partial),
+        )
+        .and_then(|()| {
+            if inner > slices * slice {
+                launch_matmul_accumulate(
+                    client,
+                    operand(&lhs_rest),
+                    operand(&rhs_rest),
+                    operand(&first),
+                )
+            } else {
+                Ok(())
+            }
+        });
+        if launched.is_err() {
+            return plain(lhs, rhs);
+        }
+        test_hooks::count_split_k_product();
+        let summed = float::<Self, 3>(partial).sum_dim(0).reshape([m, n]);
+        primitive(summed.cast(lhs.dtype))
+    }
+
     fn start_read(tensor: CubeTensor<R>) -> PendingRead {
         let tensor = into_contiguous(tensor);
         let (shape, dtype) = (tensor.meta.shape().clone(), tensor.dtype);
@@ -884,6 +963,23 @@ fn reshaped<R: CubeRuntime>(tensor: CubeTensor<R>, shape: Shape) -> CubeTensor<R
         tensor.client.clone(),
         tensor.handle.clone(),
         Metadata::new(shape, strides),
+        tensor.device.clone(),
+        tensor.dtype,
+    )
+}
+
+/// `tensor`'s buffer from `handle` (its own, or a later start in it) seen with `shape` and
+/// `strides`, no copy.
+fn view_of<R: CubeRuntime>(
+    tensor: &CubeTensor<R>,
+    handle: cubecl::server::Handle,
+    shape: Vec<usize>,
+    strides: Strides,
+) -> CubeTensor<R> {
+    CubeTensor::new(
+        tensor.client.clone(),
+        handle,
+        Metadata::new(Shape::from(shape), strides),
         tensor.device.clone(),
         tensor.dtype,
     )

@@ -264,6 +264,26 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
     }
 }
 
+/// [`FusedCrossEntropyBackend::matmul_split_k`] on the inner backend, as one op.
+#[derive(Debug, Clone)]
+struct MatmulSplitKOp<B> {
+    desc: CustomOpIr,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedCrossEntropyBackend> Operation<B::FusionRuntime>
+    for MatmulSplitKOp<B>
+{
+    fn execute(&self, handles: &mut Handles<B>) {
+        let ([lhs, rhs], [output]) = self.desc.as_fixed();
+        let product = B::matmul_split_k(
+            handles.get_float_tensor::<B>(lhs),
+            handles.get_float_tensor::<B>(rhs),
+        );
+        handles.register_float_tensor::<B>(&output.id, product);
+    }
+}
+
 /// [`FusedCrossEntropyBackend::shard_contributions`] on the inner backend. Inputs: logits,
 /// targets, [weights, total]; output: the packed contributions.
 #[derive(Debug, Clone)]
@@ -603,6 +623,24 @@ impl<B: FusionBackend + FusedCrossEntropyBackend> FusedCrossEntropyBackend for F
         };
         let [summed] = declared_outputs(&client, streams, desc, op);
         summed
+    }
+
+    fn matmul_split_k(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        let client = lhs.client.clone();
+        let shape = Shape::new([lhs.shape[0], rhs.shape[1]]);
+        let output = TensorIr::uninit(client.create_empty_handle(), shape, lhs.dtype);
+        let streams = OperationStreams::with_inputs([&lhs, &rhs]);
+        let desc = CustomOpIr::new(
+            "fused_linear_cross_entropy_matmul_split_k",
+            &[lhs.into_ir(), rhs.into_ir()],
+            &[output],
+        );
+        let op = MatmulSplitKOp::<B> {
+            desc: desc.clone(),
+            _backend: PhantomData,
+        };
+        let [product] = declared_outputs(&client, streams, desc, op);
+        product
     }
 
     fn shard_contributions(

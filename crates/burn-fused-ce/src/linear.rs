@@ -50,12 +50,14 @@ pub struct LinearChunking {
     /// config lacks it).
     #[serde(default = "in_place_by_default")]
     pub weight_gradient_in_place: bool,
-    /// Form each chunk's hidden-state gradient `dlogits_c W^T` with the same in-place
-    /// matmul, into zeros ([`FusedCrossEntropyBackend::accumulate_product`]), rather than
-    /// with the backend's matmul (also where the backend cannot: no TMA, or rows not
-    /// 16-byte aligned). Off by default (also when a saved config lacks it).
-    #[serde(default)]
-    pub hidden_gradient_in_place: bool,
+    /// Form each chunk's hidden-state gradient `dlogits_c W^T` (`chunk x H`, too few
+    /// output tiles to occupy a large GPU, over the whole vocabulary) with the vocabulary
+    /// cut into slices multiplied side by side and summed in f32
+    /// ([`FusedCrossEntropyBackend::matmul_split_k`]), where the backend can (TMA) and
+    /// that fills more of the device; off: the backend's matmul. On by default (also when
+    /// a saved config lacks it).
+    #[serde(default = "split_k_by_default", alias = "hidden_gradient_in_place")]
+    pub hidden_gradient_split_k: bool,
 }
 
 impl Default for LinearChunking {
@@ -65,7 +67,7 @@ impl Default for LinearChunking {
             f32_weight_gradient: false,
             weight_gradient_block_bytes: None,
             weight_gradient_in_place: in_place_by_default(),
-            hidden_gradient_in_place: false,
+            hidden_gradient_split_k: split_k_by_default(),
         }
     }
 }
@@ -73,6 +75,13 @@ impl Default for LinearChunking {
 /// [`LinearChunking::weight_gradient_in_place`] when not given: on, as it leaves no
 /// `[H, V]` product beside the sum for about the time of forming and adding one.
 fn in_place_by_default() -> bool {
+    true
+}
+
+/// [`LinearChunking::hidden_gradient_split_k`] when not given: on, as the chunks'
+/// hidden-state gradients take the largest share of the time the fused step loses to
+/// the unfused head.
+fn split_k_by_default() -> bool {
     true
 }
 
@@ -374,13 +383,8 @@ impl<B: FusedCrossEntropyBackend> GradientSums<B> {
     /// weight and the bias.
     fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: Tensor<B, 2>) {
         let weight_t = typed.weight.clone().transpose();
-        self.hidden.push(if self.chunking.hidden_gradient_in_place {
-            let zeros = Tensor::<B, 2>::zeros(
-                [end - start, typed.weight.dims()[0]],
-                (&logits_grad.device(), logits_grad.dtype()),
-            );
-            float::<B, 2>(B::accumulate_product(
-                primitive(zeros),
+        self.hidden.push(if self.chunking.hidden_gradient_split_k {
+            float::<B, 2>(B::matmul_split_k(
                 primitive(logits_grad.clone()),
                 primitive(weight_t),
             ))

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 static POISON_OUTPUTS: AtomicBool = AtomicBool::new(false);
 static IN_PLACE_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
 static IN_PLACE_ACCUMULATES: AtomicUsize = AtomicUsize::new(0);
+static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static IN_PLACE_ACCUMULATE_REFUSAL: Mutex<Option<String>> = Mutex::new(None);
 
 /// Fill every output buffer with NaN before its kernel runs (one extra launch each).
@@ -53,4 +54,14 @@ pub(crate) fn note_in_place_accumulate_refusal(why: impl FnOnce() -> String) {
     {
         *refusal = Some(why());
     }
+}
+
+/// How many products ran split along their inner dimension so far
+/// ([`crate::FusedCrossEntropyBackend::matmul_split_k`] on a device with TMA).
+pub fn split_k_product_count() -> usize {
+    SPLIT_K_PRODUCTS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_split_k_product() {
+    SPLIT_K_PRODUCTS.fetch_add(1, Ordering::Relaxed);
 }
