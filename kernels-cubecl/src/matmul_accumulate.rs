@@ -225,8 +225,15 @@ pub fn split_k_slices<R: Runtime>(
     let Ok((_, launch_info)) = plan(client, (&lhs, &rhs), out, dtypes) else {
         return whole;
     };
-    let cubes = problem_cubes(&launch_info.cube_count_plan);
-    let sms = sms as u64;
+    slices_for(
+        problem_cubes(&launch_info.cube_count_plan),
+        sms as u64,
+        inner,
+    )
+}
+
+/// [`split_k_slices`] for a product of `cubes` cubes over `inner` columns on `sms` SMs.
+fn slices_for(cubes: u64, sms: u64, inner: usize) -> (usize, usize) {
     // The time of `slices` slices against one product: waves of cubes each over
     // `1 / slices` of the inner dimension.
     let time = |slices: usize| (cubes * slices as u64).div_ceil(sms) as f64 / slices as f64;
@@ -239,11 +246,12 @@ pub fn split_k_slices<R: Runtime>(
             best
         }
     });
-    if slices == 1 {
-        return whole;
-    }
     let slice = (inner / slices) / SLICE_STEP * SLICE_STEP;
-    if slice == 0 { whole } else { (slices, slice) }
+    if slices == 1 || slice == 0 {
+        (1, inner)
+    } else {
+        (slices, slice)
+    }
 }
 
 /// The cubes of a launch plan's problem: its output tiles times its batches.
@@ -286,4 +294,25 @@ fn blueprint<R: Runtime>(
     )?;
     dtypes.acc_stage = dtypes.acc_register;
     Ok(ExpandInfo { blueprint, dtypes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slices_for;
+
+    #[test]
+    fn slices_fill_whole_waves() {
+        // 1664 x 2048 (104 tiles) on an H200's 132 SMs: 4 waves of 5 slices.
+        assert_eq!(slices_for(104, 132, 151_936), (5, 30_336));
+        // An output that already fills its waves, or nearly: no split.
+        assert_eq!(slices_for(256, 132, 128_256), (1, 128_256));
+        assert_eq!(slices_for(1024, 132, 151_936), (1, 151_936));
+        // One tile: as many slices as the inner dimension allows, a multiple of 64
+        // columns each, the rest left over.
+        assert_eq!(slices_for(1, 132, 1000), (3, 320));
+        assert_eq!(slices_for(1, 132, 100_000), (8, 12_480));
+        // Too short to cut, or no slots to fill.
+        assert_eq!(slices_for(1, 132, 300), (1, 300));
+        assert_eq!(slices_for(13, 1, 1 << 20), (1, 1 << 20));
+    }
 }
