@@ -507,8 +507,8 @@ where
 /// Each chunk's hidden-state gradient split along the vocabulary
 /// (`hidden_gradient_split_k`): 1000 classes in 3 slices of 320 and 40 left over, chunks
 /// of 64 rows (an output of one tile) and a last one of 8, in f32 and in the widest half
-/// type; 1000 classes of 96 rows unsplit (off) beside it. Where the device has TMA, the
-/// split must have run.
+/// type; 1000 classes of 96 rows with the option off beside it. Where the device has
+/// TMA, the split must have run.
 fn check_hidden_gradient_split_k<B: FusedCrossEntropyBackend>()
 where
     B::Device: Default,
@@ -530,16 +530,11 @@ where
             "no chunk's hidden-state gradient was split",
         );
     }
+    // Off: the backend's matmul (the counter is the process's, shared with tests
+    // running beside this one, so only the values are checked).
     let mut unsplit = LinearCase::new(96, 64, 1000, DType::F32, Reduction::Mean);
     unsplit.split_k = false;
-    let before = test_hooks::split_k_product_count();
     check_linear_case::<B>(unsplit);
-    assert_eq!(
-        test_hooks::split_k_product_count(),
-        before,
-        "{}: split with hidden_gradient_split_k off",
-        short_name::<B>()
-    );
 }
 
 /// Checks `case`, which must have moved the test-hook counter `count` at least once where
