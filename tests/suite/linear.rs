@@ -921,14 +921,20 @@ fn linear_extra_outputs() {
 fn chunk_rows_follow_the_budget() {
     let chunking = LinearChunking::default();
     // 512 MiB of bf16 logits of 128256 classes hold 2092 rows: 8192 rows take 4 chunks,
-    // of 2048 rows each (a multiple of 128).
+    // of 2048 rows each (a multiple of 256).
     assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 2048);
-    // 151936 classes: 1766 rows fit, 1664 is the multiple of 128 below; 16384 rows take
-    // 10 chunks, of 1664 (1639 rounded up) but the last.
-    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 1664);
+    // 151936 classes: 1766 rows fit, 1536 is the multiple of 256 below; 16384 rows take
+    // 11 chunks, of 1536 (1490 rounded up) but the last.
+    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 1536);
     assert_eq!(chunking.rows_per_chunk(2000, 128_256, DType::BF16), 2000);
-    // 2200 rows: two chunks of 1152 (1100 rounded up to a multiple of 128) and 1048.
-    assert_eq!(chunking.rows_per_chunk(2200, 128_256, DType::BF16), 1152);
+    // 2200 rows: two chunks of 1280 (1100 rounded up to a multiple of 256) and 920.
+    assert_eq!(chunking.rows_per_chunk(2200, 128_256, DType::BF16), 1280);
+    // 200 rows a chunk fit: a multiple of 128 below 256 rows.
+    let small_budget = LinearChunking {
+        logits_bytes: Some(200 * 1000 * 4),
+        ..LinearChunking::default()
+    };
+    assert_eq!(small_budget.rows_per_chunk(1000, 1000, DType::F32), 128);
     // 256 MiB: 1046 rows fit; 8192 rows take 8 chunks of 1024, not seven of 1040 and
     // one of 912.
     let quarter_gib = LinearChunking {
@@ -937,7 +943,7 @@ fn chunk_rows_follow_the_budget() {
     };
     assert_eq!(quarter_gib.rows_per_chunk(8192, 128_256, DType::BF16), 1024);
     // Within a device's largest buffer: 128 MiB of f32 logits of 50257 classes hold 667
-    // rows, 640 in whole tiles; 2000 rows take 4 chunks of 512 (500 rounded up).
+    // rows, 512 in whole stages; 2000 rows take 4 chunks of 512 (500 rounded up).
     let lavapipe = chunking.within(Some(128 << 20));
     assert_eq!(lavapipe.rows_per_chunk(2000, 50_257, DType::F32), 512);
     assert_eq!(lavapipe.logits_bytes, Some(128 << 20));

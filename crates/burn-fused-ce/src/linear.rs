@@ -95,20 +95,25 @@ const MIN_CHUNK_ROWS: usize = 16;
 /// tile of the chunk's matmuls runs mostly empty.
 const TILE_ROWS: usize = 128;
 
+/// Rows of the tiles cubek-matmul's TMA kernels take on the chunks' `[rows, V]` logits and
+/// gradient (its stage along M): chunks of more rows than this are a multiple of it, so
+/// that no row of tiles runs half empty.
+const STAGE_ROWS: usize = 256;
+
 impl LinearChunking {
     /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`. The budget holds
-    /// `fit` rows, rounded down to a multiple of [`TILE_ROWS`] (of 16 below that, at
-    /// least [`MIN_CHUNK_ROWS`]); the rows are then spread evenly over as many chunks as
-    /// that takes, each rounded up to the same multiple, so that the last chunk is not a
-    /// sliver: 8192 rows that fit 1046 at a time go in 8 chunks of 1024.
+    /// `fit` rows, rounded down to a multiple of [`STAGE_ROWS`] (of [`TILE_ROWS`], then of
+    /// 16, below that; at least [`MIN_CHUNK_ROWS`]); the rows are then spread evenly over
+    /// as many chunks as that takes, each rounded up to the same multiple, so that the
+    /// last chunk is not a sliver: 8192 rows that fit 1046 at a time go in 8 chunks of
+    /// 1024.
     pub fn rows_per_chunk(&self, rows: usize, vocab: usize, dtype: DType) -> usize {
         let budget = self.logits_bytes.unwrap_or(DEFAULT_LOGITS_BYTES);
         let fit = budget / (vocab * dtype.size()).max(1);
-        let step = if fit >= TILE_ROWS {
-            TILE_ROWS
-        } else {
-            MIN_CHUNK_ROWS
-        };
+        let step = [STAGE_ROWS, TILE_ROWS]
+            .into_iter()
+            .find(|&step| fit >= step)
+            .unwrap_or(MIN_CHUNK_ROWS);
         let fit = (fit - fit % step).max(MIN_CHUNK_ROWS);
         if rows <= fit {
             return rows.max(1);
