@@ -52,10 +52,11 @@ type Specialized = SpecializedAlgorithm;
 
 /// `out += lhs rhs` for `lhs [M, K]`, `rhs [K, N]` and `out [M, N]` of the given dtypes,
 /// `out` updated in place; or for a batch of them (`[B, M, K]`, `[B, K, N]`, `[B, M, N]`,
-/// each operand's batch at any stride: slices of one matrix, [`split_k_slices`]). `lhs` and `rhs` may be transposed views (TMA reads either
-/// layout); `out`'s rows must be contiguous (its row stride may be padded, as CUDA
-/// allocations are). An error where the device has no TMA, or the shapes,
-/// layouts or alignment do not suit the kernel: callers then form the product and add it.
+/// each operand's batch at any stride: slices of one matrix, [`split_k_slices`]). `lhs`
+/// and `rhs` may be transposed views (TMA reads either layout); `out`'s rows must be
+/// contiguous (its row stride may be padded, as CUDA allocations are). An error where the
+/// device has no TMA, or the shapes, layouts or alignment do not suit the kernel: callers
+/// then form the product and add it.
 pub fn launch_matmul_accumulate<R: Runtime>(
     client: &ComputeClient<R>,
     lhs: (TensorBinding<R>, StorageType),
@@ -192,9 +193,9 @@ const SLICE_STEP: usize = 64;
 ///
 /// The kernel runs one cube per SM at a time, all cubes of a launch over the same inner
 /// length, so a launch takes `ceil(cubes / SMs)` equal waves: a chunk's hidden-state
-/// gradient of `chunk x H` (104 tiles of 1664 x 2048) leaves a fifth of the 132 SMs of an
-/// H200 idle for its whole inner dimension (the vocabulary); in 5 slices, 520 tiles a
-/// fifth as long fill 4 waves.
+/// gradient of `chunk x H` (96 tiles of 256 x 128 for 1536 x 2048) leaves 36 of the 132
+/// SMs of an H200 idle for its whole inner dimension (the vocabulary); in 4 slices, 384
+/// tiles a fourth as long fill 3 waves.
 pub fn split_k_slices<R: Runtime>(
     client: &ComputeClient<R>,
     lhs: (&TensorBinding<R>, StorageType),
@@ -302,8 +303,10 @@ mod tests {
 
     #[test]
     fn slices_fill_whole_waves() {
-        // 1664 x 2048 (104 tiles) on an H200's 132 SMs: 4 waves of 5 slices.
-        assert_eq!(slices_for(104, 132, 151_936), (5, 30_336));
+        // 1536 x 2048 (96 tiles) on an H200's 132 SMs: 3 waves of 4 slices; 1664 x 2048
+        // (112 tiles): 6 waves of 7.
+        assert_eq!(slices_for(96, 132, 151_936), (4, 37_952));
+        assert_eq!(slices_for(112, 132, 151_936), (7, 21_696));
         // An output that already fills its waves, or nearly: no split.
         assert_eq!(slices_for(256, 132, 128_256), (1, 128_256));
         assert_eq!(slices_for(1024, 132, 151_936), (1, 151_936));
