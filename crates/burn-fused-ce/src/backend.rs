@@ -242,8 +242,7 @@ pub trait FusedCrossEntropyBackend: Backend {
     /// ([`LinearChunking::hidden_gradient_split_k`]). The default is the backend's
     /// matmul. Cube backends on devices with TMA (Hopper and later) split where that fills
     /// more of the SMs (`fused_ce_kernels::split_k_slices`), one launch of the in-place
-    /// matmul for all slices into f32 zeros, and elsewhere run that matmul unsplit into
-    /// zeros; fusion backends run that as one custom op.
+    /// matmul for all slices into f32 zeros; fusion backends run that as one custom op.
     fn matmul_split_k(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         primitive(float::<Self, 2>(lhs).matmul(float::<Self, 2>(rhs)))
     }

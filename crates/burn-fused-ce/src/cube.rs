@@ -19,10 +19,10 @@ use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
     GradientTarget, IncomingGradient, KernelTuning, LossSettings, OnePassBuffers, OnePassPlan,
     OnePassScratch, PackOptions, RowLaunch, ShardGradientOptions, ShardRowsOptions, ShardScalars,
-    WeightArgs, has_tma, launch_backward, launch_first_bad_target, launch_forward,
-    launch_matmul_accumulate, launch_one_pass, launch_pack_shard_rows, launch_reduce_stats,
-    launch_scale_gradient, launch_shard_gradient_rows, launch_shard_targets,
-    launch_whole_vocabulary_rows, row_stat, scale_slot, split_k_slices, tma_readable_copy,
+    WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_matmul_accumulate,
+    launch_one_pass, launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient,
+    launch_shard_gradient_rows, launch_shard_targets, launch_whole_vocabulary_rows, row_stat,
+    scale_slot, split_k_slices, tma_readable_copy,
 };
 
 use crate::{
@@ -660,22 +660,10 @@ where
             rhs.meta.shape()[1],
         );
         let client = &lhs.client;
+        // Unsplit, Burn's autotuned matmul: the in-place kernel alone is faster on some
+        // chunks and slower on others.
         if slices < 2 {
-            // Unsplit, the same kernel where it runs: on these shapes it outruns the
-            // matmul Burn's autotune picks.
-            if !has_tma(client) {
-                return plain(lhs, rhs);
-            }
-            let out = primitive(Tensor::<Self, 2>::zeros([m, n], (&lhs.device, lhs.dtype)));
-            return match launch_matmul_accumulate(
-                client,
-                operand(&lhs),
-                operand(&rhs),
-                operand(&out),
-            ) {
-                Ok(()) => out,
-                Err(_) => plain(lhs, rhs),
-            };
+            return plain(lhs, rhs);
         }
         let partial = primitive(Tensor::<Self, 3>::zeros(
             [slices, m, n],
