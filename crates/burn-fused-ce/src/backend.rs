@@ -244,7 +244,7 @@ pub trait FusedCrossEntropyBackend: Backend {
     /// more of the SMs (`fused_ce_kernels::split_k_slices`), one launch of the in-place
     /// matmul for all slices into f32 zeros; fusion backends run that as one custom op.
     fn matmul_split_k(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        primitive(float::<Self, 2>(lhs).matmul(float::<Self, 2>(rhs)))
+        product::<Self>(lhs, rhs)
     }
 
     /// The fused linear cross-entropy (see [`crate::try_fused_linear_cross_entropy`]):
@@ -372,6 +372,11 @@ pub(crate) fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Te
     Tensor::from_primitive(TensorPrimitive::Float(primitive))
 }
 
+/// `lhs rhs` for 2-D `lhs` and `rhs`, by the backend's matmul.
+pub(crate) fn product<B: Backend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>) -> FloatTensor<B> {
+    primitive(float::<B, 2>(lhs).matmul(float::<B, 2>(rhs)))
+}
+
 /// `sum + lhs rhs` by tensor ops: the whole product, taken to `sum`'s dtype, then added
 /// (the default of [`FusedCrossEntropyBackend::accumulate_product`]).
 pub(crate) fn product_added<B: Backend>(
@@ -380,7 +385,7 @@ pub(crate) fn product_added<B: Backend>(
     rhs: FloatTensor<B>,
 ) -> FloatTensor<B> {
     let sum = float::<B, 2>(sum);
-    let product = float::<B, 2>(lhs).matmul(float::<B, 2>(rhs));
+    let product = float::<B, 2>(product::<B>(lhs, rhs));
     let product = if product.dtype() == sum.dtype() {
         product
     } else {

@@ -28,7 +28,7 @@ use fused_ce_kernels::{
 use crate::{
     backend::{
         CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale, Reduced, RowStats,
-        TwoPassBackward, float, lse_row, primitive, product_added, reduce_stats,
+        TwoPassBackward, float, lse_row, primitive, product, product_added, reduce_stats,
     },
     incoming_guess::next_guess,
     options::{CrossEntropyOptions, Reduction},
@@ -76,12 +76,11 @@ fn with_leading_one<R: CubeRuntime>(tensor: CubeTensor<R>, rank: usize) -> CubeT
     new_shape.extend(shape.iter().copied());
     let mut new_strides = vec![shape[0] * strides[0].max(1)];
     new_strides.extend(strides.iter().copied());
-    CubeTensor::new(
-        tensor.client.clone(),
+    view_of(
+        &tensor,
         tensor.handle.clone(),
-        Metadata::new(Shape::from(new_shape), Strides::from(new_strides)),
-        tensor.device.clone(),
-        tensor.dtype,
+        Shape::from(new_shape),
+        Strides::from(new_strides),
     )
 }
 
@@ -642,9 +641,8 @@ where
     }
 
     fn matmul_split_k(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {
-        let plain = |lhs, rhs| primitive(float::<Self, 2>(lhs).matmul(float::<Self, 2>(rhs)));
         if lhs.dtype != rhs.dtype || lhs.meta.num_dims() != 2 || rhs.meta.num_dims() != 2 {
-            return plain(lhs, rhs);
+            return product::<Self>(lhs, rhs);
         }
         let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
         let (lhs_operand, rhs_operand) = (operand(&lhs), operand(&rhs));
@@ -654,17 +652,17 @@ where
             (&rhs_operand.0, rhs_operand.1),
             DType::F32.into(),
         );
+        // Unsplit, Burn's autotuned matmul: the in-place kernel alone is faster on some
+        // chunks and slower on others.
+        if slices < 2 {
+            return product::<Self>(lhs, rhs);
+        }
         let (m, inner, n) = (
             lhs.meta.shape()[0],
             lhs.meta.shape()[1],
             rhs.meta.shape()[1],
         );
         let client = &lhs.client;
-        // Unsplit, Burn's autotuned matmul: the in-place kernel alone is faster on some
-        // chunks and slower on others.
-        if slices < 2 {
-            return plain(lhs, rhs);
-        }
         let partial = primitive(Tensor::<Self, 3>::zeros(
             [slices, m, n],
             (&lhs.device, DType::F32),
@@ -677,14 +675,14 @@ where
             shape[inner_dim] = slice;
             shape.insert(0, slices);
             let batch = Strides::from(vec![slice * strides[inner_dim], strides[0], strides[1]]);
-            let slices_view = view_of(tensor, tensor.handle.clone(), shape, batch);
+            let slices_view = view_of(tensor, tensor.handle.clone(), Shape::from(shape), batch);
             let used = (slices * slice * strides[inner_dim] * tensor.elem_size()) as u64;
             let mut shape = tensor.meta.shape().to_vec();
             shape[inner_dim] = inner - slices * slice;
             let rest = view_of(
                 tensor,
                 tensor.handle.clone().offset_start(used),
-                shape,
+                Shape::from(shape),
                 strides.clone(),
             );
             (slices_view, rest)
@@ -693,7 +691,7 @@ where
         let first = view_of(
             &partial,
             partial.handle.clone(),
-            vec![m, n],
+            Shape::new([m, n]),
             Strides::from(vec![n, 1]),
         );
         let launched = launch_matmul_accumulate(
@@ -714,8 +712,9 @@ where
                 Ok(())
             }
         });
-        if launched.is_err() {
-            return plain(lhs, rhs);
+        if let Err(error) = launched {
+            test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
+            return product::<Self>(lhs, rhs);
         }
         test_hooks::count_split_k_product();
         let summed = float::<Self, 3>(partial).sum_dim(0).reshape([m, n]);
@@ -961,13 +960,7 @@ fn reshaped<R: CubeRuntime>(tensor: CubeTensor<R>, shape: Shape) -> CubeTensor<R
     let strides = tensor.meta.strides();
     let dropped = strides.len() - shape.num_dims();
     let strides = Strides::from(strides[dropped..].to_vec());
-    CubeTensor::new(
-        tensor.client.clone(),
-        tensor.handle.clone(),
-        Metadata::new(shape, strides),
-        tensor.device.clone(),
-        tensor.dtype,
-    )
+    view_of(&tensor, tensor.handle.clone(), shape, strides)
 }
 
 /// `tensor`'s buffer from `handle` (its own, or a later start in it) seen with `shape` and
@@ -975,13 +968,13 @@ fn reshaped<R: CubeRuntime>(tensor: CubeTensor<R>, shape: Shape) -> CubeTensor<R
 fn view_of<R: CubeRuntime>(
     tensor: &CubeTensor<R>,
     handle: cubecl::server::Handle,
-    shape: Vec<usize>,
+    shape: Shape,
     strides: Strides,
 ) -> CubeTensor<R> {
     CubeTensor::new(
         tensor.client.clone(),
         handle,
-        Metadata::new(Shape::from(shape), strides),
+        Metadata::new(shape, strides),
         tensor.device.clone(),
         tensor.dtype,
     )

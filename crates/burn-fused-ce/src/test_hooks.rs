@@ -39,8 +39,8 @@ pub(crate) fn count_in_place_accumulate() {
     IN_PLACE_ACCUMULATES.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Why the last weight-gradient product that could not be summed in place was refused
-/// (the in-place matmul's error), if one was.
+/// Why the in-place matmul last refused a product it was given (its error: a weight
+/// gradient summed in place, or a split hidden-state gradient), if it did.
 pub fn in_place_accumulate_refusal() -> Option<String> {
     IN_PLACE_ACCUMULATE_REFUSAL
         .lock()
