@@ -399,15 +399,25 @@ fn matmul_breakdown(
                 );
                 #[cfg(feature = "cuda")]
                 {
+                    use fused_ce_kernels::PlaneRows;
                     let shape = (part, width, vocab, dtype);
+                    let timing = (warmup, reps);
                     let in_place = [
                         (
-                            "grad_W += h^T dlogits, in place",
-                            in_place_weight_gradient(shape, (warmup, reps), device),
+                            "grad_W += h^T dlogits, in place, 1 row",
+                            in_place_weight_gradient(shape, timing, PlaneRows::One, device),
                         ),
                         (
-                            "grad_h += dlogits W^T, in place",
-                            in_place_hidden_gradient(shape, (warmup, reps), device),
+                            "grad_W += h^T dlogits, in place, 2 rows",
+                            in_place_weight_gradient(shape, timing, PlaneRows::Two, device),
+                        ),
+                        (
+                            "grad_h += dlogits W^T, in place, 1 row",
+                            in_place_hidden_gradient(shape, timing, PlaneRows::One, device),
+                        ),
+                        (
+                            "grad_h += dlogits W^T, in place, 2 rows",
+                            in_place_hidden_gradient(shape, timing, PlaneRows::Two, device),
                         ),
                     ];
                     for (name, measured) in in_place {
@@ -504,50 +514,66 @@ fn relative_distance<Bk: Backend>(got: Tensor<Bk, 2>, expected: Tensor<Bk, 2>) -
 
 /// The weight gradient's chunk product summed in place (`sum += h_c^T dlogits_c`, one
 /// kernel: cubek-matmul's specialized TMA matmul reading `sum` as its accumulator), on the
-/// plain cube backend ([`in_place_product`]). The fused linear cross-entropy sums with it
-/// under `LinearChunking::weight_gradient_in_place`.
+/// plain cube backend ([`in_place_product`]), with `plane_rows` rows of tiles per plane.
+/// The fused linear cross-entropy sums with it under
+/// `LinearChunking::weight_gradient_in_place`.
 #[cfg(feature = "cuda")]
 fn in_place_weight_gradient(
     (rows, width, vocab, dtype): (usize, usize, usize, DType),
     (warmup, reps): (usize, usize),
+    plane_rows: fused_ce_kernels::PlaneRows,
     device: &Device,
 ) -> Result<(f64, f64), String> {
     let uniform = Distribution::Uniform(-1.0, 1.0);
     let hidden = Tensor::<CubeOnly, 2>::random([rows, width], uniform, device).cast(dtype);
     let grad = Tensor::<CubeOnly, 2>::random([rows, vocab], uniform, device).cast(dtype);
     let start = Tensor::<CubeOnly, 2>::random([width, vocab], uniform, device).cast(dtype);
-    in_place_product(hidden.transpose(), grad, start, (warmup, reps), device)
+    in_place_product(
+        (hidden.transpose(), grad, start),
+        (warmup, reps),
+        plane_rows,
+        device,
+    )
 }
 
 /// A chunk's hidden-state gradient by the same in-place kernel (`out += dlogits_c W^T`
-/// into a random `out`, [`in_place_product`]), unsplit: the rate the split
-/// (`LinearChunking::hidden_gradient_split_k`) starts from.
+/// into a random `out`, [`in_place_product`]), unsplit, with `plane_rows` rows of tiles
+/// per plane: the rate the split (`LinearChunking::hidden_gradient_split_k`) starts from.
 #[cfg(feature = "cuda")]
 fn in_place_hidden_gradient(
     (rows, width, vocab, dtype): (usize, usize, usize, DType),
     (warmup, reps): (usize, usize),
+    plane_rows: fused_ce_kernels::PlaneRows,
     device: &Device,
 ) -> Result<(f64, f64), String> {
     let uniform = Distribution::Uniform(-1.0, 1.0);
     let grad = Tensor::<CubeOnly, 2>::random([rows, vocab], uniform, device).cast(dtype);
     let weight = Tensor::<CubeOnly, 2>::random([width, vocab], uniform, device).cast(dtype);
     let start = Tensor::<CubeOnly, 2>::random([rows, width], uniform, device).cast(dtype);
-    in_place_product(grad, weight.transpose(), start, (warmup, reps), device)
+    in_place_product(
+        (grad, weight.transpose(), start),
+        (warmup, reps),
+        plane_rows,
+        device,
+    )
 }
 
 #[cfg(feature = "cuda")]
 type CubeOnly = fused_ce_suite::CubeBackend;
 
 /// `sum += lhs rhs` in place by `fused_ce_kernels::launch_matmul_accumulate` on the plain
-/// cube backend: the median of `reps` synced launches after `warmup`
+/// cube backend, tiled with `plane_rows` rows per plane: the median of `reps` synced launches after `warmup`
 /// ([`measure`]), and the relative L2 distance of one launch's result from
 /// `start + lhs rhs` formed by Burn's matmul.
 #[cfg(feature = "cuda")]
 fn in_place_product(
-    lhs: Tensor<CubeOnly, 2>,
-    rhs: Tensor<CubeOnly, 2>,
-    start: Tensor<CubeOnly, 2>,
+    (lhs, rhs, start): (
+        Tensor<CubeOnly, 2>,
+        Tensor<CubeOnly, 2>,
+        Tensor<CubeOnly, 2>,
+    ),
     (warmup, reps): (usize, usize),
+    plane_rows: fused_ce_kernels::PlaneRows,
     device: &Device,
 ) -> Result<(f64, f64), String> {
     use fused_ce_suite::kernel_operand;
@@ -558,6 +584,7 @@ fn in_place_product(
             kernel_operand(lhs.clone()),
             kernel_operand(rhs.clone()),
             kernel_operand(sum.clone()),
+            plane_rows,
         )
         .map_err(|e| format!("{e:?}"))
     };

@@ -29,7 +29,7 @@ pub use launch::{
     launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient, launch_shard_gradient_rows,
     launch_shard_targets, launch_whole_vocabulary_rows,
 };
-pub use matmul_accumulate::{launch_matmul_accumulate, split_k_slices};
+pub use matmul_accumulate::{PlaneRows, launch_matmul_accumulate, split_k_slices};
 pub use one_pass::{
     OnePassOptions, PARTIAL_SLOTS, UNPUBLISHED, cross_entropy_one_pass_kernel,
     one_pass_prologue_kernel, scale_slot,

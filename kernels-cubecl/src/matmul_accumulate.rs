@@ -50,18 +50,56 @@ use crate::tma_rows::{has_tma, tma_readable};
 /// The routine: warp-specialized, TMA loads, `mma` tiles.
 type Specialized = SpecializedAlgorithm;
 
+/// How many rows of `mma` tiles each computing plane of the kernel takes. The cube's
+/// output tile is the same either way (256 x 128 for bf16 on Hopper): sixteen computing
+/// planes of one row of tiles each, or eight of two, which load each tile of the right
+/// operand once for both rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlaneRows {
+    /// One row of tiles per plane.
+    One,
+    /// Two rows of tiles per plane.
+    Two,
+}
+
+/// Inner length from which [`PlaneRows::for_inner`] gives each plane two rows.
+const LONG_INNER: usize = 16_384;
+
+impl PlaneRows {
+    /// The rows per plane for a product over `inner` columns: two over a long inner
+    /// dimension (a chunk's hidden-state gradient, over the vocabulary), where the main
+    /// loop is all the time; one over a short one (a chunk's weight-gradient product,
+    /// over the chunk's rows), where reading and writing the sum weigh more.
+    pub fn for_inner(inner: usize) -> Self {
+        if inner >= LONG_INNER {
+            Self::Two
+        } else {
+            Self::One
+        }
+    }
+
+    fn strategy(self) -> MultiRowStrategy {
+        match self {
+            Self::One => MultiRowStrategy::Never,
+            Self::Two => MultiRowStrategy::Always(2),
+        }
+    }
+}
+
 /// `out += lhs rhs` for `lhs [M, K]`, `rhs [K, N]` and `out [M, N]` of the given dtypes,
 /// `out` updated in place; or for a batch of them (`[B, M, K]`, `[B, K, N]`, `[B, M, N]`,
 /// each operand's batch at any stride: slices of one matrix, [`split_k_slices`]). `lhs`
 /// and `rhs` may be transposed views (TMA reads either layout); `out`'s rows must be
-/// contiguous (its row stride may be padded, as CUDA allocations are). An error where the
-/// device has no TMA, or the shapes, layouts or alignment do not suit the kernel: callers
-/// then form the product and add it.
+/// contiguous (its row stride may be padded, as CUDA allocations are). `rows`: the tiling
+/// ([`PlaneRows::for_inner`] picks it from the inner length). An error where the device
+/// has no TMA, or the shapes, layouts or alignment do not suit the kernel: callers then
+/// form the product and add it.
 pub fn launch_matmul_accumulate<R: Runtime>(
     client: &ComputeClient<R>,
     lhs: (TensorBinding<R>, StorageType),
     rhs: (TensorBinding<R>, StorageType),
     out: (TensorBinding<R>, StorageType),
+    rows: PlaneRows,
 ) -> Result<(), MatmulSetupError> {
     if !has_tma(client) {
         return Err(MatmulSetupError::Unavailable(
@@ -92,6 +130,7 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         (&lhs, &rhs),
         (out.shape.clone(), out.strides.clone(), out_address),
         dtypes,
+        rows,
     )?;
 
     let acc_view = ViewArg::new_tensor::<GlobalLayout>(
@@ -125,12 +164,13 @@ pub fn launch_matmul_accumulate<R: Runtime>(
 }
 
 /// The problem and the kernel's launch for `lhs rhs` into an output of the given shape,
-/// strides and address type, of the given dtypes.
+/// strides and address type, of the given dtypes, tiled as `rows` says.
 fn plan<R: Runtime>(
     client: &ComputeClient<R>,
     (lhs, rhs): (&InputBinding<R>, &InputBinding<R>),
     (out_shape, out_strides, out_address): (Shape, Strides, AddressType),
     dtypes: MatmulElems,
+    rows: PlaneRows,
 ) -> Result<(MatmulProblem, LaunchInfo<TilingBlueprint>), MatmulSetupError> {
     let features = &client.properties().features;
     for dtype in [dtypes.lhs_global, dtypes.rhs_global, dtypes.acc_global] {
@@ -169,7 +209,7 @@ fn plan<R: Runtime>(
     let launch_info = <Specialized as Routine<()>>::prepare(
         &problem,
         &settings,
-        blueprint(&problem, &settings)?,
+        blueprint(&problem, &settings, rows)?,
     )?;
     Ok((problem, launch_info))
 }
@@ -223,7 +263,8 @@ pub fn split_k_slices<R: Runtime>(
         InputBinding::new(lhs.0.clone(), lhs.1),
         InputBinding::new(rhs.0.clone(), rhs.1),
     );
-    let Ok((_, launch_info)) = plan(client, (&lhs, &rhs), out, dtypes) else {
+    // The tiling does not change the output tiles, hence the cube count.
+    let Ok((_, launch_info)) = plan(client, (&lhs, &rhs), out, dtypes, PlaneRows::One) else {
         return whole;
     };
     slices_for(
@@ -267,12 +308,13 @@ fn problem_cubes(plan: &CubeCountPlan) -> u64 {
 }
 
 /// The specialized routine's own blueprint inference for `mma` tiles, with two changes:
-/// the accumulator's stage is f32 (see the module's note), and each plane takes one row of
-/// tiles (cubek's default gives planes two rows on tall problems, which the in-place sum
-/// runs slower with).
+/// the accumulator's stage is f32 (see the module's note), and each plane takes the rows
+/// of tiles `rows` says (cubek's default gives planes two rows on tall problems, whatever
+/// their inner length).
 fn blueprint<R: Runtime>(
     problem: &MatmulProblem,
     settings: &DeviceSettings<R>,
+    rows: PlaneRows,
 ) -> Result<ExpandInfo<TilingBlueprint>, MatmulSetupError> {
     let tile_matmul = TileMatmulKind::Mma;
     let mut dtypes = MatmulElems::from_globals(&problem.global_dtypes);
@@ -288,7 +330,7 @@ fn blueprint<R: Runtime>(
         &settings.vector_sizes,
         PlaneTilingBlueprintOptions {
             specialized: true,
-            multi_row_strategy: MultiRowStrategy::Never,
+            multi_row_strategy: rows.strategy(),
             swizzled: tile_matmul.should_swizzle(&settings.client),
             ..Default::default()
         },

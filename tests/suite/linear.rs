@@ -561,13 +561,14 @@ fn check_ran<B: FusedCrossEntropyBackend>(
 
 /// The in-place kernel itself, `sum += lhs rhs`, against an f64 reference from the same
 /// inputs: sums of each dtype (and f32 sums of half inputs), contiguous and with padded
-/// rows, a transposed `lhs` as the weight gradient has it, and shapes past the sizes
-/// where cubek-matmul's tiling changes (one row of tiles per plane or two, narrow and
-/// wide stages). Where the device has no TMA the kernel must refuse, and callers form the
+/// rows, a transposed `lhs` as the weight gradient has it, one row of tiles per plane and
+/// two, and shapes past the sizes where cubek-matmul's tiling changes (narrow and wide
+/// stages). Where the device has no TMA the kernel must refuse, and callers form the
 /// product and add it.
 #[test]
 fn matmul_accumulate_adds_the_product_to_the_sum() {
     use burn::tensor::Distribution;
+    use fused_ce_kernels::PlaneRows;
     use fused_ce_suite::kernel_operand;
     type C = fused_ce_suite::CubeBackend;
     let _only_us = exclusive_device();
@@ -587,7 +588,16 @@ fn matmul_accumulate_adds_the_product_to_the_sum() {
         .take(shapes.len() * cases.len())
         .enumerate()
     {
-        let context = format!("{m}x{cols}x{k}, {input:?} inputs, {sum_dtype:?} sum, seed={seed}");
+        // Every dtype case tiled both ways, over different shapes.
+        let plane_rows = if (n / cases.len()) % 2 == 1 {
+            PlaneRows::Two
+        } else {
+            PlaneRows::One
+        };
+        let context = format!(
+            "{m}x{cols}x{k}, {input:?} inputs, {sum_dtype:?} sum, {plane_rows:?} rows per plane, \
+             seed={seed}"
+        );
         C::seed(&device, seed.wrapping_add(n as u64));
         let uniform = Distribution::Uniform(-1.0, 1.0);
         // The product and the sum of the same size, so that neither hides the other.
@@ -616,6 +626,7 @@ fn matmul_accumulate_adds_the_product_to_the_sum() {
             kernel_operand(rows.clone().transpose()),
             kernel_operand(rhs.clone()),
             kernel_operand(sum.clone()),
+            plane_rows,
         );
         if !tma {
             assert!(

@@ -240,9 +240,11 @@ pub trait FusedCrossEntropyBackend: Backend {
     /// output alone has too few tiles to occupy the device: each chunk's hidden-state
     /// gradient, `chunk x H` over the whole vocabulary
     /// ([`LinearChunking::hidden_gradient_split_k`]). The default is the backend's
-    /// matmul. Cube backends on devices with TMA (Hopper and later) split where that fills
-    /// more of the SMs (`fused_ce_kernels::split_k_slices`), one launch of the in-place
-    /// matmul for all slices into f32 zeros; fusion backends run that as one custom op.
+    /// matmul. Cube backends on devices with TMA (Hopper and later) run the in-place
+    /// matmul (`fused_ce_kernels::launch_matmul_accumulate`, two rows of tiles per plane
+    /// over a long inner dimension): split where that fills more of the SMs
+    /// (`fused_ce_kernels::split_k_slices`), one launch for all slices into f32 zeros;
+    /// otherwise unsplit into zeros. Fusion backends run that as one custom op.
     fn matmul_split_k(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         product::<Self>(lhs, rhs)
     }

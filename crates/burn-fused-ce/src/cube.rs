@@ -18,11 +18,11 @@ use cubecl::server::CopyDescriptor;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
     GradientTarget, IncomingGradient, KernelTuning, LossSettings, OnePassBuffers, OnePassPlan,
-    OnePassScratch, PackOptions, RowLaunch, ShardGradientOptions, ShardRowsOptions, ShardScalars,
-    WeightArgs, launch_backward, launch_first_bad_target, launch_forward, launch_matmul_accumulate,
-    launch_one_pass, launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient,
-    launch_shard_gradient_rows, launch_shard_targets, launch_whole_vocabulary_rows, row_stat,
-    scale_slot, split_k_slices, tma_readable_copy,
+    OnePassScratch, PackOptions, PlaneRows, RowLaunch, ShardGradientOptions, ShardRowsOptions,
+    ShardScalars, WeightArgs, has_tma, launch_backward, launch_first_bad_target, launch_forward,
+    launch_matmul_accumulate, launch_one_pass, launch_pack_shard_rows, launch_reduce_stats,
+    launch_scale_gradient, launch_shard_gradient_rows, launch_shard_targets,
+    launch_whole_vocabulary_rows, row_stat, scale_slot, split_k_slices, tma_readable_copy,
 };
 
 use crate::{
@@ -628,7 +628,14 @@ where
             return product_added::<Self>(sum, lhs, rhs);
         }
         let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
-        match launch_matmul_accumulate(&sum.client, operand(&lhs), operand(&rhs), operand(&sum)) {
+        let rows = PlaneRows::for_inner(lhs.meta.shape()[1]);
+        match launch_matmul_accumulate(
+            &sum.client,
+            operand(&lhs),
+            operand(&rhs),
+            operand(&sum),
+            rows,
+        ) {
             Ok(()) => {
                 test_hooks::count_in_place_accumulate();
                 sum
@@ -641,7 +648,11 @@ where
     }
 
     fn matmul_split_k(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {
-        if lhs.dtype != rhs.dtype || lhs.meta.num_dims() != 2 || rhs.meta.num_dims() != 2 {
+        if lhs.dtype != rhs.dtype
+            || lhs.meta.num_dims() != 2
+            || rhs.meta.num_dims() != 2
+            || !has_tma(&lhs.client)
+        {
             return product::<Self>(lhs, rhs);
         }
         let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
@@ -652,17 +663,32 @@ where
             (&rhs_operand.0, rhs_operand.1),
             DType::F32.into(),
         );
-        // Unsplit, Burn's autotuned matmul: the in-place kernel alone is faster on some
-        // chunks and slower on others.
-        if slices < 2 {
-            return product::<Self>(lhs, rhs);
-        }
         let (m, inner, n) = (
             lhs.meta.shape()[0],
             lhs.meta.shape()[1],
             rhs.meta.shape()[1],
         );
         let client = &lhs.client;
+        // Unsplit, the same kernel into zeros of the output's dtype: with two rows of
+        // tiles per plane over the long inner dimension it outruns Burn's matmul, whose
+        // kernels give planes two rows only on tall outputs (not on a chunk's).
+        if slices < 2 {
+            let out = primitive(Tensor::<Self, 2>::zeros([m, n], (&lhs.device, lhs.dtype)));
+            let rows = PlaneRows::for_inner(inner);
+            return match launch_matmul_accumulate(
+                client,
+                lhs_operand,
+                rhs_operand,
+                operand(&out),
+                rows,
+            ) {
+                Ok(()) => out,
+                Err(error) => {
+                    test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
+                    product::<Self>(lhs, rhs)
+                }
+            };
+        }
         let partial = primitive(Tensor::<Self, 3>::zeros(
             [slices, m, n],
             (&lhs.device, DType::F32),
@@ -699,14 +725,17 @@ where
             operand(&lhs_slices),
             operand(&rhs_slices),
             operand(&partial),
+            PlaneRows::for_inner(slice),
         )
         .and_then(|()| {
-            if inner > slices * slice {
+            let rest = inner - slices * slice;
+            if rest > 0 {
                 launch_matmul_accumulate(
                     client,
                     operand(&lhs_rest),
                     operand(&rhs_rest),
                     operand(&first),
+                    PlaneRows::for_inner(rest),
                 )
             } else {
                 Ok(())

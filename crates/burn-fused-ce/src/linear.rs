@@ -50,12 +50,12 @@ pub struct LinearChunking {
     /// config lacks it).
     #[serde(default = "in_place_by_default")]
     pub weight_gradient_in_place: bool,
-    /// Form each chunk's hidden-state gradient `dlogits_c W^T` (`chunk x H`, too few
-    /// output tiles to occupy a large GPU, over the whole vocabulary) with the vocabulary
-    /// cut into slices multiplied side by side and summed in f32
-    /// ([`FusedCrossEntropyBackend::matmul_split_k`]), where the backend can (TMA) and
-    /// that fills more of the device; off: the backend's matmul. On by default (also when
-    /// a saved config lacks it).
+    /// Form each chunk's hidden-state gradient `dlogits_c W^T` (`chunk x H` over the
+    /// whole vocabulary, often too few output tiles to occupy a large GPU) by the
+    /// backend's own kernel ([`FusedCrossEntropyBackend::matmul_split_k`]), where the
+    /// backend has one (TMA): with the vocabulary cut into slices multiplied side by side
+    /// and summed in f32 where that fills more of the device, unsplit otherwise; off: the
+    /// backend's matmul. On by default (also when a saved config lacks it).
     #[serde(default = "split_k_by_default", alias = "hidden_gradient_in_place")]
     pub hidden_gradient_split_k: bool,
 }
