@@ -507,8 +507,9 @@ where
 /// Each chunk's hidden-state gradient split along the vocabulary
 /// (`hidden_gradient_split_k`): 1000 classes in 3 slices of 320 and 40 left over, chunks
 /// of 64 rows (an output of one tile) and a last one of 8, in f32 and in the widest half
-/// type; 1000 classes of 96 rows with the option off beside it. Where the device has
-/// TMA, the split must have run.
+/// type; 448 classes (too few to cut) formed unsplit by the same kernel; 1000 classes of
+/// 96 rows with the option off beside it. Where the device has TMA, the split and the
+/// unsplit kernel must have run.
 fn check_hidden_gradient_split_k<B: FusedCrossEntropyBackend>()
 where
     B::Device: Default,
@@ -530,6 +531,15 @@ where
             "no chunk's hidden-state gradient was split",
         );
     }
+    let mut short = LinearCase::new(136, 64, 448, half, Reduction::Mean);
+    short.chunk_rows = 64;
+    short.split_k = true;
+    check_ran::<B>(
+        tma,
+        short,
+        test_hooks::unsplit_kernel_product_count,
+        "no chunk's hidden-state gradient was formed by the unsplit kernel",
+    );
     // Off: the backend's matmul (the counter is the process's, shared with tests
     // running beside this one, so only the values are checked).
     let mut unsplit = LinearCase::new(96, 64, 1000, DType::F32, Reduction::Mean);

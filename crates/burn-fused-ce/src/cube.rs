@@ -682,7 +682,10 @@ where
                 operand(&out),
                 rows,
             ) {
-                Ok(()) => out,
+                Ok(()) => {
+                    test_hooks::count_unsplit_kernel_product();
+                    out
+                }
                 Err(error) => {
                     test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
                     product::<Self>(lhs, rhs)

@@ -9,6 +9,7 @@ static POISON_OUTPUTS: AtomicBool = AtomicBool::new(false);
 static IN_PLACE_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
 static IN_PLACE_ACCUMULATES: AtomicUsize = AtomicUsize::new(0);
 static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
+static UNSPLIT_KERNEL_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static IN_PLACE_ACCUMULATE_REFUSAL: Mutex<Option<String>> = Mutex::new(None);
 
 /// Fill every output buffer with NaN before its kernel runs (one extra launch each).
@@ -64,4 +65,15 @@ pub fn split_k_product_count() -> usize {
 
 pub(crate) fn count_split_k_product() {
     SPLIT_K_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many products [`crate::FusedCrossEntropyBackend::matmul_split_k`] formed unsplit
+/// by the in-place matmul into zeros so far (where splitting would not fill more of the
+/// device, on a device with TMA).
+pub fn unsplit_kernel_product_count() -> usize {
+    UNSPLIT_KERNEL_PRODUCTS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_unsplit_kernel_product() {
+    UNSPLIT_KERNEL_PRODUCTS.fetch_add(1, Ordering::Relaxed);
 }
