@@ -20,8 +20,9 @@
 //! budget to M MiB, `wblock=M` its weight-gradient blocks
 //! (`LinearChunking::weight_gradient_block_bytes`) to M MiB, and `inplace=0` or `inplace=1`
 //! turns off or on the in-place weight-gradient sum (`LinearChunking::weight_gradient_in_place`,
-//! on by default), and `splitk=0` or `splitk=1` the hidden-state gradient's split along
-//! the vocabulary (`LinearChunking::hidden_gradient_split_k`, on by default):
+//! on by default), and `splitk=0` or `splitk=1` the hidden-state gradient by the library's
+//! own kernel, split along the vocabulary where that fills more of the device
+//! (`LinearChunking::hidden_gradient_split_k`, on by default):
 //! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
