@@ -563,9 +563,9 @@ fn in_place_hidden_gradient(
 type CubeOnly = fused_ce_suite::CubeBackend;
 
 /// `sum += lhs rhs` in place by `fused_ce_kernels::launch_matmul_accumulate` on the plain
-/// cube backend, tiled with `plane_rows` rows per plane: the median of `reps` synced launches after `warmup`
-/// ([`measure`]), and the relative L2 distance of one launch's result from
-/// `start + lhs rhs` formed by Burn's matmul.
+/// cube backend, tiled with `plane_rows` rows per plane: the median of `reps` synced
+/// launches after `warmup` ([`measure`]), and the relative L2 distance of one launch's
+/// result from `start + lhs rhs` formed by Burn's matmul.
 #[cfg(feature = "cuda")]
 fn in_place_product(
     (lhs, rhs, start): (

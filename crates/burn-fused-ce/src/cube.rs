@@ -13,7 +13,8 @@ use burn_cubecl::{
     ops::numeric::{empty_device_contiguous_dtype, empty_device_dtype, full_device_dtype},
     tensor::CubeTensor,
 };
-use cubecl::prelude::{ComputeClient, InputScalar};
+use cubecl::ir::StorageType;
+use cubecl::prelude::{ComputeClient, InputScalar, TensorBinding};
 use cubecl::server::CopyDescriptor;
 use cubecl::zspace::{Strides, metadata::Metadata};
 use fused_ce_kernels::{
@@ -627,23 +628,17 @@ where
             });
             return product_added::<Self>(sum, lhs, rhs);
         }
-        let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
-        let rows = PlaneRows::for_inner(lhs.meta.shape()[1]);
-        match launch_matmul_accumulate(
+        let launched = launch_matmul_accumulate(
             &sum.client,
-            operand(&lhs),
-            operand(&rhs),
-            operand(&sum),
-            rows,
-        ) {
-            Ok(()) => {
-                test_hooks::count_in_place_accumulate();
-                sum
-            }
-            Err(error) => {
-                test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
-                product_added::<Self>(sum, lhs, rhs)
-            }
+            matmul_operand(&lhs),
+            matmul_operand(&rhs),
+            matmul_operand(&sum),
+            PlaneRows::for_inner(lhs.meta.shape()[1]),
+        );
+        if matmul_launched(launched, test_hooks::count_in_place_accumulate) {
+            sum
+        } else {
+            product_added::<Self>(sum, lhs, rhs)
         }
     }
 
@@ -655,8 +650,7 @@ where
         {
             return product::<Self>(lhs, rhs);
         }
-        let operand = |tensor: &CubeTensor<R>| (tensor.clone().binding(), tensor.dtype.into());
-        let (lhs_operand, rhs_operand) = (operand(&lhs), operand(&rhs));
+        let (lhs_operand, rhs_operand) = (matmul_operand(&lhs), matmul_operand(&rhs));
         let (slices, slice) = split_k_slices(
             &lhs.client,
             (&lhs_operand.0, lhs_operand.1),
@@ -674,22 +668,17 @@ where
         // kernels give planes two rows only on tall outputs (not on a chunk's).
         if slices < 2 {
             let out = primitive(Tensor::<Self, 2>::zeros([m, n], (&lhs.device, lhs.dtype)));
-            let rows = PlaneRows::for_inner(inner);
-            return match launch_matmul_accumulate(
+            let launched = launch_matmul_accumulate(
                 client,
                 lhs_operand,
                 rhs_operand,
-                operand(&out),
-                rows,
-            ) {
-                Ok(()) => {
-                    test_hooks::count_unsplit_kernel_product();
-                    out
-                }
-                Err(error) => {
-                    test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
-                    product::<Self>(lhs, rhs)
-                }
+                matmul_operand(&out),
+                PlaneRows::for_inner(inner),
+            );
+            return if matmul_launched(launched, test_hooks::count_unsplit_kernel_product) {
+                out
+            } else {
+                product::<Self>(lhs, rhs)
             };
         }
         let partial = primitive(Tensor::<Self, 3>::zeros(
@@ -725,9 +714,9 @@ where
         );
         let launched = launch_matmul_accumulate(
             client,
-            operand(&lhs_slices),
-            operand(&rhs_slices),
-            operand(&partial),
+            matmul_operand(&lhs_slices),
+            matmul_operand(&rhs_slices),
+            matmul_operand(&partial),
             PlaneRows::for_inner(slice),
         )
         .and_then(|()| {
@@ -735,20 +724,18 @@ where
             if rest > 0 {
                 launch_matmul_accumulate(
                     client,
-                    operand(&lhs_rest),
-                    operand(&rhs_rest),
-                    operand(&first),
+                    matmul_operand(&lhs_rest),
+                    matmul_operand(&rhs_rest),
+                    matmul_operand(&first),
                     PlaneRows::for_inner(rest),
                 )
             } else {
                 Ok(())
             }
         });
-        if let Err(error) = launched {
-            test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
+        if !matmul_launched(launched, test_hooks::count_split_k_product) {
             return product::<Self>(lhs, rhs);
         }
-        test_hooks::count_split_k_product();
         let summed = float::<Self, 3>(partial).sum_dim(0).reshape([m, n]);
         primitive(summed.cast(lhs.dtype))
     }
@@ -993,6 +980,27 @@ fn reshaped<R: CubeRuntime>(tensor: CubeTensor<R>, shape: Shape) -> CubeTensor<R
     let dropped = strides.len() - shape.num_dims();
     let strides = Strides::from(strides[dropped..].to_vec());
     view_of(&tensor, tensor.handle.clone(), shape, strides)
+}
+
+/// `tensor` as an operand of `launch_matmul_accumulate`: its binding and element type.
+fn matmul_operand<R: CubeRuntime>(tensor: &CubeTensor<R>) -> (TensorBinding<R>, StorageType) {
+    (tensor.clone().binding(), tensor.dtype.into())
+}
+
+/// Whether `launch_matmul_accumulate` ran (`launched`), counted by `count` where it did;
+/// where it refused, its error is noted for the tests and the caller forms the product
+/// another way.
+fn matmul_launched(launched: Result<(), impl core::fmt::Debug>, count: fn()) -> bool {
+    match launched {
+        Ok(()) => {
+            count();
+            true
+        }
+        Err(error) => {
+            test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
+            false
+        }
+    }
 }
 
 /// `tensor`'s buffer from `handle` (its own, or a later start in it) seen with `shape` and
