@@ -17,6 +17,7 @@ mod plan;
 mod reduce;
 mod row;
 mod shards;
+mod sum_writer;
 mod tma_rows;
 mod tuning;
 

@@ -1,16 +1,13 @@
 //! `out += lhs rhs` in place: cubek-matmul's specialized TMA kernel (the kernel Burn's
 //! autotune picks for the fused linear cross-entropy's weight-gradient shapes on Hopper)
-//! with `out` read as each tile's initial accumulator. The fused linear cross-entropy sums
-//! its weight gradient over the chunks with it, so that no chunk's `[H, V]` product is
-//! ever whole beside the sum.
+//! with a writer that adds each output vector's value to the product before writing it
+//! ([`crate::sum_writer`]). The fused linear cross-entropy sums its weight gradient over
+//! the chunks with it, so that no chunk's `[H, V]` product is ever whole beside the sum.
 //!
-//! Each output tile is read once, before the tile's main loop, and written once after it,
-//! by the same cube: reading and writing the same buffer through two views is safe.
-//!
-//! The accumulator's shared-memory stage is f32 whatever `out`'s dtype: cubek-matmul 0.2's
-//! `mma` tiles load a half-precision accumulator stage wrongly (the sum comes out wrong),
-//! and an f32 one right. The stage is filled once per tile, outside the main loop.
+//! The product is accumulated and written through an f32 stage whatever `out`'s dtype, so
+//! that the sum rounds once, to `out`'s dtype.
 
+use cubecl::prelude::TensorBinding;
 use cubecl::{
     Runtime,
     client::ComputeClient,
@@ -18,26 +15,30 @@ use cubecl::{
     ir::{AddressType, StorageType},
     zspace::{Shape, Strides},
 };
-use cubecl::{
-    prelude::{ComptimeOptionArgs, TensorBinding},
-    std::tensor::{launch::ViewArg, layout::VirtualLayoutLaunch},
-};
 use cubek::matmul::{
     components::{
-        global::memory::{BatchLayout, BatchLayoutLaunch, GlobalLayout, GlobalLayoutLaunch},
+        batch::{BatchMatmulFamily, PartitionedBatchMatmulFamily, RowMajorGlobalPartitionMatmul},
+        global::{
+            multi_stage::specialized::SpecializedMatmulFamily,
+            read::{
+                async_partial_tma::AsyncPartialTmaLoading,
+                sync_full_strided::SyncFullStridedLoading,
+            },
+        },
+        stage::{PlaneMatmulFamily, StridedStageFamily},
         tile::TileMatmulKind,
     },
     definition::{
-        AvailableVectorSizes, Blueprint as _, MatmulAvailabilityError, MatmulElems,
-        MatmulGlobalElems, MatmulProblem, MatmulSetupError, MultiRowStrategy, TilingBlueprint,
+        AvailableVectorSizes, MatmulAvailabilityError, MatmulElems, MatmulGlobalElems,
+        MatmulProblem, MatmulSetupError, MultiRowStrategy, TilingBlueprint,
     },
     launch::{
         ConcreteInputsFactory, ConcreteOutputFactory, InputArg, OutputArg, TensorMapArgs,
         launch_kernel,
     },
     routines::{
-        DeviceSettings, ExpandInfo, LaunchInfo, PlaneTilingBlueprintOptions, Routine,
-        infer_blueprint_plane, specialized::SpecializedAlgorithm,
+        BlueprintStrategy, DeviceSettings, ExpandInfo, LaunchInfo, PlaneTilingBlueprintOptions,
+        Routine, infer_blueprint_plane, specialized::SpecializedStrategy,
     },
 };
 use cubek::std::{
@@ -45,10 +46,64 @@ use cubek::std::{
     cube_count::{CubeCountPlan, CubeCountPlanKind},
 };
 
+use crate::sum_writer::SumPlaneWriterFamily;
 use crate::tma_rows::{has_tma, tma_readable};
 
-/// The routine: warp-specialized, TMA loads, `mma` tiles.
-type Specialized = SpecializedAlgorithm;
+/// The routine: cubek-matmul's specialized one (warp-specialized, TMA loads, `mma`
+/// tiles) with the summing writer, and no accumulator read before the main loop.
+struct SpecializedSum;
+
+/// [`SpecializedSum`]'s kernel: cubek-matmul's `SpecializedAlgorithm`'s, writer aside.
+type SpecializedSumMatmul = PartitionedBatchMatmulFamily<
+    (),
+    SpecializedMatmulFamily<
+        PlaneMatmulFamily<StridedStageFamily, StridedStageFamily, Option<StridedStageFamily>>,
+        (),
+        AsyncPartialTmaLoading,
+        SyncFullStridedLoading,
+        SumPlaneWriterFamily,
+    >,
+    RowMajorGlobalPartitionMatmul,
+>;
+
+impl Routine<()> for SpecializedSum {
+    type Strategy = SpecializedStrategy;
+    type Blueprint = TilingBlueprint;
+    type Config = <SpecializedSumMatmul as BatchMatmulFamily<()>>::Config;
+    type BatchMatmul = SpecializedSumMatmul;
+
+    fn expand_blueprint<R: Runtime>(
+        problem: &MatmulProblem,
+        settings: &DeviceSettings<R>,
+        strategy: &BlueprintStrategy<(), Self>,
+    ) -> Result<ExpandInfo<TilingBlueprint>, MatmulSetupError> {
+        match strategy {
+            BlueprintStrategy::Forced(blueprint) => Ok(ExpandInfo {
+                blueprint: blueprint.clone(),
+                dtypes: stage_dtypes(problem, blueprint.tile_matmul),
+            }),
+            BlueprintStrategy::Inferred(_) => self::blueprint(problem, settings, PlaneRows::One),
+        }
+    }
+
+    fn prepare<R: Runtime>(
+        problem: &MatmulProblem,
+        settings: &DeviceSettings<R>,
+        expand_info: ExpandInfo<TilingBlueprint>,
+    ) -> Result<LaunchInfo<TilingBlueprint>, MatmulSetupError> {
+        let ExpandInfo { blueprint, dtypes } = expand_info;
+        Self::validate_blueprint(
+            &settings.client,
+            &blueprint,
+            problem,
+            &dtypes,
+            &settings.vector_sizes,
+        )?;
+        let resource =
+            Self::BatchMatmul::cubedim_resource(&blueprint, &dtypes, &settings.vector_sizes)?;
+        LaunchInfo::new(blueprint, dtypes, problem, resource, settings)
+    }
+}
 
 /// How many rows of `mma` tiles each computing plane of the kernel takes. The cube's
 /// output tile is the same either way (256 x 128 for bf16 on Hopper): sixteen computing
@@ -133,17 +188,7 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         rows,
     )?;
 
-    let acc_view = ViewArg::new_tensor::<GlobalLayout>(
-        out.clone().into_tensor_arg(),
-        GlobalLayoutLaunch::from_handle(
-            &out,
-            launch_info.vector_sizes.out,
-            launch_info.blueprint.out_global_layout_config(),
-        ),
-    );
-    let acc_batch =
-        VirtualLayoutLaunch::new::<BatchLayout>(BatchLayoutLaunch::from_handle(&out, &problem));
-    let mut input = <InputArg<TensorMapArgs> as ConcreteInputsFactory<Specialized>>::create(
+    let input = <InputArg<TensorMapArgs> as ConcreteInputsFactory<SpecializedSum>>::create(
         lhs,
         rhs,
         &launch_info.blueprint,
@@ -151,16 +196,14 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         &launch_info.vector_sizes,
         &launch_info.dtypes,
     );
-    input.acc = ComptimeOptionArgs::Some(acc_view);
-    input.acc_batch = ComptimeOptionArgs::Some(acc_batch);
-    let output = <OutputArg<TensorMapArgs> as ConcreteOutputFactory<Specialized>>::create(
+    let output = <OutputArg<TensorMapArgs> as ConcreteOutputFactory<SpecializedSum>>::create(
         out,
         &launch_info.blueprint,
         &problem,
         &launch_info.vector_sizes,
         &launch_info.dtypes,
     );
-    launch_kernel::<TensorMapArgs, R, Specialized>(client, input, output, (), launch_info)
+    launch_kernel::<TensorMapArgs, R, SpecializedSum>(client, input, output, (), launch_info)
 }
 
 /// The problem and the kernel's launch for `lhs rhs` into an output of the given shape,
@@ -205,8 +248,8 @@ fn plan<R: Runtime>(
         .filter_rhs_with_tensor(&problem.rhs_strides, &problem.rhs_shape, problem.rhs_layout)
         .filter_out_with_tensor(&problem.out_strides, &problem.out_shape)
         .pick_max()?;
-    let settings = <Specialized as Routine<()>>::device_settings(client, vector_sizes);
-    let launch_info = <Specialized as Routine<()>>::prepare(
+    let settings = <SpecializedSum as Routine<()>>::device_settings(client, vector_sizes);
+    let launch_info = <SpecializedSum as Routine<()>>::prepare(
         &problem,
         &settings,
         blueprint(&problem, &settings, rows)?,
@@ -308,8 +351,8 @@ fn problem_cubes(plan: &CubeCountPlan) -> u64 {
 }
 
 /// The specialized routine's own blueprint inference for `mma` tiles, with two changes:
-/// the accumulator's stage is f32 (see the module's note), and each plane takes the rows
-/// of tiles `rows` says (cubek's default gives planes two rows on tall problems, whatever
+/// the accumulator's stage is f32 ([`stage_dtypes`]), and each plane takes the rows of
+/// tiles `rows` says (cubek's default gives planes two rows on tall problems, whatever
 /// their inner length).
 fn blueprint<R: Runtime>(
     problem: &MatmulProblem,
@@ -317,16 +360,12 @@ fn blueprint<R: Runtime>(
     rows: PlaneRows,
 ) -> Result<ExpandInfo<TilingBlueprint>, MatmulSetupError> {
     let tile_matmul = TileMatmulKind::Mma;
-    let mut dtypes = MatmulElems::from_globals(&problem.global_dtypes);
-    if tile_matmul.can_cast_stage_element() {
-        dtypes.adjust_stage_dtypes();
-    }
     let (blueprint, mut dtypes) = infer_blueprint_plane::<R>(
         tile_matmul,
         &settings.client,
         problem,
         settings.plane_dim,
-        dtypes,
+        stage_dtypes(problem, tile_matmul),
         &settings.vector_sizes,
         PlaneTilingBlueprintOptions {
             specialized: true,
@@ -337,6 +376,18 @@ fn blueprint<R: Runtime>(
     )?;
     dtypes.acc_stage = dtypes.acc_register;
     Ok(ExpandInfo { blueprint, dtypes })
+}
+
+/// The problem's element types as the specialized routine stages them, except the
+/// accumulator's stage (the writer's), which is the accumulator's own type (f32): the
+/// writer adds the output to the product before the one rounding to the output's type.
+fn stage_dtypes(problem: &MatmulProblem, tile_matmul: TileMatmulKind) -> MatmulElems {
+    let mut dtypes = MatmulElems::from_globals(&problem.global_dtypes);
+    if tile_matmul.can_cast_stage_element() {
+        dtypes.adjust_stage_dtypes();
+    }
+    dtypes.acc_stage = dtypes.acc_register;
+    dtypes
 }
 
 #[cfg(test)]
