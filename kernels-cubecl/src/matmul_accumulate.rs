@@ -106,9 +106,8 @@ impl Routine<()> for SpecializedSum {
 }
 
 /// How many rows of `mma` tiles each computing plane of the kernel takes. The cube's
-/// output tile is the same either way (256 x 128 for bf16 on Hopper): sixteen computing
-/// planes of one row of tiles each, or eight of two, which load each tile of the right
-/// operand once for both rows.
+/// output tile is the same either way: computing planes of one row of tiles each, or half
+/// as many of two, which load each tile of the right operand once for both rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlaneRows {
     /// One row of tiles per plane.
@@ -117,16 +116,21 @@ pub enum PlaneRows {
     Two,
 }
 
-/// Inner length from which [`PlaneRows::for_inner`] gives each plane two rows.
+/// Inner length from which [`PlaneRows::for_product`] gives each plane two rows.
 const LONG_INNER: usize = 16_384;
 
+/// Output rows above which [`PlaneRows::for_product`] gives each plane two rows whatever
+/// the inner length (where cubek-matmul's own selection starts giving two).
+const TALL_OUTPUT: usize = 2048;
+
 impl PlaneRows {
-    /// The rows per plane for a product over `inner` columns: two over a long inner
-    /// dimension (a chunk's hidden-state gradient, over the vocabulary), where the main
-    /// loop is all the time; one over a short one (a chunk's weight-gradient product,
-    /// over the chunk's rows), where reading and writing the sum weigh more.
-    pub fn for_inner(inner: usize) -> Self {
-        if inner >= LONG_INNER {
+    /// The rows per plane for an output of `rows` rows over `inner` columns: two over a
+    /// long inner dimension (a chunk's hidden-state gradient, over the vocabulary), where
+    /// the main loop is all the time, or on a tall output (the weight gradient of a head
+    /// more than 2048 wide); one otherwise (a narrower head's weight-gradient chunk
+    /// products, over the chunk's rows), where writing the sum weighs more.
+    pub fn for_product(rows: usize, inner: usize) -> Self {
+        if inner >= LONG_INNER || rows > TALL_OUTPUT {
             Self::Two
         } else {
             Self::One
@@ -146,7 +150,7 @@ impl PlaneRows {
 /// each operand's batch at any stride: slices of one matrix, [`split_k_slices`]). `lhs`
 /// and `rhs` may be transposed views (TMA reads either layout); `out`'s rows must be
 /// contiguous (its row stride may be padded, as CUDA allocations are). `rows`: the tiling
-/// ([`PlaneRows::for_inner`] picks it from the inner length). An error where the device
+/// ([`PlaneRows::for_product`] picks it from the shape). An error where the device
 /// has no TMA, or the shapes, layouts or alignment do not suit the kernel: callers then
 /// form the product and add it.
 pub fn launch_matmul_accumulate<R: Runtime>(
@@ -392,7 +396,18 @@ fn stage_dtypes(problem: &MatmulProblem, tile_matmul: TileMatmulKind) -> MatmulE
 
 #[cfg(test)]
 mod tests {
-    use super::slices_for;
+    use super::{PlaneRows, slices_for};
+
+    #[test]
+    fn two_rows_over_a_long_inner_dimension_or_a_tall_output() {
+        // A chunk's hidden-state gradient (over the vocabulary), split or not.
+        assert_eq!(PlaneRows::for_product(1536, 37_952), PlaneRows::Two);
+        assert_eq!(PlaneRows::for_product(2048, 128_256), PlaneRows::Two);
+        // A weight-gradient chunk product: two rows on a 4096-wide head only.
+        assert_eq!(PlaneRows::for_product(4096, 2048), PlaneRows::Two);
+        assert_eq!(PlaneRows::for_product(2048, 1536), PlaneRows::One);
+        assert_eq!(PlaneRows::for_product(768, 5120), PlaneRows::One);
+    }
 
     #[test]
     fn slices_fill_whole_waves() {

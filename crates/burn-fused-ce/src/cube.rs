@@ -633,7 +633,7 @@ where
             matmul_operand(&lhs),
             matmul_operand(&rhs),
             matmul_operand(&sum),
-            PlaneRows::for_inner(lhs.meta.shape()[1]),
+            PlaneRows::for_product(lhs.meta.shape()[0], lhs.meta.shape()[1]),
         );
         if matmul_launched(launched, test_hooks::count_in_place_accumulate) {
             sum
@@ -673,7 +673,7 @@ where
                 lhs_operand,
                 rhs_operand,
                 matmul_operand(&out),
-                PlaneRows::for_inner(inner),
+                PlaneRows::for_product(m, inner),
             );
             return if matmul_launched(launched, test_hooks::count_unsplit_kernel_product) {
                 out
@@ -717,7 +717,7 @@ where
             matmul_operand(&lhs_slices),
             matmul_operand(&rhs_slices),
             matmul_operand(&partial),
-            PlaneRows::for_inner(slice),
+            PlaneRows::for_product(m, slice),
         )
         .and_then(|()| {
             let rest = inner - slices * slice;
@@ -727,7 +727,7 @@ where
                     matmul_operand(&lhs_rest),
                     matmul_operand(&rhs_rest),
                     matmul_operand(&first),
-                    PlaneRows::for_inner(rest),
+                    PlaneRows::for_product(m, rest),
                 )
             } else {
                 Ok(())
