@@ -514,7 +514,7 @@ fn relative_distance<Bk: Backend>(got: Tensor<Bk, 2>, expected: Tensor<Bk, 2>) -
 }
 
 /// The weight gradient's chunk product summed in place (`sum += h_c^T dlogits_c`, one
-/// kernel: cubek-matmul's specialized TMA matmul reading `sum` as its accumulator), on the
+/// kernel: cubek-matmul's specialized TMA matmul whose writer adds `sum`), on the
 /// plain cube backend ([`in_place_product`]), with `plane_rows` rows of tiles per plane.
 /// The fused linear cross-entropy sums with it under
 /// `LinearChunking::weight_gradient_in_place`.

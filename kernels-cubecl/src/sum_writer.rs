@@ -6,8 +6,9 @@
 //! The add happens in the writer rather than by loading the output as the tiles' initial
 //! accumulator: that load needs a shared-memory stage of the whole output tile (in f32),
 //! filled before the main loop, which holds fewer cubes on each SM and leaves the loop
-//! waiting for it. Here the read is one vector per unit after the loop, while the SM's
-//! other cubes compute. Each vector is read and written by the same unit, once.
+//! waiting for it. Here the read is one vector per unit after the loop, where other
+//! cubes on the SM can compute meanwhile. Each vector is read and written by the same
+//! unit, once.
 
 use cubecl::{prelude::*, std::tensor::View, std::tensor::layout::Coords2d};
 use cubek::matmul::{
@@ -54,6 +55,9 @@ impl<IP: MatrixTypes> SumPlaneWriter<IP> {
         #[unroll(num_unit_writes == 1)]
         for i in 0..num_unit_writes {
             let unit_write = UNIT_POS_X * vector_size + i * unit_step;
+            // The first branch is decided at compile time: no bounds check where every
+            // unit's writes fall in the tile.
+            #[allow(clippy::if_same_then_else)]
             if balanced_workload {
                 add_vector::<IP::Stage, IP::StageSize, IP::Global, IP::GlobalSize>(
                     &mut self.global,

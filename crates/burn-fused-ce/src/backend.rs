@@ -225,7 +225,7 @@ pub trait FusedCrossEntropyBackend: Backend {
     /// cross-entropy's weight gradient summed over the chunks in place
     /// ([`LinearChunking::weight_gradient_in_place`]). The default forms the whole product
     /// and adds it. Cube backends on devices with TMA (Hopper and later) run one matmul
-    /// that reads `sum` as its accumulator and writes over it when nothing else holds it;
+    /// that adds `sum` to the product as it writes over it, when nothing else holds it;
     /// fusion backends run that as one custom op.
     fn accumulate_product(
         sum: FloatTensor<Self>,

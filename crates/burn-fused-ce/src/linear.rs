@@ -43,7 +43,7 @@ pub struct LinearChunking {
     /// matmul's epilogue), which holds a second `[H, V]` buffer while it is summed.
     pub weight_gradient_block_bytes: Option<usize>,
     /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
-    /// reads the sum as its accumulator ([`FusedCrossEntropyBackend::accumulate_product`]):
+    /// adds the sum as it writes ([`FusedCrossEntropyBackend::accumulate_product`]):
     /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
     /// 16-byte aligned) the product is formed and added as without it. Takes precedence
     /// over [`Self::weight_gradient_block_bytes`]. On by default (also when a saved
