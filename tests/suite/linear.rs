@@ -520,23 +520,24 @@ where
     } else {
         DType::F16
     };
-    for (dtype, reduction) in [(DType::F32, Reduction::Sum), (half, Reduction::None)] {
-        let mut case = LinearCase::new(200, 64, 1000, dtype, reduction);
+    // Chunks of 64 rows, width 64, with the option on.
+    let split_k_case = |rows, classes, dtype, reduction| {
+        let mut case = LinearCase::new(rows, 64, classes, dtype, reduction);
         case.chunk_rows = 64;
         case.split_k = true;
+        case
+    };
+    for (dtype, reduction) in [(DType::F32, Reduction::Sum), (half, Reduction::None)] {
         check_ran::<B>(
             tma,
-            case,
+            split_k_case(200, 1000, dtype, reduction),
             test_hooks::split_k_product_count,
             "no chunk's hidden-state gradient was split",
         );
     }
-    let mut short = LinearCase::new(136, 64, 448, half, Reduction::Mean);
-    short.chunk_rows = 64;
-    short.split_k = true;
     check_ran::<B>(
         tma,
-        short,
+        split_k_case(136, 448, half, Reduction::Mean),
         test_hooks::unsplit_kernel_product_count,
         "no chunk's hidden-state gradient was formed by the unsplit kernel",
     );
