@@ -942,15 +942,15 @@ fn linear_extra_outputs() {
 #[test]
 fn chunk_rows_follow_the_budget() {
     let chunking = LinearChunking::default();
-    // 512 MiB of bf16 logits of 128256 classes hold 2092 rows: 8192 rows take 4 chunks,
-    // of 2048 rows each (a multiple of 256).
+    // 640 MiB of bf16 logits of 128256 classes hold 2616 rows, 2560 in whole stages of
+    // 256: 8192 rows take 4 chunks, of 2048 rows each.
     assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 2048);
-    // 151936 classes: 1766 rows fit, 1536 is the multiple of 256 below; 16384 rows take
-    // 11 chunks, of 1536 (1490 rounded up) but the last.
-    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 1536);
+    // 151936 classes: 2208 rows fit, 2048 is the multiple of 256 below; 16384 rows take
+    // 8 chunks of 2048.
+    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 2048);
     assert_eq!(chunking.rows_per_chunk(2000, 128_256, DType::BF16), 2000);
-    // 2200 rows: two chunks of 1280 (1100 rounded up to a multiple of 256) and 920.
-    assert_eq!(chunking.rows_per_chunk(2200, 128_256, DType::BF16), 1280);
+    // 3000 rows: two chunks, of 1536 (1500 rounded up to a multiple of 256) and 1464.
+    assert_eq!(chunking.rows_per_chunk(3000, 128_256, DType::BF16), 1536);
     // 200 rows a chunk fit: a multiple of 128 below 256 rows.
     let small_budget = LinearChunking {
         logits_bytes: Some(200 * 1000 * 4),
@@ -971,7 +971,10 @@ fn chunk_rows_follow_the_budget() {
     assert_eq!(lavapipe.logits_bytes, Some(128 << 20));
     // A larger buffer, or none known, leaves the budget as it is.
     assert_eq!(chunking.within(Some(1 << 40)), chunking.within(None));
-    assert_eq!(chunking.within(None).logits_bytes, Some(512 << 20));
+    assert_eq!(
+        chunking.within(None).logits_bytes,
+        Some(LinearChunking::DEFAULT_LOGITS_BYTES)
+    );
     assert_eq!(quarter_gib.within(Some(1 << 40)), quarter_gib);
     assert_eq!(chunking.rows_per_chunk(100, 128_256, DType::BF16), 100);
     let small = LinearChunking {
@@ -1037,7 +1040,7 @@ fn chunk_rows_follow_the_budget() {
     }
 }
 
-/// The default chunk budget (512 MiB) stays within the device's largest buffer: where that
+/// The default chunk budget (640 MiB) stays within the device's largest buffer: where that
 /// buffer holds fewer rows of logits than the batch (lavapipe's 128 MiB), the rows go in
 /// several chunks, and the loss and gradients equal those of small explicit chunks, for
 /// `Mean` (scaled) and for `None` with non-uniform per-row gradients.
@@ -1050,7 +1053,7 @@ fn default_chunks_fit_the_largest_buffer() {
         .expect("a cube backend knows its largest buffer");
     let (width, vocab) = (8, 50_257);
     let row_bytes = vocab * DType::F32.size();
-    if largest >= 512 << 20 {
+    if largest >= LinearChunking::DEFAULT_LOGITS_BYTES {
         eprintln!("the largest buffer ({largest} bytes) holds a default chunk: nothing to check");
         return;
     }

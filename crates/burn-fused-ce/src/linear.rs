@@ -25,11 +25,9 @@ use crate::{
 pub struct LinearChunking {
     /// The most bytes one chunk's logits take (their gradient is written over them): the
     /// rows are spread evenly over as few chunks as the budget allows, at least 16 rows a
-    /// chunk ([`LinearChunking::rows_per_chunk`]). `None`: 512 MiB (2048 rows of 128256
-    /// bf16 classes), rows enough for the chunks' matmuls to run close to the whole
-    /// batch's rate; a smaller budget saves memory and costs time (see
-    /// docs/performance.md). Given or default, at most the device's largest buffer
-    /// ([`LinearChunking::within`]).
+    /// chunk ([`LinearChunking::rows_per_chunk`]). `None`:
+    /// [`LinearChunking::DEFAULT_LOGITS_BYTES`]. Given or default, at most the device's
+    /// largest buffer ([`LinearChunking::within`]).
     pub logits_bytes: Option<usize>,
     /// Accumulate the weight gradient over the chunks in f32 (Liger-Kernel's
     /// `accum_dtype`), cast to the weight's dtype at the end. Off: in the weight's dtype,
@@ -85,9 +83,6 @@ fn split_k_by_default() -> bool {
     true
 }
 
-/// The default budget of one chunk's logits.
-const DEFAULT_LOGITS_BYTES: usize = 512 << 20;
-
 /// Fewest rows in a chunk, whatever the budget.
 const MIN_CHUNK_ROWS: usize = 16;
 
@@ -101,6 +96,12 @@ const TILE_ROWS: usize = 128;
 const STAGE_ROWS: usize = 256;
 
 impl LinearChunking {
+    /// The budget of one chunk's logits when none is given: 640 MiB, 2048 rows of bf16
+    /// logits of up to 163840 classes (Llama 3's 128256, Qwen's 151936), rows enough for
+    /// the chunks' matmuls to run close to the whole batch's rate. A smaller budget saves
+    /// memory and costs time (docs/performance.md).
+    pub const DEFAULT_LOGITS_BYTES: usize = 640 << 20;
+
     /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`. The budget holds
     /// `fit` rows, rounded down to a multiple of [`STAGE_ROWS`] (of [`TILE_ROWS`], then of
     /// 16, below that; at least [`MIN_CHUNK_ROWS`]); the rows are then spread evenly over
@@ -108,7 +109,7 @@ impl LinearChunking {
     /// last chunk is not a sliver: 8192 rows that fit 1046 at a time go in 8 chunks of
     /// 1024.
     pub fn rows_per_chunk(&self, rows: usize, vocab: usize, dtype: DType) -> usize {
-        let budget = self.logits_bytes.unwrap_or(DEFAULT_LOGITS_BYTES);
+        let budget = self.logits_bytes.unwrap_or(Self::DEFAULT_LOGITS_BYTES);
         let fit = budget / (vocab * dtype.size()).max(1);
         let step = [STAGE_ROWS, TILE_ROWS]
             .into_iter()
@@ -127,7 +128,7 @@ impl LinearChunking {
     /// (a device's largest buffer, [`FusedCrossEntropyBackend::max_buffer_bytes`]), so
     /// that a chunk's logits can be allocated.
     pub fn within(&self, max_buffer_bytes: Option<usize>) -> Self {
-        let budget = self.logits_bytes.unwrap_or(DEFAULT_LOGITS_BYTES);
+        let budget = self.logits_bytes.unwrap_or(Self::DEFAULT_LOGITS_BYTES);
         Self {
             logits_bytes: Some(max_buffer_bytes.map_or(budget, |most| budget.min(most))),
             ..*self
