@@ -1040,10 +1040,11 @@ fn chunk_rows_follow_the_budget() {
     }
 }
 
-/// The default chunk budget (640 MiB) stays within the device's largest buffer: where that
-/// buffer holds fewer rows of logits than the batch (lavapipe's 128 MiB), the rows go in
-/// several chunks, and the loss and gradients equal those of small explicit chunks, for
-/// `Mean` (scaled) and for `None` with non-uniform per-row gradients.
+/// The default chunk budget (`LinearChunking::DEFAULT_LOGITS_BYTES`) stays within the
+/// device's largest buffer: where that buffer holds fewer rows of logits than the batch
+/// (lavapipe's 128 MiB), the rows go in several chunks, and the loss and gradients equal
+/// those of small explicit chunks, for `Mean` (scaled) and for `None` with non-uniform
+/// per-row gradients.
 #[test]
 fn default_chunks_fit_the_largest_buffer() {
     type B = Autodiff<CubeBackend>;

@@ -102,6 +102,11 @@ impl LinearChunking {
     /// memory and costs time (docs/performance.md).
     pub const DEFAULT_LOGITS_BYTES: usize = 640 << 20;
 
+    /// The budget of one chunk's logits: the given one, or the default.
+    fn logits_budget(&self) -> usize {
+        self.logits_bytes.unwrap_or(Self::DEFAULT_LOGITS_BYTES)
+    }
+
     /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`. The budget holds
     /// `fit` rows, rounded down to a multiple of [`STAGE_ROWS`] (of [`TILE_ROWS`], then of
     /// 16, below that; at least [`MIN_CHUNK_ROWS`]); the rows are then spread evenly over
@@ -109,7 +114,7 @@ impl LinearChunking {
     /// last chunk is not a sliver: 8192 rows that fit 1046 at a time go in 8 chunks of
     /// 1024.
     pub fn rows_per_chunk(&self, rows: usize, vocab: usize, dtype: DType) -> usize {
-        let budget = self.logits_bytes.unwrap_or(Self::DEFAULT_LOGITS_BYTES);
+        let budget = self.logits_budget();
         let fit = budget / (vocab * dtype.size()).max(1);
         let step = [STAGE_ROWS, TILE_ROWS]
             .into_iter()
@@ -128,7 +133,7 @@ impl LinearChunking {
     /// (a device's largest buffer, [`FusedCrossEntropyBackend::max_buffer_bytes`]), so
     /// that a chunk's logits can be allocated.
     pub fn within(&self, max_buffer_bytes: Option<usize>) -> Self {
-        let budget = self.logits_bytes.unwrap_or(Self::DEFAULT_LOGITS_BYTES);
+        let budget = self.logits_budget();
         Self {
             logits_bytes: Some(max_buffer_bytes.map_or(budget, |most| budget.min(most))),
             ..*self
