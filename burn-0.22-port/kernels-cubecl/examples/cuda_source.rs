@@ -1,0 +1,66 @@
+//! Writes the CUDA C++ of the one-pass kernel for the bench's LLM shapes into a folder,
+//! without a GPU (the IR is built through lavapipe's client: run under
+//! `scripts/with-vulkan.sh`). `scripts/kernel_registers_offline.sh` builds and runs this,
+//! then counts each kernel's registers with NVRTC and ptxas from NVIDIA's pip wheels.
+//!
+//!   cargo run -p fused-ce-kernels --features cuda-source --example cuda_source -- OUT_DIR
+//!
+//! `FUSED_CE_TUNING` (space-separated `field=value`, see `KernelTuning::with_settings`)
+//! changes the tuning; `FUSED_CE_SOURCE_SEPARATE=1` writes the variant whose gradient
+//! has a buffer of its own.
+
+use cubecl::ir::{ElemType, FloatKind, IntKind};
+use cubecl::prelude::*;
+use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use fused_ce_kernels::cuda_source::one_pass_kernel_source;
+use fused_ce_kernels::{KernelTuning, LossSettings, RowLaunch};
+
+fn main() {
+    let out = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "cuda-source".into());
+    std::fs::create_dir_all(&out).expect("output folder");
+    let tuning = KernelTuning::defaults(true, true)
+        .with_settings(&std::env::var("FUSED_CE_TUNING").unwrap_or_default())
+        .unwrap_or_else(|error| panic!("FUSED_CE_TUNING: {error}"));
+    let gradient_in_place = std::env::var("FUSED_CE_SOURCE_SEPARATE").as_deref() != Ok("1");
+    let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+    let bf16 = StorageType::Scalar(ElemType::Float(FloatKind::BF16));
+    let f32_ = StorageType::Scalar(ElemType::Float(FloatKind::F32));
+    let i32_ = StorageType::Scalar(ElemType::Int(IntKind::I32));
+    let plain = LossSettings {
+        ignore_index: -100,
+        exp_flush_to_zero: true,
+        approximate_tanh: true,
+        ..Default::default()
+    };
+    let options = LossSettings {
+        label_smoothing: 0.1,
+        z_loss_scale: 1e-4,
+        softcap: Some(30.0),
+        ..plain
+    };
+    let cases = [
+        ("bf16_128256", bf16, 8, 128256, plain),
+        ("f32_128256", f32_, 4, 128256, plain),
+        ("bf16_32000", bf16, 8, 32000, plain),
+        ("bf16_128256_4_lanes", bf16, 4, 128256, plain),
+        ("bf16_128256_ls_z_cap", bf16, 8, 128256, options),
+    ];
+    for (name, dtype, vector_size, vocab, settings) in cases {
+        let shape = RowLaunch {
+            rows: 8192,
+            vocab,
+            vector_size,
+            address_type: AddressType::U32,
+            float_dtype: dtype,
+            int_dtype: i32_,
+            settings,
+            tuning,
+        };
+        let source = one_pass_kernel_source(&client, shape.for_one_pass(), true, gradient_in_place);
+        let path = format!("{out}/one_pass_{name}.cu");
+        std::fs::write(&path, source).expect("write source");
+        println!("{path}");
+    }
+}

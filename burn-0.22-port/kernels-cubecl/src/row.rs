@@ -1,0 +1,594 @@
+//! Row primitives shared by every kernel. One cube reduces one row (or one chunk of a
+//! row): every unit streams a strided share of the row's vectors, keeps an online (max,
+//! sum of exp) state in f32, and the cube then merges the states in shared memory. Shared
+//! memory rather than plane (warp) operations, so the very same kernels run on lavapipe,
+//! which has no plane ops.
+//!
+//! Logits are seen as `[B, T, V]` (2-D inputs as `[1, N, V]`) with any stride on the two
+//! row dimensions, so a slice of a bigger tensor is read where it lies. Every option is a
+//! comptime flag: the plain loss compiles to the plain loop.
+
+use cubecl::prelude::*;
+
+/// Start value of a running maximum. Finite on purpose: `exp(m_old - m_new)` with both at
+/// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
+pub const RUNNING_MAX_START: f32 = -3.0e38;
+
+/// A NaN made at run time from any finite `seed`: CUDA C has no NaN or infinity literal
+/// for CubeCL's compiler to print, so kernels never write `f32::NAN` as a constant.
+#[cube]
+pub fn runtime_nan(seed: f32) -> f32 {
+    f32::sqrt(f32::new(-1.0) - f32::abs(seed))
+}
+
+/// Which options a launch uses (each one compiles its own kernel).
+#[derive_cube_comptime]
+pub struct RowOptions {
+    /// Logits become `c * tanh(x / c)`.
+    pub softcap: bool,
+    /// Label smoothing > 0.
+    pub smoothing: bool,
+    /// Class weights given.
+    pub weighted: bool,
+    /// z-loss scale > 0.
+    pub z_loss: bool,
+    /// Track the argmax (accuracy, predictions).
+    pub argmax: bool,
+    /// Units per cube, a power of two.
+    pub cube_size: usize,
+    /// Vectors each unit loads before using any (bytes in flight per unit).
+    pub loads_per_step: usize,
+    /// CUDA only: the fast exponential as `ex2.approx.ftz.f32` (see
+    /// `cuda_injection::redefine_cuda_fast_exp`).
+    pub exp_flush_to_zero: bool,
+    /// Softcap's `tanh` as the hardware's approximation (`soft_cap`).
+    pub approximate_tanh: bool,
+}
+
+/// The options' values (runtime scalars: changing them does not recompile).
+#[derive(CubeLaunch, CubeType, Clone, Copy)]
+#[expand(derive(Clone))]
+pub struct RowScalars {
+    pub ignore_index: i32,
+    pub label_smoothing: f32,
+    pub z_loss_scale: f32,
+    pub softcap: f32,
+}
+
+/// Row index of this cube. The grid is 2-D because wgpu caps each grid dimension at 65535.
+#[cube]
+pub(crate) fn row_of_cube() -> usize {
+    (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
+}
+
+/// Element offset of row `row` in a tensor whose first two dimensions are the rows
+/// (`[B, T, ..]`, row `b * T + t`), whatever their strides.
+#[cube]
+pub(crate) fn row_offset<T: CubePrimitive>(tensor: &Tensor<T>, row: usize) -> usize {
+    let inner_rows = tensor.shape(1);
+    (row / inner_rows) * tensor.stride(0) + (row % inner_rows) * tensor.stride(1)
+}
+
+/// Where statistic `stat` of row `row` lives in `stats [COUNT, rows]`, whatever its
+/// strides (a CUDA allocation may pad rows). The runtime stride is the left operand on
+/// purpose: cubecl 0.10 types `CONST * x` as the constant's 32-bit type even when the
+/// kernel indexes with 64 bits.
+#[cube]
+pub(crate) fn stat_index(stats: &Tensor<f32>, #[comptime] stat: usize, row: usize) -> usize {
+    stats.stride(0) * stat + row * stats.stride(1)
+}
+
+/// The class index of a row as i32.
+#[cube]
+pub(crate) fn read_target<I: Int>(targets: &Tensor<I>, row: usize) -> i32 {
+    i32::cast_from(targets[row_offset::<I>(targets, row)])
+}
+
+#[cube]
+pub(crate) fn is_class(target: i32, vocab: usize) -> bool {
+    target >= 0 && usize::cast_from(target) < vocab
+}
+
+/// Largest lane of a vector.
+#[cube]
+pub(crate) fn lane_max<N: Size>(values: Vector<f32, N>) -> f32 {
+    let mut max = values.extract(0usize);
+    #[unroll]
+    for lane in 1..values.vector_size() {
+        max = f32::max(max, values.extract(lane));
+    }
+    max
+}
+
+/// Sum of the lanes.
+#[cube]
+pub(crate) fn lane_sum<N: Size>(values: Vector<f32, N>) -> f32 {
+    let mut sum = values.extract(0usize);
+    #[unroll]
+    for lane in 1..values.vector_size() {
+        sum += values.extract(lane);
+    }
+    sum
+}
+
+/// `exp(values - shift)` per lane, as the hardware's fast exponential where there is one
+/// (`__expf` on CUDA: a few ulp, and still inf/NaN-correct, at a fraction of `expf`'s
+/// instructions; the accurate `expf` made the forward pass instruction-bound on the H200).
+/// Used only where the argument is <= 0 or a logit minus its row's log-sum-exp.
+#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+pub(crate) fn fast_exp<N: Size>(values: Vector<f32, N>, shift: f32) -> Vector<f32, N> {
+    Vector::exp(values - Vector::new(shift))
+}
+
+/// `exp(x)` as the hardware's fast exponential, for a rescaling factor (`x <= 0`).
+#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+pub(crate) fn fast_exp_scalar(x: f32) -> f32 {
+    f32::exp(x)
+}
+
+/// `ln(1 + x)`, accurate for small `x`: a Taylor polynomial below 0.05 (error under
+/// 1e-10 relative), `ln(1 + x)` above (rounding `1 + x` costs at most 1.2e-6 relative
+/// there). Written out because `log1p` is not accurate on every runtime, and compilers
+/// may fold Goldberg's `(1 + x) - 1` correction away.
+#[cube]
+pub(crate) fn ln_one_plus(x: f32) -> f32 {
+    let series = x
+        * (f32::new(1.0)
+            + x * (f32::new(-0.5)
+                + x * (f32::new(1.0 / 3.0)
+                    + x * (f32::new(-0.25)
+                        + x * (f32::new(0.2)
+                            + x * (f32::new(-1.0 / 6.0) + x * f32::new(1.0 / 7.0)))))));
+    select(
+        f32::abs(x) < f32::new(0.05),
+        series,
+        f32::ln(f32::new(1.0) + x),
+    )
+}
+
+/// `c * tanh(x / c)`, the division as a multiply by `1 / c` (loop-invariant, so one
+/// division per launch instead of one per element; at most an ulp from `x / c`). With
+/// `fast` the hardware's `tanh.approx.f32` (`__tanhf` on CUDA: one instruction, relative
+/// error about 2^-11) instead of `tanhf`; the launch asks for it only for bf16 logits,
+/// whose own rounding (2^-8) is coarser.
+#[cube]
+pub(crate) fn soft_cap<N: Size>(
+    values: Vector<f32, N>,
+    cap: f32,
+    #[comptime] fast: bool,
+) -> Vector<f32, N> {
+    let scaled = values * Vector::new(f32::new(1.0) / cap);
+    let capped = if comptime!(fast) {
+        fast_tanh::<N>(scaled)
+    } else {
+        Vector::tanh(scaled)
+    };
+    Vector::new(cap) * capped
+}
+
+/// `tanh` as the hardware's approximation where there is one (see `soft_cap`).
+#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+fn fast_tanh<N: Size>(values: Vector<f32, N>) -> Vector<f32, N> {
+    Vector::tanh(values)
+}
+
+/// The class weights of one vector's columns.
+#[cube]
+pub(crate) fn weights_vector<N: Size>(
+    class_weights: &Tensor<f32>,
+    first_col: usize,
+) -> Vector<f32, N> {
+    let mut weights = Vector::<f32, N>::new(0.0);
+    #[unroll]
+    for lane in 0..weights.vector_size() {
+        weights.insert(lane, class_weights[first_col + lane]);
+    }
+    weights
+}
+
+/// What one unit (then the whole cube) knows of a row after reading it.
+#[derive(CubeType, Clone, Copy)]
+#[expand(derive(Clone))]
+pub(crate) struct RowState {
+    pub(crate) max: f32,
+    /// `sum exp(x_c - max)` over the classes other than the target.
+    pub(crate) others: f32,
+    pub(crate) target_logit: f32,
+    /// Argmax so far (value, column; column `vocab` until a value is seen).
+    pub(crate) best: f32,
+    pub(crate) best_col: u32,
+    /// `sum_c w_c x'_c` (label smoothing).
+    pub(crate) smooth: f32,
+}
+
+/// Folds one vector (columns `first_col..`) into a unit's state. With `with_target`, the
+/// column `target_col` (if in this vector) is kept out of the sum and its logit kept;
+/// without, the vector holds no target (the streaming loops leave the target's vector to
+/// one unit, so the per-lane compares run once per row, not per element).
+#[cube]
+pub(crate) fn absorb<N: Size>(
+    state: RowState,
+    values: Vector<f32, N>,
+    weights: Vector<f32, N>,
+    first_col: usize,
+    target_col: usize,
+    #[comptime] options: RowOptions,
+    #[comptime] with_target: bool,
+) -> RowState {
+    let new_max = f32::max(state.max, lane_max::<N>(values));
+    let exps = fast_exp::<N>(values, new_max);
+    let mut exp_sum = f32::new(0.0);
+    let mut target_logit = state.target_logit;
+    let mut best = state.best;
+    let mut best_col = state.best_col;
+    if comptime!(with_target) {
+        // The target's lane in this vector, compared in 32 bits; a target before
+        // `first_col` wraps to a huge value, never a lane.
+        let target_lane = u32::cast_from(target_col - first_col);
+        #[unroll]
+        for lane in 0..values.vector_size() {
+            let is_target = target_lane == lane as u32;
+            exp_sum += select(is_target, f32::new(0.0), exps.extract(lane));
+            target_logit = select(is_target, values.extract(lane), target_logit);
+        }
+    } else {
+        exp_sum = lane_sum::<N>(exps);
+    }
+    if comptime!(options.argmax) {
+        #[unroll]
+        for lane in 0..values.vector_size() {
+            // Strictly greater: the first column wins ties, as in `argmax`.
+            let better = values.extract(lane) > best;
+            best = select(better, values.extract(lane), best);
+            best_col = select(better, u32::cast_from(first_col + lane), best_col);
+        }
+    }
+    let mut smooth = state.smooth;
+    if comptime!(options.smoothing) {
+        smooth += lane_sum::<N>(values * weights);
+    }
+    RowState {
+        max: new_max,
+        // The fast exponential here too (its argument is <= 0): the accurate `expf` per
+        // vector cost about 2.5 instructions per element.
+        others: state.others * fast_exp_scalar(state.max - new_max) + exp_sum,
+        target_logit,
+        best,
+        best_col,
+        smooth,
+    }
+}
+
+/// [`absorb`] of one vector as loaded (`raw`, columns `first_col..`): in f32,
+/// soft-capped and with its class weights when the options say so.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn absorb_vector<F: Float, N: Size>(
+    state: RowState,
+    raw: Vector<F, N>,
+    first_col: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    softcap: f32,
+    #[comptime] options: RowOptions,
+    #[comptime] with_target: bool,
+) -> RowState {
+    let mut values = Vector::<f32, N>::cast_from(raw);
+    if comptime!(options.softcap) {
+        values = soft_cap::<N>(values, softcap, options.approximate_tanh);
+    }
+    let mut weights = Vector::<f32, N>::new(1.0);
+    if comptime!(options.smoothing && options.weighted) {
+        weights = weights_vector::<N>(class_weights, first_col);
+    }
+    absorb::<N>(
+        state.clone(),
+        values,
+        weights,
+        first_col,
+        target_col,
+        options,
+        with_target,
+    )
+}
+
+/// Whether this unit's share of vectors `first..first + len` (vectors `first + u,
+/// first + u + cube_size, ..` for unit `u`) holds `target_vector`, and its index in the
+/// span (0 when not).
+#[cube]
+pub(crate) fn target_share(
+    target_vector: usize,
+    first: usize,
+    len: usize,
+    #[comptime] cube_size: usize,
+) -> (bool, usize) {
+    let holds = target_vector >= first
+        && target_vector < first + len
+        && (target_vector - first) % cube_size == UNIT_POS as usize;
+    (holds, select(holds, target_vector - first, 0usize))
+}
+
+/// Reduces vectors `first..first + len` of a row (`row_start`: the row's first vector) into
+/// this unit's state: unit `u` takes vectors `u, u + cube_size, ..`, `loads_per_step` of
+/// them at a time, all loads issued before any is used (a vector past the span's end is
+/// loaded from its start but not absorbed). The span's first `staged_limit` vectors are
+/// also kept in `staged` at their index in the span (0: none).
+#[cube]
+// A comptime `if` around a runtime one: merged, the option's code would stay compiled in.
+#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
+pub(crate) fn reduce_span<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    first: usize,
+    len: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    staged: &mut Shared<[Vector<F, N>]>,
+    softcap: f32,
+    #[comptime] options: RowOptions,
+    #[comptime] staged_limit: usize,
+) -> RowState {
+    let cube_size = options.cube_size;
+    let vector_size = logits.vector_size();
+    let vocab = logits.shape(2);
+    // The running state as scalars: cubecl cannot reassign a struct variable in a loop.
+    let mut max = f32::new(RUNNING_MAX_START);
+    let mut others = f32::new(0.0);
+    let target_logit = f32::new(0.0);
+    let mut best = f32::new(RUNNING_MAX_START);
+    let mut best_col = u32::cast_from(vocab);
+    let mut smooth = f32::new(0.0);
+    // `vocab / vector_size` (no vector) when the target is not a class.
+    let target_vector = target_col / vector_size;
+    let mut local = UNIT_POS as usize;
+    // Every load of a step issued before any is used, in registers: left interleaved,
+    // NVCC kept only two or three of four in flight.
+    let mut loaded = Array::<Vector<F, N>>::new(options.loads_per_step);
+    while local < len {
+        #[unroll]
+        for step in 0..options.loads_per_step {
+            let at = local + step * cube_size;
+            let safe = select(at < len, at, 0usize);
+            loaded[step] = logits[row_start + first + safe];
+        }
+        #[unroll]
+        for step in 0..options.loads_per_step {
+            let at = local + step * cube_size;
+            let in_range = at < len;
+            let safe = select(in_range, at, 0usize);
+            let raw = loaded[step];
+            if comptime!(staged_limit > 0) {
+                if in_range && at < staged_limit {
+                    staged[at] = raw;
+                }
+            }
+            let state = RowState {
+                max,
+                others,
+                target_logit: f32::new(0.0),
+                best,
+                best_col,
+                smooth,
+            };
+            let next = absorb_vector::<F, N>(
+                state.clone(),
+                raw,
+                (first + safe) * vector_size,
+                vocab,
+                class_weights,
+                softcap,
+                options,
+                false,
+            );
+            // The target's vector is absorbed after the loop.
+            let take = in_range && first + at != target_vector;
+            max = select(take, next.max, max);
+            others = select(take, next.others, others);
+            best = select(take, next.best, best);
+            best_col = select(take, next.best_col, best_col);
+            smooth = select(take, next.smooth, smooth);
+        }
+        local += options.loads_per_step * cube_size;
+    }
+    let state = RowState {
+        max,
+        others,
+        target_logit,
+        best,
+        best_col,
+        smooth,
+    };
+    // The target's vector, by the unit whose share it is (re-read: from L1, or from
+    // `staged`); every unit computes it, the others discard it.
+    let (holds, at) = target_share(target_vector, first, len, cube_size);
+    let mut raw = logits[row_start + first + at];
+    if comptime!(staged_limit > 0) {
+        let from_stage = at < staged_limit;
+        raw = select(from_stage, staged[select(from_stage, at, 0usize)], raw);
+    }
+    absorb_held_target::<F, N>(
+        state.clone(),
+        holds,
+        raw,
+        (first + at) * vector_size,
+        target_col,
+        class_weights,
+        softcap,
+        options,
+    )
+}
+
+/// The target's vector (`raw`, columns `first_col..`) folded into a unit's `state` when
+/// the unit `holds` it (see [`target_share`]); every unit computes it, the others keep
+/// their state: the target's lane out of the sum, its logit kept.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn absorb_held_target<F: Float, N: Size>(
+    state: RowState,
+    holds: bool,
+    raw: Vector<F, N>,
+    first_col: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    softcap: f32,
+    #[comptime] options: RowOptions,
+) -> RowState {
+    let next = absorb_vector::<F, N>(
+        state.clone(),
+        raw,
+        first_col,
+        target_col,
+        class_weights,
+        softcap,
+        options,
+        true,
+    );
+    RowState {
+        max: select(holds, next.max, state.max),
+        others: select(holds, next.others, state.others),
+        target_logit: select(holds, next.target_logit, state.target_logit),
+        best: select(holds, next.best, state.best),
+        best_col: select(holds, next.best_col, state.best_col),
+        smooth: select(holds, next.smooth, state.smooth),
+    }
+}
+
+/// Merges the units' states as a tree in shared memory; every unit gets the row's state.
+/// (A plane-op merge, one barrier instead of one per level, timed the same on the H200:
+/// the merge is not on the critical path. The tree runs everywhere; lavapipe has no plane
+/// ops.)
+#[cube]
+pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
+    let cube_size = options.cube_size;
+    let mut shared_max = Shared::<[f32]>::new_slice(cube_size);
+    let mut shared_others = Shared::<[f32]>::new_slice(cube_size);
+    let mut shared_best =
+        Shared::<[f32]>::new_slice(comptime!(if options.argmax { cube_size } else { 1 }));
+    let mut shared_col =
+        Shared::<[u32]>::new_slice(comptime!(if options.argmax { cube_size } else { 1 }));
+    let mut shared_smooth =
+        Shared::<[f32]>::new_slice(comptime!(if options.smoothing { cube_size } else { 1 }));
+    let unit = UNIT_POS as usize;
+    shared_max[unit] = state.max;
+    shared_others[unit] = state.others;
+    if comptime!(options.argmax) {
+        shared_best[unit] = state.best;
+        shared_col[unit] = state.best_col;
+    }
+    if comptime!(options.smoothing) {
+        shared_smooth[unit] = state.smooth;
+    }
+    sync_cube();
+
+    let levels = comptime!(cube_size.trailing_zeros() as usize);
+    #[unroll]
+    for level in 0..levels {
+        let half = comptime!(cube_size >> (level + 1));
+        if unit < half {
+            let max_a = shared_max[unit];
+            let max_b = shared_max[unit + half];
+            let merged_max = f32::max(max_a, max_b);
+            shared_others[unit] = shared_others[unit] * f32::exp(max_a - merged_max)
+                + shared_others[unit + half] * f32::exp(max_b - merged_max);
+            shared_max[unit] = merged_max;
+            if comptime!(options.argmax) {
+                let best_a = shared_best[unit];
+                let best_b = shared_best[unit + half];
+                let col_a = shared_col[unit];
+                let col_b = shared_col[unit + half];
+                let take_b = best_b > best_a || (best_b == best_a && col_b < col_a);
+                shared_best[unit] = select(take_b, best_b, best_a);
+                shared_col[unit] = select(take_b, col_b, col_a);
+            }
+            if comptime!(options.smoothing) {
+                shared_smooth[unit] += shared_smooth[unit + half];
+            }
+        }
+        sync_cube();
+    }
+    let mut merged = state;
+    merged.max = shared_max[0];
+    merged.others = shared_others[0];
+    if comptime!(options.argmax) {
+        merged.best = shared_best[0];
+        merged.best_col = shared_col[0];
+    }
+    if comptime!(options.smoothing) {
+        merged.smooth = shared_smooth[0];
+    }
+    merged
+}
+
+// cubecl-opt 0.10's value numbering sometimes panics ("no entry found for key", varying
+// with hash order) on a `let mut` reassigned inside a runtime `if`; these kernels use
+// `select` for such values instead (comptime `if`s are fine: they leave no branch).
+
+/// The mean's denominators from the targets alone, as forward's statistics would sum
+/// them: `D` (the targets' class weights over non-ignored rows; 1 for a target that is not
+/// a class) and `n` (non-ignored rows), clamped like `reduce_stats` clamps them. Every
+/// cube computes them (reading `rows` targets is cheap next to one row of logits).
+#[cube]
+pub(crate) fn mean_denominators<I: Int>(
+    targets: &Tensor<I>,
+    class_weights: &Tensor<f32>,
+    rows: usize,
+    vocab: usize,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+) -> (f32, f32) {
+    let cube_size = options.cube_size;
+    let mut weight_sum = f32::new(0.0);
+    let mut count = f32::new(0.0);
+    let mut row = UNIT_POS as usize;
+    while row < rows {
+        let target = read_target::<I>(targets, row);
+        let counted = target != scalars.ignore_index;
+        let class = is_class(target, vocab);
+        let mut weight = f32::new(1.0);
+        if comptime!(options.weighted) {
+            weight = select(
+                class,
+                class_weights[select(class, usize::cast_from(target), 0usize)],
+                f32::new(1.0),
+            );
+        }
+        weight_sum += select(counted, weight, f32::new(0.0));
+        count += select(counted, f32::new(1.0), f32::new(0.0));
+        row += cube_size;
+    }
+    let mut shared = Shared::<[f32]>::new_slice(comptime!(2 * cube_size));
+    let unit = UNIT_POS as usize;
+    shared[unit] = weight_sum;
+    shared[cube_size + unit] = count;
+    sum_stacked(&mut shared, 2usize, cube_size);
+    (
+        f32::max(shared[0], f32::new(f32::MIN_POSITIVE)),
+        f32::max(shared[cube_size], f32::new(1.0)),
+    )
+}
+
+/// Sums `sums` stacked arrays of `cube_size` f32 in `shared` (unit `u` has stored its
+/// values at `u`, `cube_size + u`, ..) by a tree over the units: array `k`'s total ends
+/// at `k * cube_size`. Every unit of the cube calls it (it holds the barriers).
+#[cube]
+pub(crate) fn sum_stacked(
+    shared: &mut Shared<[f32]>,
+    #[comptime] sums: usize,
+    #[comptime] cube_size: usize,
+) {
+    let unit = UNIT_POS as usize;
+    sync_cube();
+    let levels = comptime!(cube_size.trailing_zeros() as usize);
+    #[unroll]
+    for level in 0..levels {
+        let half = comptime!(cube_size >> (level + 1));
+        if unit < half {
+            #[unroll]
+            for sum in 0..sums {
+                let at = comptime!(sum * cube_size);
+                shared[at + unit] += shared[at + unit + half];
+            }
+        }
+        sync_cube();
+    }
+}
