@@ -7,7 +7,10 @@ use burn::tensor::{DType, Device, Distribution, Tensor};
 use cubecl::future::block_on;
 use cubecl::prelude::*;
 use cubecl::ir::{ElemType, FloatKind, IntKind};
-use fused_ce_kernels::{KernelTuning, LossSettings, RowLaunch, WeightArgs, launch_forward, row_stat};
+use fused_ce_kernels::{
+    GradientTarget, KernelTuning, LossSettings, OnePassBuffers, OnePassPlan, OnePassScratch, RowLaunch,
+    WeightArgs, launch_forward, launch_one_pass, row_stat, scale_slot,
+};
 
 fn burn_matmul(device: &Device, m: usize, k: usize, n: usize) {
     let a = Tensor::<2>::random([m, k], Distribution::Default, device).cast(DType::BF16);
@@ -131,6 +134,99 @@ fn main() {
     let med = times[times.len() / 2];
     let gbs = (rows * vocab * 2) as f64 / med / 1e9;
     println!("forward bf16 {rows}x{vocab}: median {:.3} ms, {:.0} GB/s of logits read", med * 1e3, gbs);
+
+    // --- the one pass (the default training step's kernel): Mean, guess 1, gradient into a
+    // buffer of its own, NaN-poisoned ---
+    let one_pass_shape = shape.for_one_pass();
+    let plan = OnePassPlan::new(&client, &one_pass_shape);
+    let grad_h = client.create_from_slice(bytemuck_bf16(&vec![half::bf16::NAN; rows * vocab]));
+    let guess_h = client.create_from_slice(as_bytes(&[1.0f32]));
+    let scales_h = client.empty(scale_slot::LEN * 4);
+    let tickets_h = client.empty(4);
+    let partials_h = client.empty(plan.partials_len(rows).max(1) * 4);
+    let one_pass = |stats: &cubecl::server::Handle| unsafe {
+        let arg = |h: &cubecl::server::Handle, strides: Vec<usize>, shape: Vec<usize>| {
+            TensorArg::from_raw_parts(h.clone(), strides.into(), shape.into())
+        };
+        launch_one_pass(
+            &client,
+            one_pass_shape,
+            plan,
+            OnePassBuffers {
+                target: GradientTarget::Separate {
+                    logits: arg(&logits_h, vec![vocab * rows, vocab, 1], vec![1, rows, vocab]),
+                    grad: arg(&grad_h, vec![vocab * rows, vocab, 1], vec![1, rows, vocab]),
+                },
+                targets: arg(&targets_h, vec![rows, 1], vec![1, rows]),
+                weights: WeightArgs {
+                    weights: arg(&ones, vec![1], vec![4]),
+                    total: arg(&ones, vec![1], vec![1]),
+                },
+                stats: arg(stats, vec![rows, 1], vec![row_stat::COUNT, rows]),
+                predicted: arg(&predicted_h, vec![1], vec![rows]),
+                guess: arg(&guess_h, vec![1], vec![1]),
+                denominators: None,
+                scratch: OnePassScratch {
+                    scales: arg(&scales_h, vec![1], vec![scale_slot::LEN]),
+                    tickets: arg(&tickets_h, vec![1], vec![1]),
+                    partials: arg(&partials_h, vec![1], vec![plan.partials_len(rows).max(1)]),
+                },
+            },
+            true,
+        )
+    };
+    let stats2_h = client.create_from_slice(as_bytes(&poison));
+    let t0 = Instant::now();
+    one_pass(&stats2_h);
+    let grad_bytes = client.read_one(grad_h.clone()).expect("read grad");
+    println!("one pass first launch (compile) {:.2} s", t0.elapsed().as_secs_f64());
+    let grad: &[half::bf16] = unsafe {
+        std::slice::from_raw_parts(grad_bytes.as_ptr() as *const half::bf16, grad_bytes.len() / 2)
+    };
+    let counted = targets.iter().filter(|&&t| t != -100).count() as f64;
+    let mut worst_grad = 0f64;
+    let mut non_finite = 0usize;
+    for r in 0..rows {
+        let row = &logits[r * vocab..(r + 1) * vocab];
+        let g = &grad[r * vocab..(r + 1) * vocab];
+        non_finite += g.iter().filter(|v| !v.to_f32().is_finite()).count();
+        if !(r % 97 == 0 || r < 4 || targets[r] == -100 && r < 200) {
+            continue;
+        }
+        let max = row.iter().map(|v| v.to_f64()).fold(f64::MIN, f64::max);
+        let sum: f64 = row.iter().map(|v| (v.to_f64() - max).exp()).sum();
+        for c in 0..vocab {
+            let expected = if targets[r] == -100 {
+                0.0
+            } else {
+                let p = (row[c].to_f64() - max).exp() / sum;
+                (p - if c as i32 == targets[r] { 1.0 } else { 0.0 }) / counted
+            };
+            // bf16 output: half an ulp of the value, plus a floor for tiny probabilities.
+            let err = (g[c].to_f64() - expected).abs() / (expected.abs() + 1e-12 / counted);
+            if err.is_nan() || err > worst_grad {
+                worst_grad = if err.is_nan() { f64::INFINITY } else { err };
+            }
+        }
+    }
+    println!("one pass gradient vs f64: worst relative error {worst_grad:.2e}, non-finite values {non_finite}");
+    if !(worst_grad < 8e-3) || non_finite > 0 {
+        passed = false;
+    }
+    let mut times = Vec::new();
+    for _ in 0..9 {
+        block_on(client.sync()).unwrap();
+        let t = Instant::now();
+        for _ in 0..10 {
+            one_pass(&stats2_h);
+        }
+        block_on(client.sync()).unwrap();
+        times.push(t.elapsed().as_secs_f64() / 10.0);
+    }
+    times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    let med = times[times.len() / 2];
+    let gbs = (rows * vocab * 4) as f64 / med / 1e9;
+    println!("one pass bf16 {rows}x{vocab} (read + write): median {:.3} ms, {:.0} GB/s", med * 1e3, gbs);
     println!("{}", if passed { "GATE PASSED" } else { "GATE FAILED" });
 }
 
