@@ -3,7 +3,7 @@
 
 use cubecl::prelude::*;
 
-use crate::cuda_injection::redefine_cuda_fast_exp;
+use crate::ptx::{load_vector, store_vector};
 use crate::row::{
     RowOptions, RowScalars, fast_exp, is_class, read_target, row_of_cube, row_offset, soft_cap,
     stat_index, target_share, weights_vector,
@@ -156,7 +156,7 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
     if comptime!(options.softcap) {
         logits = soft_cap::<N>(logits, softcap, options.approximate_tanh);
     }
-    let probs = fast_exp::<N>(logits, row.lse);
+    let probs = fast_exp::<N>(logits, row.lse, options.exp_flush_to_zero);
     let mut grad = gradient_from_probs::<N>(
         probs,
         row.prob_coef,
@@ -223,7 +223,6 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
     #[comptime] grad_options: GradOptions,
     #[define(F, I, G)] _dtypes: [ElemType; 3],
 ) {
-    redefine_cuda_fast_exp(options.exp_flush_to_zero);
     let row = row_of_cube();
     if row >= stats.shape(1) {
         terminate!();
@@ -274,7 +273,7 @@ fn write_gradient_row<F: Float, N: Size>(
     let vectors_per_row = vocab / vector_size;
     if row_grad.target_col == vocab {
         // Zero row: the logits are not read (they may be anything, NaN included).
-        zero_vectors::<F, N>(grad, out_start, vectors_per_row, cube_size);
+        zero_vectors::<F, N>(grad, out_start, vectors_per_row, cube_size, false);
     } else {
         // The target's vector is written twice by the unit whose share it is: in the loop
         // as if it held no target, then fixed from its logits read before the loop (the
@@ -298,6 +297,8 @@ fn write_gradient_row<F: Float, N: Size>(
             softcap,
             options,
             4usize,
+            false,
+            false,
         );
         if holds {
             store_gradient_vector::<F, N>(
@@ -310,6 +311,7 @@ fn write_gradient_row<F: Float, N: Size>(
                 softcap,
                 options,
                 true,
+                false,
             );
         }
     }
@@ -317,7 +319,8 @@ fn write_gradient_row<F: Float, N: Size>(
 
 /// Writes the gradient of vectors `first..first + len` of a row (`in_start`/`out_start`:
 /// the row's first vector in `logits`/`grad`) as if none held the target: unit `u` takes
-/// vectors `first + u, first + u + cube_size, ..`.
+/// vectors `first + u, first + u + cube_size, ..`. `stream_loads`/`stream_stores`: the
+/// evict-first forms of [`load_vector`]/[`store_vector`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_gradient_span<F: Float, N: Size>(
@@ -332,6 +335,8 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
     softcap: f32,
     #[comptime] options: RowOptions,
     #[comptime] loads: usize,
+    #[comptime] stream_loads: bool,
+    #[comptime] stream_stores: bool,
 ) {
     let cube_size = options.cube_size;
     let in_row = in_start + first;
@@ -342,7 +347,7 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
     while index + (loads - 1) * cube_size < len {
         #[unroll]
         for step in 0..loads {
-            loaded[step] = logits[in_row + index + step * cube_size];
+            loaded[step] = load_vector::<F, N>(logits, in_row + index + step * cube_size, stream_loads);
         }
         #[unroll]
         for step in 0..loads {
@@ -356,12 +361,13 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
                 softcap,
                 options,
                 false,
+                stream_stores,
             );
         }
         index += loads * cube_size;
     }
     while index < len {
-        let values = logits[in_row + index];
+        let values = load_vector::<F, N>(logits, in_row + index, stream_loads);
         store_gradient_vector::<F, N>(
             grad,
             out_start,
@@ -372,6 +378,7 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
             softcap,
             options,
             false,
+            stream_stores,
         );
         index += cube_size;
     }
@@ -379,7 +386,7 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
 
 /// Writes the gradient of vector `index` of a row (`values`: its logits; `out_start`:
 /// the row's first vector in `grad`) at `out_start + index`; without `with_target` as if
-/// it held no target (see `write_gradient_row`).
+/// it held no target (see `write_gradient_row`); `streaming`: see [`store_vector`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn store_gradient_vector<F: Float, N: Size>(
@@ -392,13 +399,14 @@ pub(crate) fn store_gradient_vector<F: Float, N: Size>(
     softcap: f32,
     #[comptime] options: RowOptions,
     #[comptime] with_target: bool,
+    #[comptime] streaming: bool,
 ) {
     let vector_size = grad.vector_size();
     let mut weights = Vector::<f32, N>::new(1.0);
     if comptime!(options.smoothing && options.weighted) {
         weights = weights_vector::<N>(class_weights, index * vector_size);
     }
-    grad[out_start + index] = gradient_vector::<F, N>(
+    let value = gradient_vector::<F, N>(
         values,
         weights,
         index * vector_size,
@@ -407,20 +415,22 @@ pub(crate) fn store_gradient_vector<F: Float, N: Size>(
         options,
         with_target,
     );
+    store_vector::<F, N>(grad, out_start + index, value, streaming);
 }
 
 /// Zeros over `len` vectors of a row's gradient from `out_start` (unit `u` writes
-/// `out_start + u, out_start + u + cube_size, ..`).
+/// `out_start + u, out_start + u + cube_size, ..`); `streaming`: see [`store_vector`].
 #[cube]
 pub(crate) fn zero_vectors<F: Float, N: Size>(
     grad: &mut Tensor<Vector<F, N>>,
     out_start: usize,
     len: usize,
     #[comptime] cube_size: usize,
+    #[comptime] streaming: bool,
 ) {
     let mut local = UNIT_POS as usize;
     while local < len {
-        grad[out_start + local] = Vector::new(F::new(0.0));
+        store_vector::<F, N>(grad, out_start + local, Vector::new(F::new(0.0)), streaming);
         local += cube_size;
     }
 }

@@ -2,7 +2,6 @@
 
 use cubecl::prelude::*;
 
-use crate::cuda_injection::redefine_cuda_fast_exp;
 use crate::row::{
     RowOptions, RowScalars, RowState, cube_merge, is_class, ln_one_plus, read_target, reduce_span,
     row_of_cube, row_offset, runtime_nan, stat_index,
@@ -266,7 +265,6 @@ pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
     #[comptime] options: RowOptions,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    redefine_cuda_fast_exp(options.exp_flush_to_zero);
     let row = row_of_cube();
     if row >= stats.shape(1) {
         terminate!();

@@ -7,7 +7,7 @@ use crate::backward::{GradOptions, cross_entropy_backward_kernel, scale_gradient
 use crate::checks::first_bad_target_kernel;
 use crate::forward::cross_entropy_forward_kernel;
 use crate::one_pass::{cross_entropy_one_pass_kernel, one_pass_prologue_kernel};
-use crate::plan::{OnePassPlan, RowLaunch, grid_of, reduction_units};
+use crate::plan::{OnePassPlan, RowLaunch, Target, grid_of, reduction_units};
 use crate::reduce::{ReduceOptions, reduce_stats_kernel};
 use crate::row::RowScalarsLaunch;
 use crate::shards::{
@@ -247,12 +247,12 @@ pub fn launch_one_pass(
         same_arg(&scratch.partials),
         u32::try_from(shape.vocab).unwrap_or(u32::MAX),
         row_scalars(&shape),
-        shape.options_on(false, prologue_units, shape.tuning.row_loads),
+        shape.options_on(Target::OTHER, prologue_units, shape.tuning.row_loads),
         mean,
         given_denominators,
         shape.int_dtype,
     );
-    let one_pass = plan.options(mean, matches!(target, GradientTarget::InPlace(_)));
+    let one_pass = plan.options(mean);
     let options = shape.launch_options(client, plan.cube_size, plan.loads_per_step);
     let (logits, grad) = target.into_args();
     // Unchecked: every index is in bounds by construction (clamped or masked in the

@@ -6,18 +6,18 @@
 
 mod backward;
 mod checks;
-mod cuda_injection;
 #[cfg(feature = "cuda-source")]
 pub mod cuda_source;
 mod forward;
 mod launch;
-// mod matmul_accumulate;
+mod matmul_accumulate;
 mod one_pass;
 mod plan;
+mod ptx;
 mod reduce;
 mod row;
 mod shards;
-// mod sum_writer;
+mod sum_writer;
 mod tma_rows;
 mod tuning;
 
@@ -30,7 +30,7 @@ pub use launch::{
     launch_pack_shard_rows, launch_reduce_stats, launch_scale_gradient, launch_shard_gradient_rows,
     launch_shard_targets, launch_whole_vocabulary_rows,
 };
-// pub use matmul_accumulate::{PlaneRows, launch_matmul_accumulate, split_k_slices};
+pub use matmul_accumulate::{PlaneRows, launch_matmul_accumulate, split_k_slices};
 pub use one_pass::{
     OnePassOptions, PARTIAL_SLOTS, UNPUBLISHED, cross_entropy_one_pass_kernel,
     one_pass_prologue_kernel, scale_slot,

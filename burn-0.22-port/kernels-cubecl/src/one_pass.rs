@@ -24,8 +24,8 @@ use crate::backward::{
     RowGradient, gradient_coefficients, gradient_from_probs, incoming_scales,
     store_gradient_vector, write_gradient_span, zero_vectors,
 };
-use crate::cuda_injection::{cache_hints, declare_cache_hints, redefine_cuda_fast_exp};
 use crate::forward::{finish_row, write_ignored_row};
+use crate::ptx::{load_vector, store_vector};
 use crate::row::{
     RUNNING_MAX_START, RowOptions, RowScalars, RowState, absorb_held_target, cube_merge, fast_exp,
     fast_exp_scalar, is_class, lane_max, lane_sum, mean_denominators, read_target, reduce_span,
@@ -70,14 +70,25 @@ pub struct OnePassOptions {
     /// reference maximum per unit and step, so their gradient is one multiply per element
     /// instead of an exponential (not with softcap, whose derivative needs the logits).
     pub staged_exps: bool,
-    /// CUDA only (see `KernelTuning::cache_hints` and `declare_cache_hints`): bit 0, the loads of the logits that are not read
+    /// Inline PTX, so only where the CUDA runtime compiles through CUDA C++ (see
+    /// `KernelTuning::cache_hints`): bit 0, the loads of the logits that are not read
     /// again from L2 (the staged part, the re-read part's second read) as `ld.global.cs`;
-    /// bit 1, the gradient's stores as `st.global.cs`. Both evict first from L2, leaving
-    /// it to the unstaged part the gradient pass re-reads. 0: plain loads and stores.
+    /// bit 1, the gradient's stores as `st.global.cs` (`ptx::load_vector`,
+    /// `ptx::store_vector`). Both evict first from L2, leaving it to the unstaged part the
+    /// gradient pass re-reads. 0: plain loads and stores.
     pub cache_hints: u32,
-    /// The gradient is written over the logits (an alias of input 0), else into a buffer
-    /// of its own: only the CUDA C++ names of the buffers differ (`cache_hints`).
-    pub gradient_in_place: bool,
+}
+
+impl OnePassOptions {
+    /// The logits' loads that are not read again use `ld.global.cs`.
+    pub(crate) fn stream_loads(&self) -> bool {
+        self.cache_hints & 1 != 0
+    }
+
+    /// The gradient's stores use `st.global.cs`.
+    pub(crate) fn stream_stores(&self) -> bool {
+        self.cache_hints & 2 != 0
+    }
 }
 
 /// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
@@ -177,9 +188,6 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
     #[comptime] one_pass: OnePassOptions,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    redefine_cuda_fast_exp(options.exp_flush_to_zero);
-    declare_cache_hints(one_pass.cache_hints, one_pass.gradient_in_place);
-    cache_hints(one_pass.cache_hints, true);
     let rows = stats.shape(1);
     let vector_size = logits.vector_size();
     let vectors_per_row = logits.shape(2) / vector_size;
@@ -205,7 +213,13 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
     if target == scalars.ignore_index {
         // Nobody waits for an ignored row's chunks: they publish nothing.
         let out_start = row_offset::<Vector<F, N>>(&*grad, row) / grad.vector_size() + first;
-        zero_vectors::<F, N>(grad, out_start, len, options.cube_size);
+        zero_vectors::<F, N>(
+            grad,
+            out_start,
+            len,
+            options.cube_size,
+            comptime!(one_pass.stream_stores()),
+        );
         if chunk == 0 && UNIT_POS == 0 {
             write_ignored_row::<I>(stats, predicted, row, options);
         }
@@ -257,6 +271,8 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
     #[comptime] one_pass: OnePassOptions,
 ) {
     let cube_size = options.cube_size;
+    let stream_loads = comptime!(one_pass.stream_loads());
+    let stream_stores = comptime!(one_pass.stream_stores());
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
     let target_is_class = is_class(target, vocab);
@@ -282,11 +298,10 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
             &mut staged,
             options,
             one_pass.staged_vectors,
-            one_pass.cache_hints,
+            stream_loads,
         )
     } else {
         // Staged and unstaged vectors come through the same loads here: plain ones.
-        cache_hints(one_pass.cache_hints, false);
         let state = reduce_span::<F, N>(
             logits,
             row_start,
@@ -299,7 +314,6 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
             options,
             one_pass.staged_vectors,
         );
-        cache_hints(one_pass.cache_hints, true);
         (state, f32::new(0.0))
     };
     let target_vector = target_col / vector_size;
@@ -430,7 +444,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
     );
     let out_start = row_offset::<Vector<F, N>>(&*grad, row) / vector_size;
     if !target_is_class {
-        zero_vectors::<F, N>(grad, out_start + first, len, cube_size);
+        zero_vectors::<F, N>(grad, out_start + first, len, cube_size, stream_stores);
     } else {
         let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
         // A select, not `min`: cubecl 0.10 types the constant as 32 bits, and NVRTC finds
@@ -440,7 +454,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         // target, then fixed from its logits read before the loop.
         let target_staged = target_at < staged_len;
         let target_in_stage = staged[select(target_staged, target_at, 0usize)];
-        let target_logits = logits[in_start + first + target_at];
+        let target_logits = load_vector::<F, N>(logits, in_start + first + target_at, stream_loads);
         let target_values = select(
             target_staged && comptime!(!one_pass.staged_exps),
             target_in_stage,
@@ -460,6 +474,8 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
                 scalars.softcap,
                 options,
                 one_pass.reread_loads,
+                stream_loads,
+                stream_stores,
             );
         }
         if comptime!(one_pass.staged_exps) {
@@ -473,6 +489,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
                 class_weights,
                 row_grad.clone(),
                 options,
+                stream_stores,
             );
         } else {
             let mut local = UNIT_POS as usize;
@@ -488,6 +505,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
                     scalars.softcap,
                     options,
                     false,
+                    stream_stores,
                 );
                 local += cube_size;
             }
@@ -497,8 +515,9 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         let from_exps = holds_target && target_staged && comptime!(one_pass.staged_exps);
         if comptime!(one_pass.staged_exps) {
             if from_exps {
-                let coefficient = fast_exp_scalar(reference - row_grad.lse) * row_grad.prob_coef;
-                grad[out_start + first + target_at] = gradient_from_staged_exps::<F, N>(
+                let coefficient = fast_exp_scalar(reference - row_grad.lse, options.exp_flush_to_zero)
+                    * row_grad.prob_coef;
+                let value = gradient_from_staged_exps::<F, N>(
                     target_in_stage,
                     coefficient,
                     class_weights,
@@ -507,6 +526,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
                     options,
                     true,
                 );
+                store_vector::<F, N>(grad, out_start + first + target_at, value, stream_stores);
             }
         }
         if holds_target && !from_exps {
@@ -520,6 +540,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
                 scalars.softcap,
                 options,
                 true,
+                stream_stores,
             );
         }
     }
@@ -551,7 +572,7 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
     staged: &mut Shared<[Vector<F, N>]>,
     #[comptime] options: RowOptions,
     #[comptime] staged_limit: usize,
-    #[comptime] hints: u32,
+    #[comptime] stream_loads: bool,
 ) -> (RowState, f32) {
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
@@ -564,7 +585,15 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         best_col: u32::cast_from(vocab),
         smooth: f32::new(0.0),
     };
-    let top = stage_logits::<F, N>(logits, row_start, first, staged_len, staged, options);
+    let top = stage_logits::<F, N>(
+        logits,
+        row_start,
+        first,
+        staged_len,
+        staged,
+        options,
+        stream_loads,
+    );
     let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
     let kept = staged_to_exps::<F, N>(
         staged,
@@ -577,7 +606,6 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         options,
     );
     // The unstaged part is read again by the gradient pass: plain loads, kept in L2.
-    cache_hints(hints, false);
     let state = reduce_rest::<F, N>(
         logits,
         row_start,
@@ -589,7 +617,6 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
         kept,
         options,
     );
-    cache_hints(hints, true);
     // The target's vector, by the unit whose share it is, from its logits (the stage
     // holds exponentials); every unit computes it, the others discard it.
     let target_vector = target_col / vector_size;
@@ -597,7 +624,7 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
     let state = absorb_held_target::<F, N>(
         state.clone(),
         holds,
-        logits[row_start + first + at],
+        load_vector::<F, N>(logits, row_start + first + at, stream_loads),
         (first + at) * vector_size,
         target_col,
         class_weights,
@@ -608,7 +635,8 @@ fn reduce_chunk_staging_exps<F: Float, N: Size>(
 }
 
 /// The unit's vectors `0..staged_len` of the chunk into `staged` through registers
-/// (`loads_per_step` loads in flight), and their maximum per lane.
+/// (`loads_per_step` loads in flight), and their maximum per lane; `streaming`: see
+/// [`load_vector`].
 #[cube]
 fn stage_logits<F: Float, N: Size>(
     logits: &Tensor<Vector<F, N>>,
@@ -617,6 +645,7 @@ fn stage_logits<F: Float, N: Size>(
     staged_len: usize,
     staged: &mut Shared<[Vector<F, N>]>,
     #[comptime] options: RowOptions,
+    #[comptime] streaming: bool,
 ) -> Vector<F, N> {
     let cube_size = options.cube_size;
     let loads = options.loads_per_step;
@@ -627,7 +656,8 @@ fn stage_logits<F: Float, N: Size>(
         #[unroll]
         for step in 0..loads {
             let at = local + step * cube_size;
-            loaded[step] = logits[row_start + first + select(at < staged_len, at, 0usize)];
+            let index = row_start + first + select(at < staged_len, at, 0usize);
+            loaded[step] = load_vector::<F, N>(logits, index, streaming);
         }
         #[unroll]
         for step in 0..loads {
@@ -669,7 +699,7 @@ fn staged_to_exps<F: Float, N: Size>(
     let mut local = UNIT_POS as usize;
     while local < staged_len {
         let values = Vector::<f32, N>::cast_from(staged[local]);
-        let exps = fast_exp::<N>(values, reference);
+        let exps = fast_exp::<N>(values, reference, options.exp_flush_to_zero);
         staged[local] = Vector::cast_from(exps);
         let take = first + local != target_vector;
         let next = absorb_exps::<N>(
@@ -743,14 +773,14 @@ fn reduce_rest<F: Float, N: Size>(
             running_max,
             lane_max::<N>(Vector::<f32, N>::cast_from(step_top)),
         );
-        others *= fast_exp_scalar(running_max - step_max);
+        others *= fast_exp_scalar(running_max - step_max, options.exp_flush_to_zero);
         running_max = step_max;
         #[unroll]
         for step in 0..loads {
             let at = local + step * cube_size;
             let in_range = at < rest;
             let values = Vector::<f32, N>::cast_from(loaded[step]);
-            let exps = fast_exp::<N>(values, step_max);
+            let exps = fast_exp::<N>(values, step_max, options.exp_flush_to_zero);
             let take = in_range && first + staged_len + at != target_vector;
             let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
             let next = absorb_exps::<N>(
@@ -824,7 +854,8 @@ fn absorb_exps<N: Size>(
 
 /// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
 /// from the exponentials [`reduce_chunk_staging_exps`] kept, as if none held the target:
-/// one factor `exp(m - lse) * coefficient` per unit, then a multiply per element.
+/// one factor `exp(m - lse) * coefficient` per unit, then a multiply per element;
+/// `streaming`: see [`store_vector`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn write_staged_exps_gradient<F: Float, N: Size>(
@@ -837,13 +868,15 @@ fn write_staged_exps_gradient<F: Float, N: Size>(
     class_weights: &Tensor<f32>,
     row_grad: RowGradient,
     #[comptime] options: RowOptions,
+    #[comptime] streaming: bool,
 ) {
     let cube_size = options.cube_size;
     let vector_size = grad.vector_size();
-    let coefficient = fast_exp_scalar(reference - row_grad.lse) * row_grad.prob_coef;
+    let coefficient =
+        fast_exp_scalar(reference - row_grad.lse, options.exp_flush_to_zero) * row_grad.prob_coef;
     let mut local = UNIT_POS as usize;
     while local < staged_len {
-        grad[out_start + first + local] = gradient_from_staged_exps::<F, N>(
+        let value = gradient_from_staged_exps::<F, N>(
             staged[local],
             coefficient,
             class_weights,
@@ -852,6 +885,7 @@ fn write_staged_exps_gradient<F: Float, N: Size>(
             options,
             false,
         );
+        store_vector::<F, N>(grad, out_start + first + local, value, streaming);
         local += cube_size;
     }
 }

@@ -10,6 +10,8 @@
 
 use cubecl::prelude::*;
 
+use crate::ptx::{exp_flush_to_zero, exp_flush_to_zero_lanes};
+
 /// Start value of a running maximum. Finite on purpose: `exp(m_old - m_new)` with both at
 /// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
 pub const RUNNING_MAX_START: f32 = -3.0e38;
@@ -38,8 +40,8 @@ pub struct RowOptions {
     pub cube_size: usize,
     /// Vectors each unit loads before using any (bytes in flight per unit).
     pub loads_per_step: usize,
-    /// CUDA only: the fast exponential as `ex2.approx.ftz.f32` (see
-    /// `cuda_injection::redefine_cuda_fast_exp`).
+    /// The fast exponential as `ex2.approx.ftz.f32` ([`fast_exp`]): inline PTX, so set only
+    /// where the CUDA runtime compiles through CUDA C++ (`plan::Target`).
     pub exp_flush_to_zero: bool,
     /// Softcap's `tanh` as the hardware's approximation (`soft_cap`).
     pub approximate_tanh: bool,
@@ -111,19 +113,32 @@ pub(crate) fn lane_sum<N: Size>(values: Vector<f32, N>) -> f32 {
     sum
 }
 
-/// `exp(values - shift)` per lane, as the hardware's fast exponential where there is one
-/// (`__expf` on CUDA: a few ulp, and still inf/NaN-correct, at a fraction of `expf`'s
-/// instructions; the accurate `expf` made the forward pass instruction-bound on the H200).
-/// Used only where the argument is <= 0 or a logit minus its row's log-sum-exp.
+/// `exp(values - shift)` per lane, for an argument <= 0 or a logit minus its row's
+/// log-sum-exp. With `flush_to_zero` (CUDA C++ only: see `RowOptions::exp_flush_to_zero`)
+/// as `ex2.approx.ftz.f32` (`ptx::exp_flush_to_zero`): the accurate `expf` made the forward
+/// pass instruction-bound on the H200. Else cubecl's `exp`, allowed its fast forms.
 #[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
-pub(crate) fn fast_exp<N: Size>(values: Vector<f32, N>, shift: f32) -> Vector<f32, N> {
-    Vector::exp(values - Vector::new(shift))
+pub(crate) fn fast_exp<N: Size>(
+    values: Vector<f32, N>,
+    shift: f32,
+    #[comptime] flush_to_zero: bool,
+) -> Vector<f32, N> {
+    let shifted = values - Vector::new(shift);
+    if comptime!(flush_to_zero) {
+        exp_flush_to_zero_lanes::<N>(shifted)
+    } else {
+        Vector::exp(shifted)
+    }
 }
 
-/// `exp(x)` as the hardware's fast exponential, for a rescaling factor (`x <= 0`).
+/// `exp(x)` as [`fast_exp`] forms it, for a rescaling factor (`x <= 0`).
 #[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
-pub(crate) fn fast_exp_scalar(x: f32) -> f32 {
-    f32::exp(x)
+pub(crate) fn fast_exp_scalar(x: f32, #[comptime] flush_to_zero: bool) -> f32 {
+    if comptime!(flush_to_zero) {
+        exp_flush_to_zero(x)
+    } else {
+        f32::exp(x)
+    }
 }
 
 /// `ln(1 + x)`, accurate for small `x`: a Taylor polynomial below 0.05 (error under
@@ -216,7 +231,7 @@ pub(crate) fn absorb<N: Size>(
     #[comptime] with_target: bool,
 ) -> RowState {
     let new_max = f32::max(state.max, lane_max::<N>(values));
-    let exps = fast_exp::<N>(values, new_max);
+    let exps = fast_exp::<N>(values, new_max, options.exp_flush_to_zero);
     let mut exp_sum = f32::new(0.0);
     let mut target_logit = state.target_logit;
     let mut best = state.best;
@@ -251,7 +266,8 @@ pub(crate) fn absorb<N: Size>(
         max: new_max,
         // The fast exponential here too (its argument is <= 0): the accurate `expf` per
         // vector cost about 2.5 instructions per element.
-        others: state.others * fast_exp_scalar(state.max - new_max) + exp_sum,
+        others: state.others * fast_exp_scalar(state.max - new_max, options.exp_flush_to_zero)
+            + exp_sum,
         target_logit,
         best,
         best_col,
