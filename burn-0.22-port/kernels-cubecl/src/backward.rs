@@ -197,7 +197,10 @@ pub(crate) fn gradient_from_probs<N: Size>(
         #[unroll]
         for lane in 0..grad.vector_size() {
             let is_target = target_lane == lane as u32;
-            grad.insert(lane, select(is_target, row.target_value, grad.extract(lane)));
+            grad.insert(
+                lane,
+                select(is_target, row.target_value, grad.extract(lane)),
+            );
         }
     }
     grad
@@ -347,7 +350,8 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
     while index + (loads - 1) * cube_size < len {
         #[unroll]
         for step in 0..loads {
-            loaded[step] = load_vector::<F, N>(logits, in_row + index + step * cube_size, stream_loads);
+            loaded[step] =
+                load_vector::<F, N>(logits, in_row + index + step * cube_size, stream_loads);
         }
         #[unroll]
         for step in 0..loads {

@@ -230,8 +230,7 @@ pub(crate) fn finish_row<I: Int>(
     let target_grad = -merged.others / sum;
     if write {
         let at = stat_index(&*stats, row_stat::LOSS, row);
-        stats[at] =
-            select(target_is_class, loss + z_loss, not_a_number);
+        stats[at] = select(target_is_class, loss + z_loss, not_a_number);
         let at = stat_index(&*stats, row_stat::Z_LOSS, row);
         stats[at] = z_loss;
         let at = stat_index(&*stats, row_stat::WEIGHT, row);

@@ -77,10 +77,7 @@ pub enum GradientTarget {
     /// Over the logits themselves (they are not read again by anyone).
     InPlace(TensorArg),
     /// Read `logits`, write `grad` (same shape).
-    Separate {
-        logits: TensorArg,
-        grad: TensorArg,
-    },
+    Separate { logits: TensorArg, grad: TensorArg },
 }
 
 impl GradientTarget {

@@ -278,11 +278,12 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
     let target_is_class = is_class(target, vocab);
     // When the target is not a class, `target_col` is one no unit reaches.
     let target_col = select(target_is_class, usize::cast_from(target), vocab);
-    let mut staged = Shared::<[Vector<F, N>]>::new_slice(comptime!(if one_pass.staged_vectors > 0 {
-        one_pass.staged_vectors
-    } else {
-        1
-    }));
+    let mut staged =
+        Shared::<[Vector<F, N>]>::new_slice(comptime!(if one_pass.staged_vectors > 0 {
+            one_pass.staged_vectors
+        } else {
+            1
+        }));
 
     // 1. Reduce the chunk, keeping it in shared memory when it fits.
     let row_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
@@ -515,8 +516,9 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         let from_exps = holds_target && target_staged && comptime!(one_pass.staged_exps);
         if comptime!(one_pass.staged_exps) {
             if from_exps {
-                let coefficient = fast_exp_scalar(reference - row_grad.lse, options.exp_flush_to_zero)
-                    * row_grad.prob_coef;
+                let coefficient =
+                    fast_exp_scalar(reference - row_grad.lse, options.exp_flush_to_zero)
+                        * row_grad.prob_coef;
                 let value = gradient_from_staged_exps::<F, N>(
                     target_in_stage,
                     coefficient,

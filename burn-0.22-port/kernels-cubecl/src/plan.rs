@@ -155,8 +155,7 @@ impl RowLaunch {
         loads_per_step: usize,
     ) -> RowOptions {
         let settings = self.settings;
-        let bf16 = self.float_dtype
-            == ElemType::Float(cubecl::ir::FloatKind::BF16);
+        let bf16 = self.float_dtype == ElemType::Float(cubecl::ir::FloatKind::BF16);
         RowOptions {
             loads_per_step,
             softcap: settings.softcap.is_some(),

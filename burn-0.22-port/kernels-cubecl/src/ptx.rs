@@ -6,12 +6,11 @@
 //! the kernel. So every helper here is behind a comptime flag that the launches set only
 //! there ([`crate::plan::Target`]); without it each one is the plain operation.
 
+use core::f32::consts::LOG2_E;
+
 use cubecl::prelude::*;
 
-/// log2(e): `exp(x) = 2^(x log2(e))`.
-const LOG2_E: f32 = 1.442_695_040_888_963_4;
-
-/// `exp(x)` as a multiply by log2(e) and `ex2.approx.ftz.f32`: two instructions. The
+/// `exp(x)` as `ex2.approx.ftz.f32` of `x log2(e)`: two instructions. The
 /// approximation is a few ulp; flushing to zero changes only results below 2^-126
 /// (probabilities under 1.2e-38), where `ex2.approx.f32` would spend a range test and two
 /// predicated multiplies per call to keep them, in loops that are near issue-bound.

@@ -252,11 +252,9 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
         packed[at] = select(mine, lse, zero);
     }
     let at = packed_index(&*packed, shards, row);
-    packed[at] =
-        select(here, own[stat_index(own, row_stat::LOSS, row)], zero);
+    packed[at] = select(here, own[stat_index(own, row_stat::LOSS, row)], zero);
     let at = packed_index(&*packed, shards + 1, row);
-    packed[at] =
-        select(here, own[stat_index(own, row_stat::TARGET_GRAD, row)], zero);
+    packed[at] = select(here, own[stat_index(own, row_stat::TARGET_GRAD, row)], zero);
     if comptime!(options.smoothing) {
         let smooth = smoothed[stat_index(smoothed, row_stat::LOSS, row)];
         let at = packed_index(&*packed, shards + 2, row);
@@ -278,8 +276,7 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
             let at = packed_index(&*packed, best_at + k, row);
             packed[at] = select(mine, best, zero);
             let at = packed_index(&*packed, best_at + shards + k, row);
-            packed[at] =
-                select(mine, whole_column, zero);
+            packed[at] = select(mine, whole_column, zero);
         }
     }
 }
