@@ -323,7 +323,7 @@ fn write_gradient_row<F: Float, N: Size>(
 /// Writes the gradient of vectors `first..first + len` of a row (`in_start`/`out_start`:
 /// the row's first vector in `logits`/`grad`) as if none held the target: unit `u` takes
 /// vectors `first + u, first + u + cube_size, ..`. `stream_loads`/`stream_stores`: the
-/// evict-first forms of [`load_vector`]/[`store_vector`].
+/// evict-first forms of [`load_vector()`]/[`store_vector()`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_gradient_span<F: Float, N: Size>(
@@ -390,7 +390,7 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
 
 /// Writes the gradient of vector `index` of a row (`values`: its logits; `out_start`:
 /// the row's first vector in `grad`) at `out_start + index`; without `with_target` as if
-/// it held no target (see `write_gradient_row`); `streaming`: see [`store_vector`].
+/// it held no target (see `write_gradient_row`); `streaming`: see [`store_vector()`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn store_gradient_vector<F: Float, N: Size>(
@@ -423,7 +423,7 @@ pub(crate) fn store_gradient_vector<F: Float, N: Size>(
 }
 
 /// Zeros over `len` vectors of a row's gradient from `out_start` (unit `u` writes
-/// `out_start + u, out_start + u + cube_size, ..`); `streaming`: see [`store_vector`].
+/// `out_start + u, out_start + u + cube_size, ..`); `streaming`: see [`store_vector()`].
 #[cube]
 pub(crate) fn zero_vectors<F: Float, N: Size>(
     grad: &mut Tensor<Vector<F, N>>,

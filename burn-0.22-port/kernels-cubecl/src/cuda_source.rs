@@ -151,3 +151,60 @@ fn cuda_source(kernel: impl CubeKernel) -> String {
         .map(|kernel| kernel.to_string())
         .unwrap_or_else(|error| format!("// compilation failed: {error:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CacheHints, KernelTuning, LossSettings};
+    use cubecl::ir::{FloatKind, IntKind};
+
+    fn shape(exp_flush_to_zero: bool, cache_hints: CacheHints) -> RowLaunch {
+        let mut tuning = KernelTuning::defaults(true, true);
+        tuning.cache_hints = cache_hints;
+        RowLaunch {
+            rows: 8192,
+            vocab: 128_256,
+            vector_size: 8,
+            address_type: AddressType::U32,
+            float_dtype: ElemType::Float(FloatKind::BF16),
+            int_dtype: ElemType::Int(IntKind::I32),
+            settings: LossSettings {
+                ignore_index: -100,
+                exp_flush_to_zero,
+                ..Default::default()
+            },
+            tuning,
+        }
+    }
+
+    #[test]
+    fn the_inline_ptx_reaches_the_cuda_source() {
+        let on = shape(true, CacheHints::LoadsAndStores);
+        for in_place in [true, false] {
+            let source = one_pass_kernel_source(on, true, in_place);
+            for instruction in [
+                "ex2.approx.ftz.f32",
+                "ld.global.cs.v4.u32",
+                "st.global.cs.v4.u32",
+            ] {
+                assert!(source.contains(instruction), "{instruction}:\n{source}");
+            }
+        }
+        assert!(forward_kernel_source(on).contains("ex2.approx.ftz.f32"));
+        let loads = one_pass_kernel_source(shape(false, CacheHints::Loads), true, true);
+        assert!(loads.contains("ld.global.cs") && !loads.contains("st.global.cs"));
+    }
+
+    #[test]
+    fn without_the_options_the_source_has_no_inline_ptx() {
+        // (cubecl's own atomics are inline PTX too: look for ours.)
+        let ours = |source: String| source.contains("ex2.approx") || source.contains(".cs.");
+        let off = shape(false, CacheHints::Off);
+        assert!(!ours(one_pass_kernel_source(off, true, true)));
+        assert!(!ours(forward_kernel_source(off)));
+        // 8-byte vectors keep plain loads and stores.
+        let mut narrow = shape(false, CacheHints::LoadsAndStores);
+        narrow.vector_size = 4;
+        assert!(!one_pass_kernel_source(narrow, true, true).contains(".cs."));
+    }
+}

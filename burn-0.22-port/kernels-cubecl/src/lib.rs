@@ -4,6 +4,10 @@
 //! This crate knows cubecl handles only: no Burn types. `burn-fused-ce` turns Burn tensors
 //! into launch arguments and does the reductions.
 
+// In `#[cube]` bodies values are expand handles, which move: a struct passed twice is
+// cloned there, though its host type is `Copy`.
+#![allow(clippy::clone_on_copy)]
+
 mod backward;
 mod checks;
 #[cfg(feature = "cuda-source")]
@@ -17,6 +21,7 @@ mod ptx;
 mod reduce;
 mod row;
 mod shards;
+mod staged_exps;
 mod sum_writer;
 mod tma_rows;
 mod tuning;

@@ -27,7 +27,7 @@ pub(crate) fn exp_flush_to_zero(x: f32) -> f32 {
     y
 }
 
-/// [`exp_flush_to_zero`] of each lane (PTX has no vector form of `ex2`).
+/// [`exp_flush_to_zero()`] of each lane (PTX has no vector form of `ex2`).
 #[cube]
 pub(crate) fn exp_flush_to_zero_lanes<N: Size>(values: Vector<f32, N>) -> Vector<f32, N> {
     let mut exps = values;

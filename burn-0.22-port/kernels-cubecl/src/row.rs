@@ -40,7 +40,7 @@ pub struct RowOptions {
     pub cube_size: usize,
     /// Vectors each unit loads before using any (bytes in flight per unit).
     pub loads_per_step: usize,
-    /// The fast exponential as `ex2.approx.ftz.f32` ([`fast_exp`]): inline PTX, so set only
+    /// The fast exponential as `ex2.approx.ftz.f32` (`fast_exp`): inline PTX, so set only
     /// where the CUDA runtime compiles through CUDA C++ (`plan::Target`).
     pub exp_flush_to_zero: bool,
     /// Softcap's `tanh` as the hardware's approximation (`soft_cap`).
@@ -131,7 +131,7 @@ pub(crate) fn fast_exp<N: Size>(
     }
 }
 
-/// `exp(x)` as [`fast_exp`] forms it, for a rescaling factor (`x <= 0`).
+/// `exp(x)` as [`fast_exp()`] forms it, for a rescaling factor (`x <= 0`).
 #[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(crate) fn fast_exp_scalar(x: f32, #[comptime] flush_to_zero: bool) -> f32 {
     if comptime!(flush_to_zero) {

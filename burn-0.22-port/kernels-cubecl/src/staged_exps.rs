@@ -1,0 +1,384 @@
+//! The one pass's `staged_exps` path (see `OnePassOptions::staged_exps`): a chunk's
+//! staged vectors kept in shared memory as exponentials, so that their gradient is a
+//! multiply per element instead of an exponential.
+
+use cubecl::prelude::*;
+
+use crate::backward::{RowGradient, gradient_from_probs};
+use crate::ptx::{load_vector, store_vector};
+use crate::row::{
+    RUNNING_MAX_START, RowOptions, RowState, absorb_held_target, fast_exp, fast_exp_scalar,
+    lane_max, lane_sum, target_share, weights_vector,
+};
+
+/// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
+/// maximum `m` of the unit's kept exponentials. No barrier: a unit reads back only what
+/// it staged. The unit's staged vectors (the chunk's first `staged_limit`) go to shared
+/// memory; then they are turned into `exp(x - m)` in place (in the logits' type) and
+/// summed, so their gradient is `exp(x - m) * exp(m - lse) * coefficient`, a multiply per
+/// element instead of an exponential (`write_staged_exps_gradient`); the rest of the
+/// chunk is reduced as it streams by (one maximum per step of `loads_per_step` vectors, so
+/// one rescale per step). In bf16 the kept `exp(x - m)` is rounded once more than a
+/// recomputed one (relative 2^-9), well within the spec's 2e-2 for bf16.
+///
+/// The staged part first, only its maximum kept as it passes (per lane, two bf16 lanes
+/// per instruction), then its exponentials, then the rest, so that the part the gradient
+/// pass re-reads from L2 is the part read last. (Staging through CUDA's `cp.async` while
+/// the rest streams by measured slower: docs/history.md.)
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    first: usize,
+    len: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    staged: &mut Shared<[Vector<F, N>]>,
+    #[comptime] options: RowOptions,
+    #[comptime] staged_limit: usize,
+    #[comptime] stream_loads: bool,
+) -> (RowState, f32) {
+    let vector_size = logits.vector_size();
+    let vocab = logits.shape(2);
+    let staged_len = select(len < staged_limit, len, staged_limit);
+    let empty = RowState {
+        max: f32::new(RUNNING_MAX_START),
+        others: f32::new(0.0),
+        target_logit: f32::new(0.0),
+        best: f32::new(RUNNING_MAX_START),
+        best_col: u32::cast_from(vocab),
+        smooth: f32::new(0.0),
+    };
+    let top = stage_logits::<F, N>(
+        logits,
+        row_start,
+        first,
+        staged_len,
+        staged,
+        options,
+        stream_loads,
+    );
+    let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
+    let kept = staged_to_exps::<F, N>(
+        staged,
+        first,
+        staged_len,
+        target_col,
+        class_weights,
+        reference,
+        empty,
+        options,
+    );
+    // The unstaged part is read again by the gradient pass: plain loads, kept in L2.
+    let state = reduce_rest::<F, N>(
+        logits,
+        row_start,
+        first,
+        staged_len,
+        len,
+        target_col,
+        class_weights,
+        kept,
+        options,
+    );
+    // The target's vector, by the unit whose share it is, from its logits (the stage
+    // holds exponentials); every unit computes it, the others discard it.
+    let target_vector = target_col / vector_size;
+    let (holds, at) = target_share(target_vector, first, len, options.cube_size);
+    let state = absorb_held_target::<F, N>(
+        state.clone(),
+        holds,
+        load_vector::<F, N>(logits, row_start + first + at, stream_loads),
+        (first + at) * vector_size,
+        target_col,
+        class_weights,
+        f32::new(0.0),
+        options,
+    );
+    (state, reference)
+}
+
+/// The unit's vectors `0..staged_len` of the chunk into `staged` through registers
+/// (`loads_per_step` loads in flight), and their maximum per lane; `streaming`: see
+/// [`load_vector()`].
+#[cube]
+fn stage_logits<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    first: usize,
+    staged_len: usize,
+    staged: &mut Shared<[Vector<F, N>]>,
+    #[comptime] options: RowOptions,
+    #[comptime] streaming: bool,
+) -> Vector<F, N> {
+    let cube_size = options.cube_size;
+    let loads = options.loads_per_step;
+    let mut loaded = Array::<Vector<F, N>>::new(loads);
+    let mut top = Vector::<F, N>::new(F::min_value());
+    let mut local = UNIT_POS as usize;
+    while local < staged_len {
+        #[unroll]
+        for step in 0..loads {
+            let at = local + step * cube_size;
+            let index = row_start + first + select(at < staged_len, at, 0usize);
+            loaded[step] = load_vector::<F, N>(logits, index, streaming);
+        }
+        #[unroll]
+        for step in 0..loads {
+            let at = local + step * cube_size;
+            // A vector past the end is one of the chunk's: it may raise the reference,
+            // never past the row's maximum.
+            top = max(top, loaded[step]);
+            if at < staged_len {
+                staged[at] = loaded[step];
+            }
+        }
+        local += loads * cube_size;
+    }
+    top
+}
+
+/// The unit's staged vectors turned into `exp(x - reference)` in place and folded into
+/// `state` (whose maximum becomes `reference`; `state` holds nothing yet): the sum, and
+/// the argmax and smoothing sum of the logits they were. The target's vector is left out
+/// of the sums (absorbed at the end).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn staged_to_exps<F: Float, N: Size>(
+    staged: &mut Shared<[Vector<F, N>]>,
+    first: usize,
+    staged_len: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    reference: f32,
+    state: RowState,
+    #[comptime] options: RowOptions,
+) -> RowState {
+    let vector_size = staged.vector_size();
+    let target_vector = target_col / vector_size;
+    let mut others = state.others;
+    let mut best = state.best;
+    let mut best_col = state.best_col;
+    let mut smooth = state.smooth;
+    let mut local = UNIT_POS as usize;
+    while local < staged_len {
+        let values = Vector::<f32, N>::cast_from(staged[local]);
+        let exps = fast_exp::<N>(values, reference, options.exp_flush_to_zero);
+        staged[local] = Vector::cast_from(exps);
+        let take = first + local != target_vector;
+        let next = absorb_exps::<N>(
+            others,
+            best,
+            best_col,
+            smooth,
+            values,
+            exps,
+            (first + local) * vector_size,
+            class_weights,
+            take,
+            options,
+        );
+        others = next.0;
+        best = next.1;
+        best_col = next.2;
+        smooth = next.3;
+        local += options.cube_size;
+    }
+    RowState {
+        max: reference,
+        others,
+        target_logit: f32::new(0.0),
+        best,
+        best_col,
+        smooth,
+    }
+}
+
+/// The chunk's vectors `staged_len..len` folded into `state` as they stream by: one
+/// maximum per step of `loads_per_step` vectors, so one rescale of the sum per step. The
+/// target's vector is left out (absorbed at the end).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn reduce_rest<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    first: usize,
+    staged_len: usize,
+    len: usize,
+    target_col: usize,
+    class_weights: &Tensor<f32>,
+    state: RowState,
+    #[comptime] options: RowOptions,
+) -> RowState {
+    let cube_size = options.cube_size;
+    let loads = options.loads_per_step;
+    let vector_size = logits.vector_size();
+    let target_vector = target_col / vector_size;
+    let mut running_max = state.max;
+    let mut others = state.others;
+    let mut best = state.best;
+    let mut best_col = state.best_col;
+    let mut smooth = state.smooth;
+    let mut loaded = Array::<Vector<F, N>>::new(loads);
+    let rest = len - staged_len;
+    let mut local = UNIT_POS as usize;
+    while local < rest {
+        #[unroll]
+        for step in 0..loads {
+            let at = local + step * cube_size;
+            loaded[step] = logits[row_start + first + staged_len + select(at < rest, at, 0usize)];
+        }
+        let mut step_top = loaded[0];
+        #[unroll]
+        for step in 1..loads {
+            step_top = max(step_top, loaded[step]);
+        }
+        let step_max = f32::max(
+            running_max,
+            lane_max::<N>(Vector::<f32, N>::cast_from(step_top)),
+        );
+        others *= fast_exp_scalar(running_max - step_max, options.exp_flush_to_zero);
+        running_max = step_max;
+        #[unroll]
+        for step in 0..loads {
+            let at = local + step * cube_size;
+            let in_range = at < rest;
+            let values = Vector::<f32, N>::cast_from(loaded[step]);
+            let exps = fast_exp::<N>(values, step_max, options.exp_flush_to_zero);
+            let take = in_range && first + staged_len + at != target_vector;
+            let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
+            let next = absorb_exps::<N>(
+                others,
+                best,
+                best_col,
+                smooth,
+                values,
+                exps,
+                first_col,
+                class_weights,
+                take,
+                options,
+            );
+            others = next.0;
+            best = next.1;
+            best_col = next.2;
+            smooth = next.3;
+        }
+        local += loads * cube_size;
+    }
+    RowState {
+        max: running_max,
+        others,
+        target_logit: f32::new(0.0),
+        best,
+        best_col,
+        smooth,
+    }
+}
+
+/// One vector (`values`, columns `first_col..`, with `exps` their exponentials on the
+/// running maximum) folded, when `take`, into `(others, best, best_col, smooth)`: the sum
+/// of exponentials, the argmax and label smoothing's weighted sum.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn absorb_exps<N: Size>(
+    others: f32,
+    best: f32,
+    best_col: u32,
+    smooth: f32,
+    values: Vector<f32, N>,
+    exps: Vector<f32, N>,
+    first_col: usize,
+    class_weights: &Tensor<f32>,
+    take: bool,
+    #[comptime] options: RowOptions,
+) -> (f32, f32, u32, f32) {
+    let others = others + select(take, lane_sum::<N>(exps), f32::new(0.0));
+    let mut best = best;
+    let mut best_col = best_col;
+    let mut smooth = smooth;
+    if comptime!(options.argmax) {
+        #[unroll]
+        for lane in 0..values.vector_size() {
+            // Strictly greater: the first column wins ties, as in `argmax`.
+            let better = take && values.extract(lane) > best;
+            best = select(better, values.extract(lane), best);
+            best_col = select(better, u32::cast_from(first_col + lane), best_col);
+        }
+    }
+    if comptime!(options.smoothing) {
+        let mut weights = Vector::<f32, N>::new(1.0);
+        if comptime!(options.weighted) {
+            weights = weights_vector::<N>(class_weights, first_col);
+        }
+        smooth += select(take, lane_sum::<N>(values * weights), f32::new(0.0));
+    }
+    (others, best, best_col, smooth)
+}
+
+/// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
+/// from the exponentials [`reduce_chunk_staging_exps()`] kept, as if none held the target:
+/// one factor `exp(m - lse) * coefficient` per unit, then a multiply per element;
+/// `streaming`: see [`store_vector()`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_staged_exps_gradient<F: Float, N: Size>(
+    grad: &mut Tensor<Vector<F, N>>,
+    out_start: usize,
+    first: usize,
+    staged_len: usize,
+    staged: &Shared<[Vector<F, N>]>,
+    reference: f32,
+    class_weights: &Tensor<f32>,
+    row_grad: RowGradient,
+    #[comptime] options: RowOptions,
+    #[comptime] streaming: bool,
+) {
+    let cube_size = options.cube_size;
+    let vector_size = grad.vector_size();
+    let coefficient =
+        fast_exp_scalar(reference - row_grad.lse, options.exp_flush_to_zero) * row_grad.prob_coef;
+    let mut local = UNIT_POS as usize;
+    while local < staged_len {
+        let value = gradient_from_staged_exps::<F, N>(
+            staged[local],
+            coefficient,
+            class_weights,
+            (first + local) * vector_size,
+            row_grad.clone(),
+            options,
+            false,
+        );
+        store_vector::<F, N>(grad, out_start + first + local, value, streaming);
+        local += cube_size;
+    }
+}
+
+/// The gradient of one staged vector (columns `first_col..`) from its kept
+/// `exps = exp(x - m)` and `coefficient = exp(m - lse) * prob_coef`; with `with_target`
+/// the target's lane set.
+#[cube]
+pub(crate) fn gradient_from_staged_exps<F: Float, N: Size>(
+    exps: Vector<F, N>,
+    coefficient: f32,
+    class_weights: &Tensor<f32>,
+    first_col: usize,
+    row_grad: RowGradient,
+    #[comptime] options: RowOptions,
+    #[comptime] with_target: bool,
+) -> Vector<F, N> {
+    let mut weights = Vector::<f32, N>::new(1.0);
+    if comptime!(options.smoothing && options.weighted) {
+        weights = weights_vector::<N>(class_weights, first_col);
+    }
+    Vector::cast_from(gradient_from_probs::<N>(
+        Vector::<f32, N>::cast_from(exps),
+        coefficient,
+        weights,
+        first_col,
+        row_grad.clone(),
+        options,
+        with_target,
+    ))
+}
