@@ -62,7 +62,7 @@ fn main() {
     let targets: Vec<i32> = (0..rows)
         .map(|r| if r % 17 == 3 { -100 } else { (next() * vocab as f64) as i32 % vocab as i32 })
         .collect();
-    let logits_h = client.create_from_slice(bytemuck_bf16(&logits));
+    let logits_h = client.create_from_slice(as_bytes(&logits));
     let targets_h = client.create_from_slice(as_bytes(&targets));
     let poison = vec![f32::NAN; row_stat::COUNT * rows];
     let stats_h = client.create_from_slice(as_bytes(&poison));
@@ -139,7 +139,7 @@ fn main() {
     // buffer of its own, NaN-poisoned ---
     let one_pass_shape = shape.for_one_pass();
     let plan = OnePassPlan::new(&client, &one_pass_shape);
-    let grad_h = client.create_from_slice(bytemuck_bf16(&vec![half::bf16::NAN; rows * vocab]));
+    let grad_h = client.create_from_slice(as_bytes(&vec![half::bf16::NAN; rows * vocab]));
     let guess_h = client.create_from_slice(as_bytes(&[1.0f32]));
     let scales_h = client.empty(scale_slot::LEN * 4);
     let tickets_h = client.empty(4);
@@ -180,9 +180,7 @@ fn main() {
     one_pass(&stats2_h);
     let grad_bytes = client.read_one(grad_h.clone()).expect("read grad");
     println!("one pass first launch (compile) {:.2} s", t0.elapsed().as_secs_f64());
-    let grad: &[half::bf16] = unsafe {
-        std::slice::from_raw_parts(grad_bytes.as_ptr() as *const half::bf16, grad_bytes.len() / 2)
-    };
+    let grad: &[half::bf16] = from_bytes(&grad_bytes);
     let counted = targets.iter().filter(|&&t| t != -100).count() as f64;
     let mut worst_grad = 0f64;
     let mut non_finite = 0usize;
@@ -233,9 +231,6 @@ fn main() {
 fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }
-fn bytemuck_bf16(values: &[half::bf16]) -> &[u8] {
-    as_bytes(values)
-}
-fn from_bytes(bytes: &[u8]) -> &[f32] {
-    unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const f32, bytes.len() / 4) }
+fn from_bytes<T: Copy>(bytes: &[u8]) -> &[T] {
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size_of::<T>()) }
 }
