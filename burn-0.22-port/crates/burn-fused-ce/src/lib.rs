@@ -1,0 +1,41 @@
+//! Fused cross-entropy loss for Burn.
+//!
+//! Forward and backward are CubeCL kernels that read each row of logits in place: no
+//! N x V temporary, and the gradient goes over the logits when nothing else holds them.
+//! Swap Burn's `CrossEntropyLoss` for [`FusedCrossEntropyLoss`], built from
+//! [`FusedCrossEntropyLossConfig`]. Options (reduction, ignore index, label smoothing,
+//! z-loss, softcap, class weights, the [`TargetCheck`], the [`GradientPlan`],
+//! [`ExtraOutputs`], [`FastMath`]) are the config's fields; [`fused_cross_entropy`] is the
+//! same loss without a module. The ops plug into Burn as the backend extension
+//! [`FusedCrossEntropyBackend`].
+#![allow(clippy::clone_on_copy)]
+
+mod checks;
+#[cfg(feature = "cube")]
+mod cube_tensors;
+mod loss;
+mod options;
+mod output;
+mod primitive;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;
+#[cfg(not(feature = "test-hooks"))]
+#[allow(dead_code)]
+mod test_hooks;
+
+#[doc(hidden)]
+pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
+pub use loss::api::{fused_cross_entropy, try_fused_cross_entropy};
+pub use loss::extension::{
+    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassOutput,
+    OnePassScale, OptionalFloat, OptionalInt, Reduced, RowStats, TwoPassBackward, row_stat,
+};
+pub use loss::incoming_guess::IncomingGuess;
+pub use loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
+pub use loss::portable;
+pub use loss::target_check::{PendingRead, wait_for_target_checks};
+pub use options::{
+    CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
+    TargetCheck,
+};
+pub use output::CrossEntropyOutput;

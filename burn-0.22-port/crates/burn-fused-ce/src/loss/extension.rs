@@ -1,0 +1,327 @@
+//! The loss's backend extension: the ops every backend that runs the loss implements, on
+//! primitives. Inputs here are already validated (see `api.rs`). Burn's dispatch routes a
+//! call to the backend of its tensors: [`burn_cubecl::CubeBackend`] runs our kernels
+//! (`cube.rs`), `Fusion<CubeBackend>` defers them as custom ops (`fusion_meta.rs`), Flex
+//! runs the portable path (`flex.rs`) and `Autodiff<B, C>` records the backward step
+//! (`autodiff.rs`).
+
+use burn::backend::{
+    Backend, ExtensionType, backend_extension,
+    tensor::{FloatTensor, IntTensor},
+};
+use burn::tensor::DType;
+
+pub use fused_ce_kernels::row_stat;
+
+use crate::loss::incoming_guess::{IncomingGuess, next_guess};
+use crate::loss::reduce::{mean_denominators, reduce_stats};
+use crate::options::{CrossEntropyOptions, Reduction};
+use crate::primitive::{FloatOf, IntOf};
+
+#[cfg(all(feature = "fusion", feature = "cube"))]
+use crate::loss::fusion_meta::*;
+
+/// Class weights on the device, f32: `weights [V]` and their sum `total [1]`.
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub enum ClassWeights<B: Backend> {
+    /// Every class weighs 1.
+    Unweighted,
+    /// One weight per class.
+    Weighted {
+        weights: FloatTensor<B>,
+        total: FloatTensor<B>,
+    },
+}
+
+impl<B: Backend> ClassWeights<B> {
+    /// The weights and their total, when given.
+    pub fn tensors(self) -> Option<(FloatTensor<B>, FloatTensor<B>)> {
+        match self {
+            Self::Unweighted => None,
+            Self::Weighted { weights, total } => Some((weights, total)),
+        }
+    }
+
+    /// Whether weights were given.
+    pub fn is_weighted(&self) -> bool {
+        matches!(self, Self::Weighted { .. })
+    }
+}
+
+/// A float output that is there only when asked for.
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub enum OptionalFloat<B: Backend> {
+    Absent,
+    Present { tensor: FloatTensor<B> },
+}
+
+impl<B: Backend> OptionalFloat<B> {
+    pub fn from_option(tensor: Option<FloatTensor<B>>) -> Self {
+        match tensor {
+            Some(tensor) => Self::Present { tensor },
+            None => Self::Absent,
+        }
+    }
+
+    pub fn into_option(self) -> Option<FloatTensor<B>> {
+        match self {
+            Self::Absent => None,
+            Self::Present { tensor } => Some(tensor),
+        }
+    }
+}
+
+/// An int output that is there only when asked for.
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub enum OptionalInt<B: Backend> {
+    Absent,
+    Present { tensor: IntTensor<B> },
+}
+
+impl<B: Backend> OptionalInt<B> {
+    pub fn from_option(tensor: Option<IntTensor<B>>) -> Self {
+        match tensor {
+            Some(tensor) => Self::Present { tensor },
+            None => Self::Absent,
+        }
+    }
+
+    pub fn into_option(self) -> Option<IntTensor<B>> {
+        match self {
+            Self::Absent => None,
+            Self::Present { tensor } => Some(tensor),
+        }
+    }
+}
+
+/// The tensors of one call: logits `[N, V]` or `[B, T, V]` (rows may be strided; the
+/// class dimension is read as it is laid out), targets `[N]` or `[B, T]`, and the class
+/// weights.
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub struct CrossEntropyInputs<B: Backend> {
+    pub logits: FloatTensor<B>,
+    pub targets: IntTensor<B>,
+    #[extension_type]
+    pub class_weights: ClassWeights<B>,
+}
+
+/// What the fused forward pass produces.
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub struct RowStats<B: Backend> {
+    /// f32 `[row_stat::COUNT, N]`, one row per statistic (see [`row_stat`]); `N` counts
+    /// the rows of `[N, V]` or `[B, T, V]` logits in row-major order. `O(N)`, and all that
+    /// backward needs besides the logits.
+    pub stats: FloatTensor<B>,
+    /// The argmax per row (-1 on ignored rows), in the targets' int type, `[N]`; present
+    /// when `options.outputs` asks for accuracy or predictions.
+    #[extension_type]
+    pub predicted: OptionalInt<B>,
+    /// Class weights were given (the `WEIGHT` statistic differs from `VALID`).
+    pub weighted: bool,
+}
+
+/// What the two-pass backward reads besides the call's inputs.
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub struct TwoPassBackward<B: Backend> {
+    /// Forward's per-row statistics (see [`RowStats::stats`]).
+    pub stats: FloatTensor<B>,
+    /// The loss's incoming gradient: `[N]` for `Reduction::None`, `[1]` otherwise, any
+    /// float dtype.
+    pub grad_output: FloatTensor<B>,
+    /// For `Mean`, f32 `[2]`: the class-weight total `D` for the cross-entropy part and
+    /// the row count `n` for the z-loss part.
+    #[extension_type]
+    pub denominators: OptionalFloat<B>,
+}
+
+/// What the one pass forms the gradient for: the guessed incoming gradient (f32 `[1]`)
+/// and, for `Mean`, the denominators `[D, n]` (f32 `[2]`) when they are the whole
+/// batch's rather than the call's rows' (the fused linear cross-entropy's chunks).
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub struct OnePassScale<B: Backend> {
+    pub guess: FloatTensor<B>,
+    #[extension_type]
+    pub denominators: OptionalFloat<B>,
+}
+
+/// The one pass's outputs: forward's statistics and the gradient of the logits.
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub struct OnePassOutput<B: Backend> {
+    #[extension_type]
+    pub rows: RowStats<B>,
+    pub grad: FloatTensor<B>,
+}
+
+/// The loss and extra outputs as primitives, all rank 1 (`[N]` per row, `[1]` reduced).
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub struct LossParts<B: Backend> {
+    /// In the logits' dtype.
+    pub loss: FloatTensor<B>,
+    /// f32, reduced like the loss.
+    #[extension_type]
+    pub z_loss: OptionalFloat<B>,
+    /// f32 `[1]`.
+    #[extension_type]
+    pub accuracy: OptionalFloat<B>,
+    /// `[N]`, -1 on ignored rows.
+    #[extension_type]
+    pub predicted: OptionalInt<B>,
+    /// f32 `[N]`.
+    #[extension_type]
+    pub lse: OptionalFloat<B>,
+}
+
+/// The reduced outputs and, for `Mean`, the denominators backward divides by.
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub struct Reduced<B: Backend> {
+    /// The loss (in the logits' dtype) and the extra outputs asked for.
+    #[extension_type]
+    pub parts: LossParts<B>,
+    /// f32 `[2]`: `max(D, MIN_POSITIVE)` and `max(n, 1)`, when asked for (a tracked
+    /// `Mean`).
+    #[extension_type]
+    pub denominators: OptionalFloat<B>,
+}
+
+/// A Burn backend that can run the fused cross-entropy.
+///
+/// Callers validate shapes and options first (the typed functions in this crate do).
+#[backend_extension(
+    Cube: cfg(feature = "cube"),
+    Flex: cfg(feature = "flex"),
+    Autodiff,
+    Fusion: cfg(all(feature = "fusion", feature = "cube")),
+)]
+pub trait FusedCrossEntropyBackend: Backend {
+    /// Per-row forward: reads the logits once and writes nothing of size N x V.
+    #[fusion(meta = rows_meta)]
+    fn cross_entropy_rows(
+        #[extension_type] inputs: CrossEntropyInputs<Self>,
+        options: CrossEntropyOptions,
+    ) -> RowStats<Self>;
+
+    /// The two-pass backward: the gradient with respect to the logits (same shape),
+    /// scaled per row by the incoming gradient and, for `Mean`, divided by the
+    /// denominators. Writes over the logits when nothing else holds that buffer.
+    #[fusion(meta = backward_meta)]
+    fn cross_entropy_backward(
+        #[extension_type] inputs: CrossEntropyInputs<Self>,
+        #[extension_type] backward: TwoPassBackward<Self>,
+        options: CrossEntropyOptions,
+    ) -> FloatTensor<Self>;
+
+    /// The one pass: forward that also forms the gradient for the incoming gradient
+    /// `scale.guess` (`Mean` or `Sum`; divided by the mean's denominators for `Mean`, the
+    /// given ones or those of the call's rows), in the same pass when the backend can,
+    /// over the logits when nothing else holds them. The default runs forward and the
+    /// two-pass backward.
+    #[fusion(meta = one_pass_meta)]
+    fn cross_entropy_one_pass(
+        #[extension_type] inputs: CrossEntropyInputs<Self>,
+        #[extension_type] scale: OnePassScale<Self>,
+        options: CrossEntropyOptions,
+    ) -> OnePassOutput<Self> {
+        let rows = Self::cross_entropy_rows(inputs.clone(), options.clone());
+        let mean = options.reduction == Reduction::Mean;
+        let denominators = match scale.denominators {
+            OptionalFloat::Present { tensor } => Some(tensor),
+            OptionalFloat::Absent => mean.then(|| mean_denominators::<Self>(&rows)),
+        };
+        let backward = TwoPassBackward {
+            stats: rows.stats.clone(),
+            grad_output: scale.guess,
+            denominators: OptionalFloat::from_option(denominators.filter(|_| mean)),
+        };
+        let grad = Self::cross_entropy_backward(inputs, backward, options);
+        OnePassOutput { rows, grad }
+    }
+
+    /// Backward of the one pass: `grad * g / guess` for the scalar incoming gradient `g`
+    /// (`[1]`, any float dtype) and the `guess` (f32 `[1]`) the one pass formed `grad`
+    /// for (`[N, V]` or `[B, T, V]`), and the guess for the next call (see
+    /// [`next_guess`]). Cube backends leave `grad` as is on the device when `g` equals
+    /// the guess, and form the next guess in the same launch.
+    #[fusion(meta = scale_meta)]
+    fn scale_one_pass_gradient(
+        grad: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        guess: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let dtype = burn::backend::TensorMetadata::dtype(&grad);
+        let rank = burn::backend::TensorMetadata::shape(&grad).num_dims();
+        let incoming = FloatOf::<Self, 1>::new(grad_output.clone())
+            .cast(DType::F32)
+            .reshape([1]);
+        let scale = incoming.div(FloatOf::new(guess.clone())).cast(dtype);
+        let scaled = match rank {
+            2 => FloatOf::<Self, 2>::new(grad)
+                .mul(scale.reshape([1, 1]))
+                .into_primitive(),
+            _ => FloatOf::<Self, 3>::new(grad)
+                .mul(scale.reshape([1, 1, 1]))
+                .into_primitive(),
+        };
+        (scaled, next_guess::<Self>(grad_output, guess))
+    }
+
+    /// The input check: `[first bad row, its target]` (`[2]`, the targets' int type) for
+    /// `targets` (`[N]`, `N > 0`), where a bad target is neither in `[0, vocab)` nor
+    /// `ignore_index`; the row is `N` when there is none. The default uses tensor ops;
+    /// cube backends run one small kernel.
+    #[fusion(meta = first_bad_target_meta)]
+    fn first_bad_target(
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> IntTensor<Self> {
+        let targets = IntOf::<Self, 1>::new(targets);
+        let [rows] = targets.dims();
+        let bad = targets
+            .clone()
+            .lower_elem(0)
+            .or(targets.clone().greater_equal_elem(vocab as i64))
+            .and(targets.clone().not_equal_elem(ignore_index));
+        let first = crate::loss::reduce::first_true::<Self>(bad, rows, targets.dtype());
+        let at = first.clone().clamp_max(rows as i64 - 1);
+        let value = targets.gather(0, at);
+        IntOf::cat(vec![first, value], 0).into_primitive()
+    }
+
+    /// The loss and extra outputs from forward's statistics (see [`Reduced`]), on the
+    /// device, the loss in `dtype`. The default uses tensor ops (about eight small
+    /// launches for `Mean`); cube backends run one kernel.
+    #[fusion(meta = reduce_meta)]
+    fn reduce_row_stats(
+        #[extension_type] rows: RowStats<Self>,
+        options: CrossEntropyOptions,
+        dtype: DType,
+        keep_denominators: bool,
+    ) -> Reduced<Self> {
+        reduce_stats::<Self>(rows, &options, dtype, keep_denominators)
+    }
+
+    /// The loss (`[N]` for `Reduction::None`, `[1]` otherwise, in the logits' dtype) and
+    /// the extra outputs asked for. `Autodiff` overrides it to record the backward step;
+    /// the one pass forms the gradient for `guess`'s incoming gradient.
+    #[fusion(default)]
+    fn fused_cross_entropy(
+        #[extension_type] inputs: CrossEntropyInputs<Self>,
+        options: CrossEntropyOptions,
+        guess: IncomingGuess,
+    ) -> LossParts<Self> {
+        let _ = guess;
+        let dtype = burn::backend::TensorMetadata::dtype(&inputs.logits);
+        let rows = Self::cross_entropy_rows(inputs, options.clone());
+        Self::reduce_row_stats(rows, options, dtype, false).parts
+    }
+}

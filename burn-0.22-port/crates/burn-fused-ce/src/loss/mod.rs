@@ -1,0 +1,20 @@
+//! The fused cross-entropy of logits: its module, its functions, its backend extension and
+//! that extension on each backend.
+
+pub(crate) mod api;
+mod autodiff;
+#[cfg(feature = "cube")]
+mod cube;
+pub(crate) mod extension;
+#[cfg(feature = "flex")]
+mod flex;
+#[cfg(all(feature = "fusion", feature = "cube"))]
+mod fusion_meta;
+pub(crate) mod incoming_guess;
+pub(crate) mod module;
+pub mod portable;
+pub(crate) mod reduce;
+pub(crate) mod target_check;
+
+#[cfg(feature = "cube")]
+pub(crate) use cube::row_launch;

@@ -1,0 +1,144 @@
+//! Deferred target checks ([`TargetCheck::Deferred`]): each call's check runs on the
+//! device and its small result is read back without waiting; the host looks at it two
+//! calls of the loss later on the same thread, or when asked to wait.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use burn::backend::ExecutionError;
+use burn::tensor::TensorData;
+
+use crate::options::CrossEntropyError;
+#[cfg(doc)]
+use crate::options::TargetCheck;
+
+/// A read of a small device tensor, started but not waited for.
+pub struct PendingRead {
+    state: ReadState,
+}
+
+enum ReadState {
+    Waiting(Pin<Box<dyn Future<Output = Result<TensorData, ExecutionError>> + Send>>),
+    Done(Option<Result<TensorData, ExecutionError>>),
+}
+
+impl PendingRead {
+    /// Starts the read `future` stands for: polled once now, which queues the copy behind
+    /// the work already queued (a fusion stream is flushed up to it), without waiting.
+    pub fn start(
+        future: impl Future<Output = Result<TensorData, ExecutionError>> + Send + 'static,
+    ) -> Self {
+        let mut future: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(future);
+        let mut context = Context::from_waker(Waker::noop());
+        let state = match future.as_mut().poll(&mut context) {
+            Poll::Ready(result) => ReadState::Done(Some(result)),
+            Poll::Pending => ReadState::Waiting(future),
+        };
+        Self { state }
+    }
+
+    /// Waits for the result.
+    fn wait(self) -> Result<TensorData, ExecutionError> {
+        match self.state {
+            ReadState::Waiting(future) => cubecl::future::block_on(future),
+            ReadState::Done(result) => result.unwrap_or_else(|| {
+                Err(ExecutionError::WithContext {
+                    reason: "the read was taken already".into(),
+                })
+            }),
+        }
+    }
+}
+
+impl Future for PendingRead {
+    type Output = Result<TensorData, ExecutionError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.state {
+            ReadState::Waiting(future) => future.as_mut().poll(cx),
+            ReadState::Done(result) => match result.take() {
+                Some(result) => Poll::Ready(result),
+                None => Poll::Pending,
+            },
+        }
+    }
+}
+
+/// A call's target check whose result the host has not looked at yet: the read of
+/// `[first bad row, its target]` and the call's row count and vocabulary.
+pub struct PendingTargetCheck {
+    pub read: PendingRead,
+    pub rows: usize,
+    pub vocab: usize,
+}
+
+/// Checks a call leaves pending: those of the calls just before it. Waiting for the
+/// previous call's check would let the device run dry: that call's loss kernels sit
+/// behind its check and may not have reached the device yet (cubecl batches launches),
+/// so the host would sleep while the device idles. The check two calls back is behind
+/// a whole step of queued work and has normally run by then.
+const LEFT_PENDING: usize = 1;
+
+thread_local! {
+    static PENDING: RefCell<VecDeque<PendingTargetCheck>> = const { RefCell::new(VecDeque::new()) };
+}
+
+/// The error a finished check reports, if any.
+fn verdict(
+    result: Result<TensorData, ExecutionError>,
+    rows: usize,
+    vocab: usize,
+) -> Result<(), CrossEntropyError> {
+    // A failed read is the device's own error; it surfaces through Burn's next read.
+    let Ok(data) = result else { return Ok(()) };
+    let found = data.convert::<i64>().to_vec::<i64>().unwrap_or_default();
+    match found[..] {
+        [row, value, ..] if (row as usize) < rows => Err(CrossEntropyError::TargetOutOfRange {
+            row: row as usize,
+            value,
+            vocab,
+            earlier_call: true,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Waits for the pending checks of this thread but the newest [`LEFT_PENDING`], oldest
+/// first, and returns the first bad target found.
+pub(crate) fn surface_finished() -> Result<(), CrossEntropyError> {
+    let due: Vec<PendingTargetCheck> = PENDING.with(|pending| {
+        let mut pending = pending.borrow_mut();
+        let due = pending.len().saturating_sub(LEFT_PENDING);
+        pending.drain(..due).collect()
+    });
+    first_error(due)
+}
+
+/// Waits for `checks` and returns the first bad target among them.
+fn first_error(checks: Vec<PendingTargetCheck>) -> Result<(), CrossEntropyError> {
+    let mut found = Ok(());
+    for check in checks {
+        let (rows, vocab) = (check.rows, check.vocab);
+        let verdict = verdict(check.read.wait(), rows, vocab);
+        if found.is_ok() {
+            found = verdict;
+        }
+    }
+    found
+}
+
+/// Keeps a call's check until a later call, or [`wait_for_target_checks`], looks at it.
+pub(crate) fn defer(check: PendingTargetCheck) {
+    PENDING.with(|pending| pending.borrow_mut().push_back(check));
+}
+
+/// Waits for every target check this thread's calls left pending
+/// ([`TargetCheck::Deferred`]) and returns the first bad target among them, oldest call
+/// first. Call it where a training loop syncs anyway (after the last step, before
+/// reading the loss) to learn of a bad target at once.
+pub fn wait_for_target_checks() -> Result<(), CrossEntropyError> {
+    first_error(PENDING.with(|pending| pending.borrow_mut().drain(..).collect()))
+}

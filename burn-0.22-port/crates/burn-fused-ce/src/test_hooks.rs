@@ -1,0 +1,79 @@
+//! Test hooks (feature `test-hooks`): process-wide switches and counters read on the host
+//! only (never a device read). Not part of the loss's API; the project's tests use them to
+//! prove what the op did. Without the feature they are private and never switched on.
+
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+static POISON_OUTPUTS: AtomicBool = AtomicBool::new(false);
+static IN_PLACE_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
+static IN_PLACE_ACCUMULATES: AtomicUsize = AtomicUsize::new(0);
+static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
+static UNSPLIT_KERNEL_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
+static IN_PLACE_ACCUMULATE_REFUSAL: Mutex<Option<String>> = Mutex::new(None);
+
+/// Fill every output buffer with NaN before its kernel runs (one extra launch each).
+pub fn set_poison_outputs(enabled: bool) {
+    POISON_OUTPUTS.store(enabled, Ordering::Relaxed);
+}
+
+pub(crate) fn poison_outputs() -> bool {
+    POISON_OUTPUTS.load(Ordering::Relaxed)
+}
+
+/// How many backward launches wrote the gradient over the logits buffer so far.
+pub fn in_place_backward_count() -> usize {
+    IN_PLACE_BACKWARDS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_in_place_backward() {
+    IN_PLACE_BACKWARDS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many weight-gradient products were summed in place by one matmul so far
+/// ([`crate::FusedCrossEntropyBackend::accumulate_product`] on a device with TMA).
+pub fn in_place_accumulate_count() -> usize {
+    IN_PLACE_ACCUMULATES.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_in_place_accumulate() {
+    IN_PLACE_ACCUMULATES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Why the in-place matmul last refused a product it was given (its error: a weight
+/// gradient summed in place, or a split hidden-state gradient), if it did.
+pub fn in_place_accumulate_refusal() -> Option<String> {
+    IN_PLACE_ACCUMULATE_REFUSAL
+        .lock()
+        .map_or(None, |refusal| refusal.clone())
+}
+
+/// Keeps `why()` for [`in_place_accumulate_refusal`]; formed only where the hooks are on.
+pub(crate) fn note_in_place_accumulate_refusal(why: impl FnOnce() -> String) {
+    if cfg!(feature = "test-hooks")
+        && let Ok(mut refusal) = IN_PLACE_ACCUMULATE_REFUSAL.lock()
+    {
+        *refusal = Some(why());
+    }
+}
+
+/// How many products ran split along their inner dimension so far
+/// ([`crate::FusedCrossEntropyBackend::matmul_split_k`] on a device with TMA).
+pub fn split_k_product_count() -> usize {
+    SPLIT_K_PRODUCTS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_split_k_product() {
+    SPLIT_K_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many products [`crate::FusedCrossEntropyBackend::matmul_split_k`] formed unsplit
+/// by the in-place matmul into zeros so far (where splitting would not fill more of the
+/// device, on a device with TMA).
+pub fn unsplit_kernel_product_count() -> usize {
+    UNSPLIT_KERNEL_PRODUCTS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_unsplit_kernel_product() {
+    UNSPLIT_KERNEL_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+}
