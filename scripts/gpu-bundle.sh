@@ -24,6 +24,9 @@ mkdir -p "$(dirname "$exclude")"
 grep -qx "/$bundle/" "$exclude" 2>/dev/null || echo "/$bundle/" >> "$exclude"
 rm -rf "$bundle" && mkdir -p "$bundle"
 export CUDARC_CUDA_VERSION=13000
+# Burn 0.22's CUDA build links LLVM (cubecl-llvm); where its bundler cannot download it,
+# the script supplies it from PyPI (a no-op once done).
+scripts/offline-llvm.sh >/dev/null
 # The bench's report names the commit it measured.
 FUSED_CE_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo '+changes')"
 export FUSED_CE_COMMIT

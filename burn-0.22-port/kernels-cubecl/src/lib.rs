@@ -40,7 +40,7 @@ pub use one_pass::{
     OnePassOptions, PARTIAL_SLOTS, UNPUBLISHED, cross_entropy_one_pass_kernel,
     one_pass_prologue_kernel, scale_slot,
 };
-pub use plan::{LossSettings, MAX_CHUNKS, OnePassPlan, RowLaunch};
+pub use plan::{LossSettings, OnePassPlan, RowLaunch};
 pub use reduce::{ReduceOptions, reduce_stats_kernel};
 pub use row::{RUNNING_MAX_START, RowOptions, RowScalars, RowScalarsLaunch};
 pub use shards::{
@@ -49,7 +49,7 @@ pub use shards::{
     whole_vocabulary_rows_kernel,
 };
 pub use tma_rows::{has_tma, tma_readable, tma_readable_copy};
-pub use tuning::{CacheHints, KernelTuning, TuningError};
+pub use tuning::{CacheHints, KernelTuning, MAX_CHUNKS, TuningError};
 
 /// Rows of the per-row statistics matrix `[COUNT, N]` (f32) that forward writes; each row
 /// of it is contiguous. Ignored rows are 0 in every statistic.

@@ -5,14 +5,11 @@ use cubecl::prelude::*;
 
 use crate::one_pass::{OnePassOptions, PARTIAL_SLOTS};
 use crate::row::RowOptions;
-use crate::tuning::KernelTuning;
+use crate::tuning::{KernelTuning, MAX_CHUNKS};
 
 /// Largest grid dimension every runtime accepts (wgpu's limit).
 const MAX_GRID_DIM: usize = 65_535;
 
-/// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
-/// shared memory.
-pub const MAX_CHUNKS: usize = 64;
 
 /// A grid of `cubes` cubes (at least one), 2-D because wgpu caps each dimension at 65535;
 /// kernels number them with `row_of_cube`.

@@ -7,6 +7,10 @@ use core::str::FromStr;
 
 use cubecl::prelude::*;
 
+/// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
+/// shared memory.
+pub const MAX_CHUNKS: usize = 64;
+
 /// The evict-first cache hints of the one-pass kernel (inline PTX, so CUDA through its
 /// C++ backend only; see `ptx::load_vector`). Data read or written once no longer evicts
 /// from L2 the part of a chunk that the gradient pass reads again.
@@ -149,7 +153,7 @@ impl KernelTuning {
             (
                 "chunks",
                 self.chunks
-                    .is_none_or(|c| (1..=crate::plan::MAX_CHUNKS).contains(&c)),
+                    .is_none_or(|c| (1..=MAX_CHUNKS).contains(&c)),
                 "1 to 64",
             ),
         ];
