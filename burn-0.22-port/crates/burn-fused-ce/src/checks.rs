@@ -215,8 +215,7 @@ fn check_values<const DT: usize>(
     }
     let found = Tensor::cat(found, 0)
         .into_data()
-        .convert::<i64>()
-        .to_vec::<i64>()
+        .try_into_vec_as::<i64>()
         .unwrap_or_default();
     if let [row, value, ..] = found[..]
         && (row as usize) < rows
@@ -236,8 +235,7 @@ fn check_values<const DT: usize>(
             .clone()
             .narrow(0, class, 1)
             .into_data()
-            .convert::<f32>()
-            .to_vec::<f32>()
+            .try_into_vec_as::<f32>()
             .unwrap_or_default();
         return Err(CrossEntropyError::InvalidClassWeight {
             class,

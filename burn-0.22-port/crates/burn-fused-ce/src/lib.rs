@@ -10,9 +10,11 @@
 //! [`FusedCrossEntropyBackend`].
 #![allow(clippy::clone_on_copy)]
 
+mod autodiff_conversions;
 mod checks;
 #[cfg(feature = "cube")]
 mod cube_tensors;
+mod linear;
 mod loss;
 mod options;
 mod output;
@@ -22,9 +24,16 @@ pub mod test_hooks;
 #[cfg(not(feature = "test-hooks"))]
 #[allow(dead_code)]
 mod test_hooks;
+mod vocab_parallel;
 
 #[doc(hidden)]
 pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
+pub use linear::api::try_fused_linear_cross_entropy;
+pub use linear::buffer_limit::max_buffer_bytes;
+pub use linear::chunking::LinearChunking;
+pub use linear::extension::{LinearCrossEntropyBackend, LinearHead, LinearInputs};
+pub use linear::gradients::LinearGradients;
+pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
 pub use loss::api::{fused_cross_entropy, try_fused_cross_entropy};
 pub use loss::extension::{
     ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassOutput,
@@ -39,3 +48,8 @@ pub use options::{
     TargetCheck,
 };
 pub use output::CrossEntropyOutput;
+pub use vocab_parallel::api::try_vocab_parallel_cross_entropy;
+pub use vocab_parallel::exchange::{DistributedExchange, InProcessExchange, ShardExchange};
+pub use vocab_parallel::extension::VocabParallelBackend;
+pub use vocab_parallel::extension_types::{ExchangedRows, KernelBackwardRows, ShardBackwardRows};
+pub use vocab_parallel::shard::VocabShard;

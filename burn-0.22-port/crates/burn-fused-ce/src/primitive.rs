@@ -168,9 +168,6 @@ impl<B: Backend, const D: usize> FloatOf<B, D> {
     pub fn clamp_min(self, min: f64) -> Self {
         Self(B::float_clamp_min(self.0, Scalar::from(min)))
     }
-    pub fn clamp_max(self, max: f64) -> Self {
-        Self(B::float_clamp_max(self.0, Scalar::from(max)))
-    }
     pub fn matmul(self, other: Self) -> Self {
         Self(B::float_matmul(self.0, other.0))
     }
@@ -183,12 +180,6 @@ impl<B: Backend, const D: usize> FloatOf<B, D> {
     }
     pub fn max_dim(self, dim: usize) -> Self {
         Self(B::float_max_dim(self.0, dim))
-    }
-    pub fn min(self) -> FloatOf<B, 1> {
-        FloatOf(B::float_reshape(B::float_min(self.0), Shape::new([1])))
-    }
-    pub fn max(self) -> FloatOf<B, 1> {
-        FloatOf(B::float_reshape(B::float_max(self.0), Shape::new([1])))
     }
     pub fn argmax(self, dim: usize, dtype: DType) -> IntOf<B, D> {
         IntOf(B::float_argmax(self.0, dim, int_dtype(dtype)))
@@ -222,19 +213,14 @@ impl<B: Backend, const D: usize> FloatOf<B, D> {
         let dtype = self.bool_dtype();
         BoolOf(B::float_greater_elem(self.0, Scalar::from(value), dtype))
     }
-    pub fn greater_equal(self, other: Self) -> BoolOf<B, D> {
-        let dtype = self.bool_dtype();
-        BoolOf(B::float_greater_equal(self.0, other.0, dtype))
-    }
-    pub fn lower_elem(self, value: f64) -> BoolOf<B, D> {
-        let dtype = self.bool_dtype();
-        BoolOf(B::float_lower_elem(self.0, Scalar::from(value), dtype))
-    }
+    // Consumes `self`, as Burn's `Tensor::is_nan` does.
+    #[allow(clippy::wrong_self_convention)]
     pub fn is_nan(self) -> BoolOf<B, D> {
         let dtype = self.bool_dtype();
         BoolOf(B::float_is_nan(self.0, dtype))
     }
     /// Neither NaN nor infinite.
+    #[allow(clippy::wrong_self_convention)]
     pub fn is_finite(self) -> BoolOf<B, D> {
         let dtype = self.bool_dtype();
         let nan = B::float_is_nan(self.0.clone(), dtype);
@@ -361,9 +347,6 @@ impl<B: Backend> IntOf<B, 1> {
 }
 
 impl<B: Backend, const D: usize> BoolOf<B, D> {
-    pub fn into_primitive(self) -> BoolTensor<B> {
-        self.0
-    }
     pub fn not(self) -> Self {
         Self(B::bool_not(self.0))
     }
@@ -373,13 +356,22 @@ impl<B: Backend, const D: usize> BoolOf<B, D> {
     pub fn or(self, other: Self) -> Self {
         Self(B::bool_or(self.0, other.0))
     }
-    pub fn reshape<const D2: usize>(self, shape: [usize; D2]) -> BoolOf<B, D2> {
-        BoolOf(B::bool_reshape(self.0, Shape::new(shape)))
-    }
     pub fn expand(self, shape: [usize; D]) -> Self {
         Self(B::bool_expand(self.0, Shape::new(shape)))
     }
     pub fn float(self, dtype: DType) -> FloatOf<B, D> {
         FloatOf(B::bool_into_float(self.0, float_dtype(dtype)))
+    }
+}
+
+impl<B: Backend, const D: usize> FloatOf<B, D> {
+    pub fn int(self, dtype: DType) -> IntOf<B, D> {
+        IntOf(B::float_into_int(self.0, int_dtype(dtype)))
+    }
+}
+
+impl<B: Backend, const D: usize> IntOf<B, D> {
+    pub fn div_scalar(self, value: i64) -> Self {
+        Self(B::int_div_scalar(self.0, Scalar::from(value)))
     }
 }

@@ -15,6 +15,3 @@ pub(crate) mod module;
 pub mod portable;
 pub(crate) mod reduce;
 pub(crate) mod target_check;
-
-#[cfg(feature = "cube")]
-pub(crate) use cube::row_launch;

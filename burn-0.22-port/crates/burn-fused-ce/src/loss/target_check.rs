@@ -94,7 +94,7 @@ fn verdict(
 ) -> Result<(), CrossEntropyError> {
     // A failed read is the device's own error; it surfaces through Burn's next read.
     let Ok(data) = result else { return Ok(()) };
-    let found = data.convert::<i64>().to_vec::<i64>().unwrap_or_default();
+    let found = data.try_into_vec_as::<i64>().unwrap_or_default();
     match found[..] {
         [row, value, ..] if (row as usize) < rows => Err(CrossEntropyError::TargetOutOfRange {
             row: row as usize,

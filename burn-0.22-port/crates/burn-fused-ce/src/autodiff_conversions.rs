@@ -1,0 +1,66 @@
+//! Extension values between `Autodiff<B, C>` and its inner backend `B`: inputs lose their
+//! nodes (the caller keeps the guards), outputs other than the tracked loss come back as
+//! untracked tensors. Shared by every op family's autodiff impl.
+
+use burn::backend::{
+    AutodiffBackend,
+    autodiff::{Autodiff, checkpoint::strategy::CheckpointStrategy},
+    tensor::FloatTensor,
+};
+
+use crate::loss::extension::{
+    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OptionalFloat,
+    OptionalInt,
+};
+
+/// Class weights of the inner backend (they are constants: no node).
+pub(crate) fn inner_weights<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+    weights: ClassWeights<Autodiff<B, C>>,
+) -> ClassWeights<B> {
+    match weights {
+        ClassWeights::Unweighted => ClassWeights::Unweighted,
+        ClassWeights::Weighted { weights, total } => ClassWeights::Weighted {
+            weights: weights.into_primitive(),
+            total: total.into_primitive(),
+        },
+    }
+}
+
+/// An optional float of the inner backend.
+pub(crate) fn inner_optional<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+    tensor: OptionalFloat<Autodiff<B, C>>,
+) -> OptionalFloat<B> {
+    OptionalFloat::from_option(tensor.into_option().map(|t| t.into_primitive()))
+}
+
+/// An optional float of the inner backend as an untracked one of `Autodiff`.
+pub(crate) fn outer_optional<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+    tensor: OptionalFloat<B>,
+) -> OptionalFloat<Autodiff<B, C>> {
+    OptionalFloat::from_option(tensor.into_option().map(Autodiff::<B, C>::from_inner))
+}
+
+/// The inner backend's inputs, the logits' autodiff node left behind.
+pub(crate) fn inner_inputs<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+    inputs: CrossEntropyInputs<Autodiff<B, C>>,
+) -> CrossEntropyInputs<B> {
+    CrossEntropyInputs {
+        logits: inputs.logits.into_primitive(),
+        targets: inputs.targets,
+        class_weights: inner_weights(inputs.class_weights),
+    }
+}
+
+/// The extra outputs of the inner backend as untracked tensors, around the tracked `loss`.
+pub(crate) fn outer_parts<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+    loss: FloatTensor<Autodiff<B, C>>,
+    parts: LossParts<B>,
+) -> LossParts<Autodiff<B, C>> {
+    LossParts {
+        loss,
+        z_loss: outer_optional(parts.z_loss),
+        accuracy: outer_optional(parts.accuracy),
+        predicted: OptionalInt::from_option(parts.predicted.into_option()),
+        lse: outer_optional(parts.lse),
+    }
+}

@@ -1,0 +1,115 @@
+//! The fused linear cross-entropy as a function of `Tensor`s: validate shapes and
+//! options, check targets (one small read when asked), bound the chunks by the device's
+//! largest buffer, hand the tensors to the backend extension, give the outputs the
+//! targets' shape.
+
+use burn::backend::Dispatch;
+use burn::tensor::{Int, Tensor};
+
+use crate::checks::{check_linear_shapes, checked_values};
+use crate::linear::{
+    buffer_limit::max_buffer_bytes,
+    chunking::LinearChunking,
+    extension::{LinearCrossEntropyBackend, LinearHead, LinearInputs},
+};
+use crate::loss::extension::OptionalFloat;
+use crate::loss::incoming_guess::IncomingGuess;
+use crate::options::{CrossEntropyError, CrossEntropyOptions};
+use crate::output::{CrossEntropyOutput, shaped_output};
+
+/// The fused linear cross-entropy: the loss of `hidden @ weight + bias` (`hidden [N, H]`
+/// or `[B, T, H]`, `weight [H, V]` as Burn's `Linear` stores it, `bias [V]`) against
+/// `targets` (`[N]` or `[B, T]`), computed in chunks of rows so that the N x V logits are
+/// never whole in memory. Gradients reach the hidden states, the weight and the bias. The
+/// options are the loss's (every reduction and option; `gradient_plan` does not apply:
+/// `Mean` and `Sum` always form their gradients in forward); `chunking` says how the rows
+/// are cut, its logits budget at most the device's largest buffer
+/// ([`crate::max_buffer_bytes`]). The one pass guesses an incoming gradient of 1 (a
+/// [`crate::FusedLinearCrossEntropyLoss`] remembers the last one instead). Errors as
+/// [`crate::try_fused_cross_entropy`].
+pub fn try_fused_linear_cross_entropy<const DH: usize, const DT: usize>(
+    hidden: Tensor<DH>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    targets: Tensor<DT, Int>,
+    class_weights: Option<Tensor<1>>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
+    linear_cross_entropy_checked(
+        LinearCall {
+            hidden,
+            weight,
+            bias,
+            targets,
+            class_weights,
+        },
+        options,
+        chunking,
+        true,
+        &IncomingGuess::new(),
+    )
+}
+
+/// The tensors of one call of the fused linear cross-entropy.
+pub(crate) struct LinearCall<const DH: usize, const DT: usize> {
+    pub hidden: Tensor<DH>,
+    pub weight: Tensor<2>,
+    pub bias: Option<Tensor<1>>,
+    pub targets: Tensor<DT, Int>,
+    pub class_weights: Option<Tensor<1>>,
+}
+
+/// Validation, then the op. `check_weight_values` is off when the class weights were
+/// checked on the host already (the loss module does that once, at `init`); `guess` is
+/// what the one pass guesses of the incoming gradient.
+pub(crate) fn linear_cross_entropy_checked<const DH: usize, const DT: usize>(
+    call: LinearCall<DH, DT>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+    check_weight_values: bool,
+    guess: &IncomingGuess,
+) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
+    let LinearCall {
+        hidden,
+        weight,
+        bias,
+        targets,
+        class_weights,
+    } = call;
+    options.validate()?;
+    let (rows, vocab) = check_linear_shapes(
+        &hidden,
+        &weight,
+        bias.as_ref(),
+        &targets,
+        class_weights.as_ref(),
+    )?;
+    let class_weights = checked_values(
+        &targets,
+        class_weights,
+        rows,
+        vocab,
+        options,
+        check_weight_values,
+    )?;
+    let target_dims = targets.dims();
+    let width = weight.dims()[0];
+    let chunking = chunking.within(max_buffer_bytes(&hidden.device()));
+    let inputs = LinearInputs {
+        hidden: hidden.reshape([rows, width]).into_dispatch(),
+        head: LinearHead {
+            weight: weight.into_dispatch(),
+            bias: OptionalFloat::from_option(bias.map(Tensor::into_dispatch)),
+        },
+        targets: targets.reshape([rows]).into_dispatch(),
+        class_weights,
+    };
+    let parts = <Dispatch as LinearCrossEntropyBackend>::fused_linear_cross_entropy(
+        inputs,
+        options.clone(),
+        chunking,
+        guess.clone(),
+    );
+    Ok(shaped_output(parts, target_dims, options.reduction))
+}

@@ -1,0 +1,149 @@
+//! How the fused linear cross-entropy cuts its work: rows into chunks whose logits fit a
+//! memory budget, the weight-gradient product into blocks of columns, and which of the
+//! backend's own kernels the chunks' products go through.
+
+use burn::tensor::DType;
+use serde::{Deserialize, Serialize};
+
+#[cfg(doc)]
+use crate::linear::extension::LinearCrossEntropyBackend;
+
+/// How the fused linear cross-entropy cuts its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LinearChunking {
+    /// The most bytes one chunk's logits take (their gradient is written over them): the
+    /// rows are spread evenly over as few chunks as the budget allows, at least 16 rows a
+    /// chunk ([`LinearChunking::rows_per_chunk`]). `None`:
+    /// [`LinearChunking::DEFAULT_LOGITS_BYTES`]. Given or default, at most the device's
+    /// largest buffer ([`LinearChunking::within`]).
+    pub logits_bytes: Option<usize>,
+    /// Accumulate the weight gradient over the chunks in f32 (Liger-Kernel's
+    /// `accum_dtype`), cast to the weight's dtype at the end. Off: in the weight's dtype,
+    /// one rounding per chunk; on: an f32 `[H, V]` buffer for the whole step.
+    pub f32_weight_gradient: bool,
+    /// Form each chunk's weight-gradient product `h_c^T dlogits_c` a block of columns at a
+    /// time, each block at most this many bytes in the dtype the sum is kept in, and add
+    /// each block into the sum in place
+    /// ([`LinearCrossEntropyBackend::add_into_columns`]). `None`: the whole `[H, V]`
+    /// product of a chunk at once, added to the sum (under Burn's fusion backend as the
+    /// matmul's epilogue), which holds a second `[H, V]` buffer while it is summed.
+    pub weight_gradient_block_bytes: Option<usize>,
+    /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
+    /// adds the sum as it writes ([`LinearCrossEntropyBackend::accumulate_product`]):
+    /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
+    /// 16-byte aligned) the product is formed and added as without it. Takes precedence
+    /// over [`Self::weight_gradient_block_bytes`]. On by default (also when a saved
+    /// config lacks it).
+    #[serde(default = "in_place_by_default")]
+    pub weight_gradient_in_place: bool,
+    /// Form each chunk's hidden-state gradient `dlogits_c W^T` (`chunk x H` over the
+    /// whole vocabulary, often too few output tiles to occupy a large GPU) by the
+    /// backend's own kernel ([`LinearCrossEntropyBackend::matmul_split_k`]), where the
+    /// backend has one (TMA): with the vocabulary cut into slices multiplied side by side
+    /// and summed in f32 where that fills more of the device, unsplit otherwise; off: the
+    /// backend's matmul. On by default (also when a saved config lacks it).
+    #[serde(default = "split_k_by_default", alias = "hidden_gradient_in_place")]
+    pub hidden_gradient_split_k: bool,
+}
+
+impl Default for LinearChunking {
+    fn default() -> Self {
+        Self {
+            logits_bytes: None,
+            f32_weight_gradient: false,
+            weight_gradient_block_bytes: None,
+            weight_gradient_in_place: in_place_by_default(),
+            hidden_gradient_split_k: split_k_by_default(),
+        }
+    }
+}
+
+/// [`LinearChunking::weight_gradient_in_place`] when not given: on, as it leaves no
+/// `[H, V]` product beside the sum for about the time of forming and adding one.
+fn in_place_by_default() -> bool {
+    true
+}
+
+/// [`LinearChunking::hidden_gradient_split_k`] when not given: on, as the chunks'
+/// hidden-state gradients take the largest share of the time the fused step loses to
+/// the unfused head.
+fn split_k_by_default() -> bool {
+    true
+}
+
+/// Fewest rows in a chunk, whatever the budget.
+const MIN_CHUNK_ROWS: usize = 16;
+
+/// Rows of one matmul tile: chunks of more rows than this are a multiple of it, so that no
+/// tile of the chunk's matmuls runs mostly empty.
+const TILE_ROWS: usize = 128;
+
+/// Rows of the tiles cubek-matmul's TMA kernels take on the chunks' `[rows, V]` logits and
+/// gradient (its stage along M): chunks of more rows than this are a multiple of it, so
+/// that no row of tiles runs half empty.
+const STAGE_ROWS: usize = 256;
+
+impl LinearChunking {
+    /// The budget of one chunk's logits when none is given: 640 MiB, 2048 rows of bf16
+    /// logits of up to 163840 classes (Llama 3's 128256, Qwen's 151936), rows enough for
+    /// the chunks' matmuls to run close to the whole batch's rate. A smaller budget saves
+    /// memory and costs time (docs/performance.md).
+    pub const DEFAULT_LOGITS_BYTES: usize = 640 << 20;
+
+    /// The budget of one chunk's logits: the given one, or the default.
+    fn logits_budget(&self) -> usize {
+        self.logits_bytes.unwrap_or(Self::DEFAULT_LOGITS_BYTES)
+    }
+
+    /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`. The budget holds
+    /// `fit` rows, rounded down to a multiple of 256, the matmul kernels' stage along M
+    /// (of 128, a tile's rows, then of 16, below that; at least 16); the rows are then
+    /// spread evenly over as many chunks as that takes, each rounded up to the same
+    /// multiple, so that the last chunk is not a sliver: 8192 rows that fit 1046 at a
+    /// time go in 8 chunks of 1024.
+    pub fn rows_per_chunk(&self, rows: usize, vocab: usize, dtype: DType) -> usize {
+        let budget = self.logits_budget();
+        let fit = budget / (vocab * dtype.size()).max(1);
+        let step = [STAGE_ROWS, TILE_ROWS]
+            .into_iter()
+            .find(|&step| fit >= step)
+            .unwrap_or(MIN_CHUNK_ROWS);
+        let fit = (fit - fit % step).max(MIN_CHUNK_ROWS);
+        if rows <= fit {
+            return rows.max(1);
+        }
+        // At most `fit`: `rows / chunks <= fit`, and `fit` is a multiple of `step`.
+        let even = rows.div_ceil(rows.div_ceil(fit));
+        even.next_multiple_of(step).min(fit)
+    }
+
+    /// This chunking with its logits budget (given or default) at most `max_buffer_bytes`
+    /// (a device's largest buffer, [`crate::max_buffer_bytes`]), so that a chunk's logits
+    /// can be allocated. The typed functions and the module apply it before the op runs.
+    pub fn within(&self, max_buffer_bytes: Option<usize>) -> Self {
+        let budget = self.logits_budget();
+        Self {
+            logits_bytes: Some(max_buffer_bytes.map_or(budget, |most| budget.min(most))),
+            ..*self
+        }
+    }
+
+    /// Columns per block of the weight-gradient product for `width` hidden units and
+    /// `vocab` classes summed in `dtype` ([`Self::weight_gradient_block_bytes`]): as many
+    /// as the budget holds, a multiple of 128 (a tile's rows) when that many fit, at least
+    /// one; `None` when the product is formed whole.
+    pub fn weight_gradient_block_columns(
+        &self,
+        width: usize,
+        vocab: usize,
+        dtype: DType,
+    ) -> Option<usize> {
+        let fit = self.weight_gradient_block_bytes? / (width * dtype.size()).max(1);
+        let columns = if fit >= TILE_ROWS {
+            fit - fit % TILE_ROWS
+        } else {
+            fit.max(1)
+        };
+        (columns < vocab).then_some(columns)
+    }
+}

@@ -1,0 +1,207 @@
+//! The fused linear cross-entropy's passes that form the gradients, chunk by chunk: the
+//! loss kernels write each chunk's logits gradient over its logits (in the one pass, in
+//! forward; for `Reduction::None`, in backward over logits computed again), and two more
+//! matmuls take it to the hidden states and the weight; the weight gradient is summed
+//! over the chunks as it goes.
+
+use burn::backend::{Backend, tensor::FloatTensor};
+use burn::tensor::DType;
+
+use crate::linear::{
+    chunking::LinearChunking,
+    extension::{LinearCrossEntropyBackend, LinearInputs, with_aligned_weight},
+    rows::{Typed, chunks, joined, mean_denominators_of},
+};
+use crate::loss::extension::{OnePassScale, OptionalFloat, RowStats, TwoPassBackward};
+use crate::options::{CrossEntropyOptions, Reduction};
+use crate::primitive::FloatOf;
+
+/// The gradients of the hidden states `[N, H]`, the weight `[H, V]` and the bias `[V]`,
+/// each in the dtype of what it is the gradient of.
+#[derive(Debug, Clone)]
+pub struct LinearGradients<B: Backend> {
+    pub hidden: FloatTensor<B>,
+    pub weight: FloatTensor<B>,
+    pub bias: Option<FloatTensor<B>>,
+}
+
+/// The gradients summed over the chunks so far.
+struct GradientSums<B: Backend> {
+    hidden: Vec<FloatOf<B, 2>>,
+    weight: Option<FloatOf<B, 2>>,
+    /// f32.
+    bias: Option<FloatOf<B, 1>>,
+    chunking: LinearChunking,
+}
+
+impl<B: LinearCrossEntropyBackend> GradientSums<B> {
+    fn new(chunking: &LinearChunking) -> Self {
+        Self {
+            hidden: Vec::new(),
+            weight: None,
+            bias: None,
+            chunking: *chunking,
+        }
+    }
+
+    /// Takes one chunk's logits gradient (rows `start..end`) to the hidden states, the
+    /// weight and the bias.
+    fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: FloatOf<B, 2>) {
+        let weight_t = typed.weight.clone().transpose();
+        self.hidden.push(if self.chunking.hidden_gradient_split_k {
+            FloatOf::new(B::matmul_split_k(
+                logits_grad.clone().into_primitive(),
+                weight_t.into_primitive(),
+            ))
+        } else {
+            logits_grad.clone().matmul(weight_t)
+        });
+        // `grad_W += h_c^T dlogits_c`: the first chunk's product is the sum.
+        let hidden_t = typed.hidden_rows(start, end).transpose();
+        let f32_sum = self.chunking.f32_weight_gradient;
+        let sum_dtype = if f32_sum {
+            DType::F32
+        } else {
+            typed.weight.dtype()
+        };
+        let summed_as = |product: FloatOf<B, 2>| product.cast(sum_dtype);
+        let vocab = typed.vocab();
+        let block_columns =
+            self.chunking
+                .weight_gradient_block_columns(typed.width(), vocab, sum_dtype);
+        let in_place = self.chunking.weight_gradient_in_place;
+        self.weight = Some(match (self.weight.take(), block_columns) {
+            (None, _) => summed_as(hidden_t.matmul(logits_grad.clone())),
+            (Some(sum), _) if in_place => FloatOf::new(B::accumulate_product(
+                sum.into_primitive(),
+                hidden_t.into_primitive(),
+                logits_grad.clone().into_primitive(),
+            )),
+            // Under Burn's fusion backend the add runs as the matmul's epilogue; the
+            // product is still a whole [H, V] buffer until then.
+            (Some(sum), None) => sum.add(summed_as(hidden_t.matmul(logits_grad.clone()))),
+            (Some(mut sum), Some(columns)) => {
+                for first in (0..vocab).step_by(columns) {
+                    let block_grad =
+                        logits_grad
+                            .clone()
+                            .narrow(1, first, columns.min(vocab - first));
+                    let block = summed_as(hidden_t.clone().matmul(block_grad));
+                    sum = FloatOf::new(B::add_into_columns(
+                        sum.into_primitive(),
+                        block.into_primitive(),
+                        first,
+                    ));
+                }
+                sum
+            }
+        });
+        self.add_bias(typed, logits_grad);
+    }
+
+    /// The chunk's bias gradient (its column sums, in f32) into the sum.
+    fn add_bias(&mut self, typed: &Typed<B>, logits_grad: FloatOf<B, 2>) {
+        if typed.bias.is_some() {
+            let bias = logits_grad
+                .sum_dim(0)
+                .reshape([typed.vocab()])
+                .cast(DType::F32);
+            self.bias = Some(match self.bias.take() {
+                None => bias,
+                Some(sum) => sum.add(bias),
+            });
+        }
+    }
+
+    /// The sums in the dtypes of what they are the gradients of.
+    fn finish(self, typed: &Typed<B>) -> LinearGradients<B> {
+        let device = typed.hidden.device();
+        let hidden = if self.hidden.is_empty() {
+            // No rows: nothing to fill (a launch over zero elements is invalid on CUDA).
+            FloatOf::<B, 2>::empty(typed.hidden.shape(), &device, typed.hidden.dtype())
+        } else {
+            FloatOf::cat(self.hidden, 0)
+        };
+        let weight = match self.weight {
+            Some(grad) => grad.cast(typed.weight.dtype()),
+            None => FloatOf::zeros(typed.weight.shape(), &device, typed.weight.dtype()),
+        };
+        let bias = typed.bias.as_ref().map(|bias| {
+            match self.bias {
+                Some(grad) => grad.cast(bias.dtype()),
+                None => FloatOf::zeros(bias.shape(), &device, bias.dtype()),
+            }
+            .into_primitive()
+        });
+        LinearGradients {
+            hidden: hidden.into_primitive(),
+            weight: weight.into_primitive(),
+            bias,
+        }
+    }
+}
+
+/// The one pass over every chunk: the per-row statistics, and the gradients of the hidden
+/// states, the weight and the bias formed for the incoming gradient `guess` (f32 `[1]`;
+/// `Mean` or `Sum`).
+pub(crate) fn linear_one_pass<B: LinearCrossEntropyBackend>(
+    inputs: LinearInputs<B>,
+    guess: FloatTensor<B>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+) -> (RowStats<B>, LinearGradients<B>) {
+    let typed = Typed::of(with_aligned_weight(inputs));
+    let per_chunk = typed.rows_per_chunk(chunking);
+    let denominators = (options.reduction == Reduction::Mean)
+        .then(|| mean_denominators_of(&typed, options.ignore_index).into_primitive());
+    let mut parts = Vec::new();
+    let mut sums = GradientSums::new(chunking);
+    for (start, end) in chunks(typed.rows(), per_chunk) {
+        let scale = OnePassScale {
+            guess: guess.clone(),
+            denominators: OptionalFloat::from_option(denominators.clone()),
+        };
+        let output =
+            B::cross_entropy_one_pass(typed.chunk_inputs(start, end), scale, options.clone());
+        parts.push(output.rows);
+        sums.add(&typed, start, end, FloatOf::new(output.grad));
+    }
+    let rows = joined(parts, &typed, options.outputs.needs_argmax());
+    (rows, sums.finish(&typed))
+}
+
+/// Backward of a forward that kept only the per-row statistics (`stats [COUNT, N]`;
+/// `Reduction::None`, whose per-row gradient `grad_output [N]` is known only now): each
+/// chunk's logits are computed again, their gradient written over them, then taken to the
+/// hidden states, the weight and the bias.
+pub(crate) fn linear_backward<B: LinearCrossEntropyBackend>(
+    inputs: LinearInputs<B>,
+    stats: FloatTensor<B>,
+    grad_output: FloatTensor<B>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+) -> LinearGradients<B> {
+    let typed = Typed::of(with_aligned_weight(inputs));
+    let rows = typed.rows();
+    let mut sums = GradientSums::new(chunking);
+    if rows == 0 {
+        return sums.finish(&typed);
+    }
+    let per_chunk = typed.rows_per_chunk(chunking);
+    let stats = FloatOf::<B, 2>::new(stats);
+    let grad_output = FloatOf::<B, 1>::new(grad_output).reshape([rows]);
+    for (start, end) in chunks(rows, per_chunk) {
+        let backward = TwoPassBackward {
+            stats: stats.clone().narrow(1, start, end - start).into_primitive(),
+            grad_output: grad_output
+                .clone()
+                .narrow(0, start, end - start)
+                .into_primitive(),
+            denominators: OptionalFloat::Absent,
+        };
+        let logits_grad =
+            B::cross_entropy_backward(typed.chunk_inputs(start, end), backward, options.clone());
+        sums.add(&typed, start, end, FloatOf::new(logits_grad));
+    }
+    sums.finish(&typed)
+}

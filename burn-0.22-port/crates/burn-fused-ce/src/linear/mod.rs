@@ -1,0 +1,19 @@
+//! The fused linear cross-entropy: the LM head and the loss as one op over chunks of
+//! rows. Its module, its function, its backend extension and that extension on each
+//! backend.
+
+pub(crate) mod api;
+mod autodiff;
+pub(crate) mod buffer_limit;
+pub(crate) mod chunking;
+#[cfg(feature = "cube")]
+mod cube;
+pub(crate) mod extension;
+#[cfg(feature = "flex")]
+mod flex;
+#[cfg(all(feature = "fusion", feature = "cube"))]
+mod fusion_meta;
+pub(crate) mod gradients;
+pub(crate) mod module;
+mod products;
+mod rows;

@@ -1,0 +1,133 @@
+//! The fused linear cross-entropy as a module: the LM head and the loss in one op.
+
+use burn::{
+    config::Config,
+    module::Module,
+    nn::Linear,
+    tensor::{Device, Int, Tensor},
+};
+
+use crate::linear::{
+    api::{LinearCall, linear_cross_entropy_checked},
+    chunking::LinearChunking,
+};
+use crate::loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
+use crate::options::{CrossEntropyError, CrossEntropyOptions};
+use crate::output::CrossEntropyOutput;
+
+/// Configuration of [`FusedLinearCrossEntropyLoss`]: the loss's own config (every option)
+/// and how the rows are cut into chunks.
+#[derive(Config, Debug, PartialEq)]
+pub struct FusedLinearCrossEntropyLossConfig {
+    /// The loss: reduction, ignore index, label smoothing, z-loss, softcap, class
+    /// weights, target check, extra outputs, fast math. Its `gradient_plan` does not
+    /// apply: `Mean` and `Sum` always form their gradients in forward.
+    #[config(default = "FusedCrossEntropyLossConfig::new()")]
+    pub loss: FusedCrossEntropyLossConfig,
+    /// The chunks' memory budget and the weight gradient's accumulation dtype.
+    #[config(default = "LinearChunking::default()")]
+    pub chunking: LinearChunking,
+}
+
+impl FusedLinearCrossEntropyLossConfig {
+    /// Builds the loss.
+    ///
+    /// # Panics
+    /// On an invalid option or class weight; see [`Self::try_init`].
+    pub fn init(&self, device: &Device) -> FusedLinearCrossEntropyLoss {
+        match self.try_init(device) {
+            Ok(loss) => loss,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// Builds the loss, or says which option or class weight is invalid.
+    pub fn try_init(
+        &self,
+        device: &Device,
+    ) -> Result<FusedLinearCrossEntropyLoss, CrossEntropyError> {
+        Ok(FusedLinearCrossEntropyLoss {
+            loss: self.loss.try_init(device)?,
+            chunking: self.chunking,
+        })
+    }
+}
+
+/// The LM head (`hidden @ weight + bias`) and the cross-entropy as one op: rows go in
+/// chunks sized from a memory budget, each chunk's logits are formed, reduced and turned
+/// into their gradient in place, so the N x V logits are never whole in memory.
+#[derive(Module, Debug)]
+pub struct FusedLinearCrossEntropyLoss {
+    loss: FusedCrossEntropyLoss,
+    #[module(skip)]
+    chunking: LinearChunking,
+}
+
+impl FusedLinearCrossEntropyLoss {
+    /// The loss of `head.forward(hidden)` (`hidden [N, H]` or `[B, T, H]`) against
+    /// `targets` (`[N]` or `[B, T]`): the targets' shape for `Reduction::None`, one element
+    /// otherwise. Gradients reach `hidden` and the head's weight and bias.
+    ///
+    /// # Panics
+    /// On bad input, with the message [`Self::try_forward`] returns as an error.
+    pub fn forward<const DH: usize, const DT: usize>(
+        &self,
+        hidden: Tensor<DH>,
+        head: &Linear,
+        targets: Tensor<DT, Int>,
+    ) -> Tensor<DT> {
+        match self.try_forward(hidden, head, targets) {
+            Ok(loss) => loss,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// [`Self::forward`], returning bad input as an error.
+    pub fn try_forward<const DH: usize, const DT: usize>(
+        &self,
+        hidden: Tensor<DH>,
+        head: &Linear,
+        targets: Tensor<DT, Int>,
+    ) -> Result<Tensor<DT>, CrossEntropyError> {
+        let bias = head.bias.as_ref().map(|bias| bias.val());
+        Ok(self
+            .try_forward_with_outputs(hidden, head.weight.val(), bias, targets)?
+            .loss)
+    }
+
+    /// The loss and the extra outputs the config asks for, with the head as its tensors:
+    /// `weight [H, V]` (Burn's `Linear` layout) and `bias [V]`.
+    pub fn try_forward_with_outputs<const DH: usize, const DT: usize>(
+        &self,
+        hidden: Tensor<DH>,
+        weight: Tensor<2>,
+        bias: Option<Tensor<1>>,
+        targets: Tensor<DT, Int>,
+    ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
+        let call = LinearCall {
+            hidden,
+            weight,
+            bias,
+            targets,
+            class_weights: self.loss.class_weights.clone(),
+        };
+        // The class weights' values were checked at `init`.
+        linear_cross_entropy_checked(
+            call,
+            self.loss.options(),
+            &self.chunking,
+            false,
+            &self.loss.guess,
+        )
+    }
+
+    /// The options this loss runs with.
+    pub fn options(&self) -> &CrossEntropyOptions {
+        self.loss.options()
+    }
+
+    /// How this loss cuts the rows.
+    pub fn chunking(&self) -> &LinearChunking {
+        &self.chunking
+    }
+}

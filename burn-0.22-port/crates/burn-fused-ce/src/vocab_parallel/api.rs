@@ -1,0 +1,122 @@
+//! The vocabulary-parallel loss as a function of `Tensor`s: validate, the shard's
+//! contributions, one exchange, the whole vocabulary's statistics, then the loss on this
+//! shard (its backward needs no exchange).
+
+use burn::backend::{Dispatch, tensor::FloatTensor};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+
+use crate::checks::{check_class_weights, check_logits, checked_values};
+use crate::loss::api::cross_entropy_checked;
+use crate::loss::extension::{ClassWeights, CrossEntropyInputs, OptionalFloat};
+use crate::loss::incoming_guess::IncomingGuess;
+use crate::options::{CrossEntropyError, CrossEntropyOptions};
+use crate::output::{CrossEntropyOutput, shaped_output};
+use crate::vocab_parallel::exchange::ShardExchange;
+use crate::vocab_parallel::extension::VocabParallelBackend;
+use crate::vocab_parallel::extension_types::ExchangedRows;
+use crate::vocab_parallel::shard::{VocabShard, exchanged_rows};
+
+/// The vocabulary-parallel cross-entropy on one shard: `logits` are this device's classes
+/// (`[N, V_s]` or `[B, T, V_s]`, `V_s` = `shard.classes().len()`), `targets` the whole
+/// vocabulary's class indices (`[N]` or `[B, T]`, the same on every shard), and the class
+/// weights, when given, the whole vocabulary's (`[V]`). Every shard calls it with the same
+/// targets and options; `exchange` sums a few numbers per row over the shards (see
+/// [`ShardExchange`]). Returns the whole vocabulary's loss and extra outputs, the same on
+/// every shard; under autodiff the gradient reaches this shard's logits, with no further
+/// exchange. Every option and reduction of [`crate::try_fused_cross_entropy`] applies.
+/// Errors as [`crate::try_fused_cross_entropy`], and the exchange's.
+pub fn try_vocab_parallel_cross_entropy<
+    E: ShardExchange + ?Sized,
+    const DL: usize,
+    const DT: usize,
+>(
+    logits: Tensor<DL>,
+    targets: Tensor<DT, Int>,
+    class_weights: Option<Tensor<1>>,
+    shard: &VocabShard,
+    options: &CrossEntropyOptions,
+    exchange: &E,
+) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
+    options.validate()?;
+    let target_dims = targets.dims();
+    let (rows, width) = check_logits(&logits, &targets, "V_s")?;
+    let classes = shard.classes().len();
+    if width != classes {
+        return Err(CrossEntropyError::ShapeMismatch(format!(
+            "logits {:?} do not hold vocabulary shard {} of {} ({classes} classes)",
+            logits.dims(),
+            shard.index(),
+            shard.count()
+        )));
+    }
+    check_class_weights(class_weights.as_ref(), shard.vocab())?;
+    let class_weights =
+        checked_values(&targets, class_weights, rows, shard.vocab(), options, true)?;
+    if rows == 0 {
+        // Nothing to exchange: every shard sees the same empty batch.
+        return cross_entropy_checked(logits, targets, None, options, false, &IncomingGuess::new());
+    }
+    let device = logits.device();
+    // The row ops take the targets in the logits' row shape, the exchanged rows flat.
+    let inputs = || CrossEntropyInputs {
+        logits: logits.clone().into_dispatch(),
+        targets: targets.clone().into_dispatch(),
+        class_weights: class_weights.clone(),
+    };
+    let packed = Tensor::<2>::from_dispatch(
+        <Dispatch as VocabParallelBackend>::shard_contributions(inputs(), *shard, options.clone()),
+    );
+    let summed = exchange.sum(packed)?;
+    let expected = [exchanged_rows(shard, options), rows];
+    if summed.dims() != expected {
+        return Err(CrossEntropyError::Exchange(format!(
+            "the exchange returned statistics of shape {:?}, expected {expected:?}",
+            summed.dims()
+        )));
+    }
+    let shard_totals = (options.label_smoothing > 0.0)
+        .then(|| shard_weight_totals(&class_weights, shard, &device));
+    let exchanged = ExchangedRows {
+        summed: summed.cast(DType::F32).into_dispatch(),
+        targets: targets.clone().reshape([rows]).into_dispatch(),
+        class_weights: class_weights.clone(),
+        shard_totals: OptionalFloat::from_option(shard_totals),
+    };
+    let stats = <Dispatch as VocabParallelBackend>::whole_vocabulary_rows(
+        exchanged,
+        *shard,
+        options.clone(),
+    );
+    let parts = <Dispatch as VocabParallelBackend>::vocab_parallel_cross_entropy(
+        inputs(),
+        stats,
+        *shard,
+        options.clone(),
+    );
+    Ok(shaped_output(parts, target_dims, options.reduction))
+}
+
+/// Each shard's class-weight total `W_k` (its class count without weights), f32 `[K]`.
+fn shard_weight_totals(
+    class_weights: &ClassWeights<Dispatch>,
+    shard: &VocabShard,
+    device: &Device,
+) -> FloatTensor<Dispatch> {
+    match class_weights {
+        ClassWeights::Weighted { weights, .. } => {
+            let weights = Tensor::<1>::from_dispatch(weights.clone());
+            let totals = (0..shard.count())
+                .map(|k| weights.clone().slice([shard.range(k)]).sum())
+                .collect();
+            Tensor::cat(totals, 0).into_dispatch()
+        }
+        ClassWeights::Unweighted => {
+            let counts: Vec<f32> = (0..shard.count())
+                .map(|k| shard.range(k).len() as f32)
+                .collect();
+            Tensor::<1>::from_data(TensorData::new(counts, [shard.count()]), device)
+                .cast(DType::F32)
+                .into_dispatch()
+        }
+    }
+}
