@@ -8,10 +8,8 @@ use burn::backend::{
     tensor::FloatTensor,
 };
 
-use crate::loss::extension::{
-    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OptionalFloat,
-    OptionalInt,
-};
+use crate::loss::extension::FusedCrossEntropyBackend;
+use crate::loss::types::{ClassWeights, CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt};
 
 /// Class weights of the inner backend (they are constants: no node).
 pub(crate) fn inner_weights<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(

@@ -5,8 +5,9 @@
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
-use crate::loss::extension::{ClassWeights, FusedCrossEntropyBackend};
+use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::target_check::{self, PendingRead, PendingTargetCheck};
+use crate::loss::types::ClassWeights;
 use crate::options::{CrossEntropyError, CrossEntropyOptions, TargetCheck};
 
 /// The target and class-weight checks the options ask for (a deferred target check is

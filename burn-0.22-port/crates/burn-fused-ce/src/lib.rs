@@ -31,18 +31,20 @@ pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
 pub use linear::api::try_fused_linear_cross_entropy;
 pub use linear::buffer_limit::max_buffer_bytes;
 pub use linear::chunking::LinearChunking;
-pub use linear::extension::{LinearCrossEntropyBackend, LinearHead, LinearInputs};
+pub use linear::extension::LinearCrossEntropyBackend;
 pub use linear::gradients::LinearGradients;
 pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
+pub use linear::types::{LinearHead, LinearInputs};
 pub use loss::api::{fused_cross_entropy, try_fused_cross_entropy};
-pub use loss::extension::{
-    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassOutput,
-    OnePassScale, OptionalFloat, OptionalInt, Reduced, RowStats, TwoPassBackward, row_stat,
-};
+pub use loss::extension::FusedCrossEntropyBackend;
 pub use loss::incoming_guess::IncomingGuess;
 pub use loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
 pub use loss::portable;
 pub use loss::target_check::{PendingRead, wait_for_target_checks};
+pub use loss::types::{
+    ClassWeights, CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat,
+    OptionalInt, Reduced, RowStats, TwoPassBackward, row_stat,
+};
 pub use options::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
     TargetCheck,

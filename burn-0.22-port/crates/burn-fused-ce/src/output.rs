@@ -3,7 +3,7 @@
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Shape, Tensor};
 
-use crate::loss::extension::LossParts;
+use crate::loss::types::LossParts;
 use crate::options::Reduction;
 
 /// The loss and the extra outputs asked for in [`CrossEntropyOptions::outputs`].

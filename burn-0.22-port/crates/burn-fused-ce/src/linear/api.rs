@@ -10,10 +10,11 @@ use crate::checks::{check_linear_shapes, checked_values};
 use crate::linear::{
     buffer_limit::max_buffer_bytes,
     chunking::LinearChunking,
-    extension::{LinearCrossEntropyBackend, LinearHead, LinearInputs},
+    extension::LinearCrossEntropyBackend,
+    types::{LinearHead, LinearInputs},
 };
-use crate::loss::extension::OptionalFloat;
 use crate::loss::incoming_guess::IncomingGuess;
+use crate::loss::types::OptionalFloat;
 use crate::options::{CrossEntropyError, CrossEntropyOptions};
 use crate::output::{CrossEntropyOutput, shaped_output};
 

@@ -25,12 +25,13 @@ use burn::tensor::Shape;
 use crate::autodiff_conversions::{inner_weights, outer_parts};
 use crate::linear::{
     chunking::LinearChunking,
-    extension::{LinearCrossEntropyBackend, LinearHead, LinearInputs, with_aligned_weight},
+    extension::{LinearCrossEntropyBackend, with_aligned_weight},
     gradients::{LinearGradients, linear_backward, linear_one_pass},
     rows::linear_rows,
+    types::{LinearHead, LinearInputs},
 };
-use crate::loss::extension::{LossParts, OptionalFloat};
 use crate::loss::incoming_guess::IncomingGuess;
+use crate::loss::types::{LossParts, OptionalFloat};
 use crate::options::{CrossEntropyOptions, Reduction};
 
 /// What backward needs.

@@ -5,9 +5,6 @@
 use burn::tensor::DType;
 use serde::{Deserialize, Serialize};
 
-#[cfg(doc)]
-use crate::linear::extension::LinearCrossEntropyBackend;
-
 /// How the fused linear cross-entropy cuts its work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LinearChunking {
@@ -24,12 +21,12 @@ pub struct LinearChunking {
     /// Form each chunk's weight-gradient product `h_c^T dlogits_c` a block of columns at a
     /// time, each block at most this many bytes in the dtype the sum is kept in, and add
     /// each block into the sum in place
-    /// ([`LinearCrossEntropyBackend::add_into_columns`]). `None`: the whole `[H, V]`
+    /// ([`LinearCrossEntropyBackend::add_into_columns`](crate::LinearCrossEntropyBackend::add_into_columns)). `None`: the whole `[H, V]`
     /// product of a chunk at once, added to the sum (under Burn's fusion backend as the
     /// matmul's epilogue), which holds a second `[H, V]` buffer while it is summed.
     pub weight_gradient_block_bytes: Option<usize>,
     /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
-    /// adds the sum as it writes ([`LinearCrossEntropyBackend::accumulate_product`]):
+    /// adds the sum as it writes ([`LinearCrossEntropyBackend::accumulate_product`](crate::LinearCrossEntropyBackend::accumulate_product)):
     /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
     /// 16-byte aligned) the product is formed and added as without it. Takes precedence
     /// over [`Self::weight_gradient_block_bytes`]. On by default (also when a saved
@@ -38,7 +35,7 @@ pub struct LinearChunking {
     pub weight_gradient_in_place: bool,
     /// Form each chunk's hidden-state gradient `dlogits_c W^T` (`chunk x H` over the
     /// whole vocabulary, often too few output tiles to occupy a large GPU) by the
-    /// backend's own kernel ([`LinearCrossEntropyBackend::matmul_split_k`]), where the
+    /// backend's own kernel ([`LinearCrossEntropyBackend::matmul_split_k`](crate::LinearCrossEntropyBackend::matmul_split_k)), where the
     /// backend has one (TMA): with the vocabulary cut into slices multiplied side by side
     /// and summed in f32 where that fills more of the device, unsplit otherwise; off: the
     /// backend's matmul. On by default (also when a saved config lacks it).

@@ -6,43 +6,20 @@
 //! custom op (`fusion_meta.rs`), Flex takes every default (`flex.rs`) and `Autodiff<B, C>`
 //! records the backward step (`autodiff.rs`).
 
-use burn::backend::{
-    Backend, ExtensionType, TensorMetadata, backend_extension,
-    tensor::{FloatTensor, IntTensor},
-};
+use burn::backend::{TensorMetadata, backend_extension, tensor::FloatTensor};
 
 #[cfg(all(feature = "fusion", feature = "cube"))]
 use crate::linear::fusion_meta::*;
+use crate::linear::types::{LinearHead, LinearInputs};
 use crate::linear::{
     chunking::LinearChunking,
     products::{columns_added, product, product_added},
     rows::linear_rows,
 };
-use crate::loss::extension::{ClassWeights, FusedCrossEntropyBackend, LossParts, OptionalFloat};
+use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
+use crate::loss::types::LossParts;
 use crate::options::CrossEntropyOptions;
-
-/// The LM head: `weight [H, V]` (Burn's `Linear` layout) and, when it has one, `bias [V]`.
-#[derive(ExtensionType, Debug, Clone)]
-#[extension_type(fusion: cfg(feature = "fusion"))]
-pub struct LinearHead<B: Backend> {
-    pub weight: FloatTensor<B>,
-    #[extension_type]
-    pub bias: OptionalFloat<B>,
-}
-
-/// The tensors of one call: `hidden [N, H]`, the head, `targets [N]` and the class
-/// weights.
-#[derive(ExtensionType, Debug, Clone)]
-#[extension_type(fusion: cfg(feature = "fusion"))]
-pub struct LinearInputs<B: Backend> {
-    pub hidden: FloatTensor<B>,
-    #[extension_type]
-    pub head: LinearHead<B>,
-    pub targets: IntTensor<B>,
-    #[extension_type]
-    pub class_weights: ClassWeights<B>,
-}
 
 /// A Burn backend that can run the fused linear cross-entropy.
 ///

@@ -9,10 +9,11 @@ use burn::tensor::DType;
 
 use crate::linear::{
     chunking::LinearChunking,
-    extension::{LinearCrossEntropyBackend, LinearInputs, with_aligned_weight},
+    extension::{LinearCrossEntropyBackend, with_aligned_weight},
     rows::{Typed, chunks, joined, mean_denominators_of},
+    types::LinearInputs,
 };
-use crate::loss::extension::{OnePassScale, OptionalFloat, RowStats, TwoPassBackward};
+use crate::loss::types::{OnePassScale, OptionalFloat, RowStats, TwoPassBackward};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::FloatOf;
 

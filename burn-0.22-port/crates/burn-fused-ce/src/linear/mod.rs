@@ -17,3 +17,4 @@ pub(crate) mod gradients;
 pub(crate) mod module;
 mod products;
 mod rows;
+pub(crate) mod types;

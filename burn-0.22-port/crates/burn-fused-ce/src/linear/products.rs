@@ -3,8 +3,6 @@
 
 use burn::backend::{Backend, tensor::FloatTensor};
 
-#[cfg(doc)]
-use crate::linear::extension::LinearCrossEntropyBackend;
 use crate::primitive::FloatOf;
 
 /// `lhs rhs` for 2-D `lhs` and `rhs`, by the backend's matmul.
@@ -15,7 +13,8 @@ pub(crate) fn product<B: Backend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>) -> F
 }
 
 /// `sum + lhs rhs` by tensor ops: the whole product, taken to `sum`'s dtype, then added
-/// (the default of [`LinearCrossEntropyBackend::accumulate_product`]).
+/// (the default of
+/// [`LinearCrossEntropyBackend::accumulate_product`](crate::LinearCrossEntropyBackend::accumulate_product)).
 pub(crate) fn product_added<B: Backend>(
     sum: FloatTensor<B>,
     lhs: FloatTensor<B>,
@@ -27,8 +26,8 @@ pub(crate) fn product_added<B: Backend>(
 }
 
 /// `sum[:, start..start + w] += block` by tensor ops (the default of
-/// [`LinearCrossEntropyBackend::add_into_columns`]): the block is added to a view of the
-/// columns, which `slice_assign` writes back.
+/// [`LinearCrossEntropyBackend::add_into_columns`](crate::LinearCrossEntropyBackend::add_into_columns)):
+/// the block is added to a view of the columns, which `slice_assign` writes back.
 pub(crate) fn columns_added<B: Backend>(
     sum: FloatTensor<B>,
     block: FloatTensor<B>,

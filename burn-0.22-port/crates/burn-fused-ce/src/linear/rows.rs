@@ -8,15 +8,11 @@
 use burn::backend::Backend;
 use burn::tensor::DType;
 
-use crate::linear::{chunking::LinearChunking, extension::LinearInputs};
-use crate::loss::extension::{
-    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, OptionalInt, RowStats, row_stat,
-};
+use crate::linear::{chunking::LinearChunking, types::LinearInputs};
+use crate::loss::extension::FusedCrossEntropyBackend;
+use crate::loss::types::{ClassWeights, CrossEntropyInputs, OptionalInt, RowStats, row_stat};
 use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
-
-#[cfg(doc)]
-use crate::linear::extension::LinearCrossEntropyBackend;
 
 /// The tensors of a call as typed views.
 pub(crate) struct Typed<B: Backend> {
@@ -29,7 +25,7 @@ pub(crate) struct Typed<B: Backend> {
 
 impl<B: Backend> Typed<B> {
     /// The call's tensors, the weight as given (callers pass it through
-    /// [`LinearCrossEntropyBackend::with_matmul_aligned_rows`] first).
+    /// [`LinearCrossEntropyBackend::with_matmul_aligned_rows`](crate::LinearCrossEntropyBackend::with_matmul_aligned_rows) first).
     pub fn of(inputs: LinearInputs<B>) -> Self {
         Self {
             hidden: FloatOf::new(inputs.hidden),

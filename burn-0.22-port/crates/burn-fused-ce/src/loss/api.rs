@@ -6,8 +6,9 @@ use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor};
 
 use crate::checks::{check_shapes, checked_values};
-use crate::loss::extension::{CrossEntropyInputs, FusedCrossEntropyBackend};
+use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
+use crate::loss::types::CrossEntropyInputs;
 use crate::options::{CrossEntropyError, CrossEntropyOptions};
 use crate::output::{CrossEntropyOutput, shaped_output};
 

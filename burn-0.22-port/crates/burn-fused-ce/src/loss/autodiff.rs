@@ -23,11 +23,12 @@ use burn::tensor::DType;
 use crate::autodiff_conversions::{
     inner_inputs, inner_optional, inner_weights, outer_optional, outer_parts,
 };
-use crate::loss::extension::{
-    CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassOutput, OnePassScale,
-    OptionalFloat, OptionalInt, Reduced, RowStats, TwoPassBackward,
-};
+use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
+use crate::loss::types::{
+    CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat, OptionalInt,
+    Reduced, RowStats, TwoPassBackward,
+};
 use crate::options::CrossEntropyOptions;
 #[cfg(doc)]
 use crate::options::GradientPlan;

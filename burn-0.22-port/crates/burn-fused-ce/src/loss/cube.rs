@@ -13,12 +13,13 @@ use crate::cube_tensors::{
     contiguous_buffer, elem, f32_buffer, gradient_buffer, poison, predictions, reshaped, rows_view,
     vector_size, weight_args, with_leading_one,
 };
-use crate::loss::extension::{
-    CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassOutput, OnePassScale,
-    OptionalFloat, OptionalInt, Reduced, RowStats, TwoPassBackward,
-};
+use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::next_guess;
 use crate::loss::reduce::{lse_row, reduce_stats};
+use crate::loss::types::{
+    CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat, OptionalInt,
+    Reduced, RowStats, TwoPassBackward,
+};
 use crate::options::{CrossEntropyOptions, Reduction};
 
 /// The row kernels' launch for `[B, T, V]` logits and `[B, T]` targets.

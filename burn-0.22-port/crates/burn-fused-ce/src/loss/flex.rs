@@ -3,10 +3,9 @@
 
 use burn::backend::{Flex, tensor::FloatTensor};
 
-use crate::loss::extension::{
-    CrossEntropyInputs, FusedCrossEntropyBackend, RowStats, TwoPassBackward,
-};
+use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::portable::{cross_entropy_backward, cross_entropy_rows};
+use crate::loss::types::{CrossEntropyInputs, RowStats, TwoPassBackward};
 use crate::options::CrossEntropyOptions;
 
 impl FusedCrossEntropyBackend for Flex {

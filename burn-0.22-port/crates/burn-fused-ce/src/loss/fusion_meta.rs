@@ -5,7 +5,7 @@
 use burn::backend::fusion::custom::TensorSpec;
 use burn::tensor::{DType, Shape};
 
-use crate::loss::extension::{
+use crate::loss::types::{
     ClassWeightsMetadata, CrossEntropyInputsMetadata, LossPartsMetadata, OnePassOutputMetadata,
     OnePassScaleMetadata, OptionalFloatMetadata, OptionalIntMetadata, ReducedMetadata,
     RowStatsMetadata, TwoPassBackwardMetadata, row_stat,

@@ -15,3 +15,4 @@ pub(crate) mod module;
 pub mod portable;
 pub(crate) mod reduce;
 pub(crate) mod target_check;
+pub(crate) mod types;

@@ -19,7 +19,7 @@ use burn::backend::{
 };
 use burn::tensor::{DType, Shape};
 
-use crate::loss::extension::{
+use crate::loss::types::{
     ClassWeights, CrossEntropyInputs, OptionalInt, RowStats, TwoPassBackward, row_stat,
 };
 use crate::options::CrossEntropyOptions;

@@ -1,6 +1,6 @@
 //! The reduction of forward's per-row statistics by Burn's own ops: the default of
-//! [`FusedCrossEntropyBackend::reduce_row_stats`] (cube backends run one kernel instead,
-//! but for per-row losses and empty batches).
+//! [`FusedCrossEntropyBackend::reduce_row_stats`](crate::FusedCrossEntropyBackend::reduce_row_stats)
+//! (cube backends run one kernel instead, but for per-row losses and empty batches).
 
 use burn::backend::{
     Backend,
@@ -8,9 +8,7 @@ use burn::backend::{
 };
 use burn::tensor::DType;
 
-#[cfg(doc)]
-use crate::loss::extension::FusedCrossEntropyBackend;
-use crate::loss::extension::{LossParts, OptionalFloat, OptionalInt, Reduced, RowStats, row_stat};
+use crate::loss::types::{LossParts, OptionalFloat, OptionalInt, Reduced, RowStats, row_stat};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{BoolOf, FloatOf, IntOf};
 

@@ -7,8 +7,8 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use crate::checks::{check_class_weights, check_logits, checked_values};
 use crate::loss::api::cross_entropy_checked;
-use crate::loss::extension::{ClassWeights, CrossEntropyInputs, OptionalFloat};
 use crate::loss::incoming_guess::IncomingGuess;
+use crate::loss::types::{ClassWeights, CrossEntropyInputs, OptionalFloat};
 use crate::options::{CrossEntropyError, CrossEntropyOptions};
 use crate::output::{CrossEntropyOutput, shaped_output};
 use crate::vocab_parallel::exchange::ShardExchange;

@@ -16,7 +16,7 @@ use burn::backend::{
 };
 
 use crate::autodiff_conversions::{inner_inputs, inner_optional, inner_weights, outer_optional};
-use crate::loss::extension::{CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats};
+use crate::loss::types::{CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats};
 use crate::options::CrossEntropyOptions;
 use crate::vocab_parallel::extension::VocabParallelBackend;
 use crate::vocab_parallel::extension_types::{

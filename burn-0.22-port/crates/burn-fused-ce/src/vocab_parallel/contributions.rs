@@ -4,10 +4,9 @@
 use burn::backend::{TensorMetadata, tensor::FloatTensor};
 use burn::tensor::{DType, Shape};
 
-use crate::loss::extension::{
-    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, row_stat,
-};
+use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::reduce::stat_row;
+use crate::loss::types::{ClassWeights, CrossEntropyInputs, row_stat};
 use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
 use crate::vocab_parallel::shard::{VocabShard, local_options, smoothing_options};

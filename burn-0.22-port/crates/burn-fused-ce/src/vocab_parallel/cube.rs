@@ -13,10 +13,8 @@ use fused_ce_kernels::{
 use crate::cube_tensors::{
     contiguous_buffer, elem, f32_buffer, poison, predictions, rows_view, with_leading_one,
 };
-use crate::loss::extension::{
-    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, OptionalFloat, OptionalInt,
-    RowStats,
-};
+use crate::loss::extension::FusedCrossEntropyBackend;
+use crate::loss::types::{ClassWeights, CrossEntropyInputs, OptionalFloat, OptionalInt, RowStats};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::IntOf;
 use crate::vocab_parallel::contributions::shard_contributions_by_tensor_ops;

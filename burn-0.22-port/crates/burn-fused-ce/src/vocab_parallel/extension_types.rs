@@ -6,7 +6,7 @@ use burn::backend::{
     tensor::{FloatTensor, IntTensor},
 };
 
-use crate::loss::extension::{ClassWeights, OptionalFloat};
+use crate::loss::types::{ClassWeights, OptionalFloat};
 
 /// What the shards exchanged and what every shard knows of the rows: the input of
 /// [`crate::VocabParallelBackend::whole_vocabulary_rows`].

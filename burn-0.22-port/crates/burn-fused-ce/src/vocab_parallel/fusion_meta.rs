@@ -5,7 +5,7 @@
 use burn::backend::fusion::custom::TensorSpec;
 use burn::tensor::{DType, Shape};
 
-use crate::loss::extension::{
+use crate::loss::types::{
     ClassWeightsMetadata, CrossEntropyInputsMetadata, OptionalFloatMetadata, OptionalIntMetadata,
     RowStatsMetadata, row_stat,
 };

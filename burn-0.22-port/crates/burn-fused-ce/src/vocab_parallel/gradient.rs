@@ -4,11 +4,11 @@
 use burn::backend::{TensorMetadata, tensor::FloatTensor};
 use burn::tensor::{DType, Shape};
 
-use crate::loss::extension::{
-    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, OptionalFloat, TwoPassBackward,
-    row_stat,
-};
+use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::reduce::stat_row;
+use crate::loss::types::{
+    ClassWeights, CrossEntropyInputs, OptionalFloat, TwoPassBackward, row_stat,
+};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{FloatOf, IntOf};
 use crate::vocab_parallel::extension::VocabParallelBackend;

@@ -4,8 +4,8 @@
 use burn::backend::{Backend, tensor::FloatTensor};
 use burn::tensor::{DType, Shape};
 
-use crate::loss::extension::{OptionalFloat, row_stat};
 use crate::loss::reduce::stat_row;
+use crate::loss::types::{OptionalFloat, row_stat};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{BoolOf, FloatOf};
 use crate::vocab_parallel::extension_types::{KernelBackwardRows, ShardBackwardRows};

@@ -9,7 +9,7 @@ use burn::backend::{
 };
 use burn::tensor::{DType, Shape};
 
-use crate::loss::extension::ClassWeights;
+use crate::loss::types::ClassWeights;
 use crate::primitive::{BoolOf, FloatOf, IntOf};
 use crate::vocab_parallel::shard::{ELSEWHERE, SHARD_IGNORE, VocabShard};
 

@@ -5,8 +5,8 @@
 use burn::backend::Backend;
 use burn::tensor::DType;
 
-use crate::loss::extension::{ClassWeights, OptionalInt, RowStats, row_stat};
 use crate::loss::reduce::stat_row;
+use crate::loss::types::{ClassWeights, OptionalInt, RowStats, row_stat};
 use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
 use crate::vocab_parallel::extension_types::ExchangedRows;
