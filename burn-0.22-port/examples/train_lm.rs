@@ -1,0 +1,505 @@
+//! The main example: a GPT-style language model trained on real English text with a real
+//! BPE vocabulary, its LM head and loss computed as one op by the fused linear
+//! cross-entropy.
+//!
+//!   scripts/with-vulkan.sh cargo run --release --example train_lm            # tiny, CPU (lavapipe)
+//!   scripts/with-vulkan.sh cargo run --release --example train_lm -- --compare
+//!   CUDARC_CUDA_VERSION=13000 cargo run --release --no-default-features \
+//!       --features cuda,autotune --example train_lm -- --size gpt2 --compare --max-batch
+//!
+//! (from `burn-0.22-port/`, with `../scripts/with-vulkan.sh`, while the port lives there).
+//!
+//! Flags: `--size tiny|small|gpt2` (model and batch; tiny by default), `--vocab
+//! gpt2|cl100k` (OpenAI's BPE vocabularies shipped in `tiktoken-rs`: 50257 or 100277
+//! tokens), `--data PATH` (any UTF-8 text file; default: *Around the World in Eighty
+//! Days*, see examples/data/README.md), `--steps N`, `--batch N`, `--loss
+//! stock|fused|linear` (default linear), `--compare` (the same seeded model trained the
+//! three ways, curves and a table), `--max-batch` (the largest batch each way fits on
+//! the device, by bisection, two steps per try, each try a child process), `--dtype
+//! f32|bf16` (bf16 on CUDA), `--chunk-mib M` (the fused linear cross-entropy's chunk
+//! budget, `LinearChunking::logits_bytes`, in MiB; default 512), `--devices N` (data
+//! parallel: each global batch split over N replicas on the first N GPUs, their gradients
+//! averaged by Burn's all-reduce (`burn::tensor::distributed`) where the runtime has
+//! collectives (CUDA with NCCL), else on the first device; on wgpu the replicas share the
+//! device), `--out DIR` (plots and tables; default target/train_lm).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use burn::tensor::{Device, FloatDType};
+use burn_fused_ce::LinearChunking;
+use fused_ce_suite::{
+    RUNTIME_NAME, SUPPORTS_BF16, devices,
+    lm::{
+        Corpus, GptConfig, GradientSync, LossKind, RunConfig, SAMPLE_TEXT, StepLog, Vocabulary,
+        initial_model,
+        plot::{Curve, loss_curves_svg},
+        sample, train, train_data_parallel_with,
+    },
+};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// The flag of a `--max-batch` trial's child process (see [`largest_batch`]).
+const FIT_TRIAL: &str = "--fit-trial";
+
+/// The values of `--loss` and the losses they name.
+const LOSS_FLAGS: [(&str, LossKind); 3] = [
+    ("stock", LossKind::Stock),
+    ("fused", LossKind::Fused),
+    ("linear", LossKind::FusedLinear),
+];
+
+/// What the command line asks for.
+struct Args {
+    model: GptConfig,
+    run: RunConfig,
+    vocabulary: Vocabulary,
+    data: Option<PathBuf>,
+    kinds: Vec<LossKind>,
+    max_batch: bool,
+    /// Set in the child processes of `--max-batch`: train this many sequences a batch for
+    /// two steps and exit with status 0 when it fit.
+    fit_trial: Option<usize>,
+    bf16: bool,
+    devices: usize,
+    out: PathBuf,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |name: &str| -> Option<&str> {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    };
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let number = |name: &str| -> Result<Option<usize>, String> {
+        value(name)
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| format!("{name} takes a number, got {v}"))
+            })
+            .transpose()
+    };
+    let vocabulary = match value("--vocab").unwrap_or("gpt2") {
+        "gpt2" => Vocabulary::Gpt2,
+        "cl100k" => Vocabulary::Cl100k,
+        other => return Err(format!("--vocab gpt2|cl100k, got {other}")),
+    };
+    let vocab = vocabulary.size();
+    let (model, batch, steps, lr) = match value("--size").unwrap_or("tiny") {
+        // Minutes on two CPU cores (lavapipe).
+        "tiny" => (model(vocab, 64, 2, 4, 64), 8, 60, 3e-3),
+        "small" => (model(vocab, 256, 4, 4, 256), 16, 300, 1e-3),
+        // GPT-2 small: 124M parameters with its 50257-token vocabulary.
+        "gpt2" => (model(vocab, 768, 12, 12, 1024), 8, 60, 3e-4),
+        other => return Err(format!("--size tiny|small|gpt2, got {other}")),
+    };
+    let kinds = if flag("--compare") {
+        LossKind::ALL.to_vec()
+    } else {
+        let asked = value("--loss").unwrap_or("linear");
+        match LOSS_FLAGS.iter().find(|(flag, _)| *flag == asked) {
+            Some(&(_, kind)) => vec![kind],
+            None => return Err(format!("--loss stock|fused|linear, got {asked}")),
+        }
+    };
+    let bf16 = match value("--dtype").unwrap_or("f32") {
+        "f32" => false,
+        "bf16" if SUPPORTS_BF16 => true,
+        "bf16" => return Err("--dtype bf16 needs the cuda feature".into()),
+        other => return Err(format!("--dtype f32|bf16, got {other}")),
+    };
+    Ok(Args {
+        model,
+        run: RunConfig {
+            batch: number("--batch")?.unwrap_or(batch),
+            steps: number("--steps")?.unwrap_or(steps),
+            lr,
+            seed: 7,
+            chunking: LinearChunking {
+                logits_bytes: number("--chunk-mib")?
+                    .map(|mib| {
+                        mib.checked_mul(1 << 20)
+                            .ok_or(format!("--chunk-mib {mib} is more bytes than fit"))
+                    })
+                    .transpose()?,
+                ..LinearChunking::default()
+            },
+        },
+        vocabulary,
+        data: value("--data").map(PathBuf::from),
+        kinds,
+        max_batch: flag("--max-batch"),
+        fit_trial: number(FIT_TRIAL)?,
+        bf16,
+        devices: number("--devices")?.unwrap_or(1).max(1),
+        out: PathBuf::from(value("--out").unwrap_or("target/train_lm")),
+    })
+}
+
+fn model(vocab: usize, d_model: usize, layers: usize, heads: usize, seq_len: usize) -> GptConfig {
+    GptConfig {
+        vocab,
+        d_model,
+        layers,
+        heads,
+        seq_len,
+    }
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("train_lm: {error}");
+            std::process::exit(2);
+        }
+    };
+    // The first `--devices` devices (one by default; the first trains alone). Their default
+    // float dtype is set before any tensor is made on them: Burn fixes it at the first.
+    let replicas = devices(args.devices);
+    if args.bf16 {
+        for (index, replica) in replicas.iter().enumerate() {
+            if replicas[..index].contains(replica) {
+                continue;
+            }
+            if let Err(error) = replica.clone().configure(FloatDType::BF16) {
+                eprintln!("train_lm: --dtype bf16 on {replica:?}: {error:?}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let replicas: Vec<Device> = replicas.into_iter().map(Device::autodiff).collect();
+    run(&args, &replicas);
+}
+
+/// One way of computing the loss, trained and measured.
+struct Outcome {
+    kind: LossKind,
+    logs: Vec<StepLog>,
+    /// Growth of the device's memory pool over the run (pages reserved).
+    pool_growth_mib: f64,
+    largest_batch: Option<usize>,
+}
+
+/// Trains on the autodiff `replicas` (the first one alone unless `--devices` asks for more).
+fn run(args: &Args, replicas: &[Device]) {
+    let device = replicas[0].clone();
+    let text = match &args.data {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(error) => {
+                eprintln!("train_lm: --data {}: {error}", path.display());
+                std::process::exit(2);
+            }
+        },
+        None => SAMPLE_TEXT.to_string(),
+    };
+    let corpus = Corpus::new(&text, args.vocabulary);
+    let (config, run) = (args.model, args.run);
+    if let (Some(batch), Some(&kind)) = (args.fit_trial, args.kinds.first()) {
+        fit_trial(&config, &run, kind, batch, &corpus, &device);
+    }
+    println!(
+        "GPT-style model on {RUNTIME_NAME}{}: {} layers, d_model {}, {} heads, {:.1}M parameters; {} vocabulary ({} tokens); {} tokens of text; batch {} x {} tokens, {} steps",
+        if args.bf16 { " (bf16)" } else { "" },
+        config.layers,
+        config.d_model,
+        config.heads,
+        config.parameters() as f64 / 1e6,
+        args.vocabulary.name(),
+        config.vocab,
+        corpus.tokens.len(),
+        run.batch,
+        config.seq_len,
+        run.steps,
+    );
+    println!(
+        "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); the results are cached (under target/autotune) for later runs."
+    );
+    // The largest batches first, while this process holds no device memory: each try
+    // is a process of its own, and this one's memory pool, once grown by training, is
+    // not given back to the device.
+    let largest_batches: Vec<Option<usize>> = args
+        .kinds
+        .iter()
+        .map(|&kind| args.max_batch.then(|| largest_batch(&run, kind)))
+        .collect();
+    let sync = GradientSync::for_devices(replicas);
+    if replicas.len() > 1 {
+        println!(
+            "{} replicas, gradients averaged {}",
+            replicas.len(),
+            match sync {
+                GradientSync::AllReduce => "by Burn's all-reduce",
+                GradientSync::OnFirstDevice => "on the first device",
+            }
+        );
+    }
+    let start = initial_model(&config, run.seed, &device);
+    let reserved = || {
+        device
+            .memory_pool_usage()
+            .map(|usage| usage.bytes_reserved as f64 / 1048576.0)
+            .unwrap_or(0.0)
+    };
+    let mut outcomes = Vec::new();
+    let mut last_model = None;
+    for (&kind, &largest_batch) in args.kinds.iter().zip(&largest_batches) {
+        device.memory_cleanup();
+        let before = reserved();
+        let progress = ProgressBar::new(run.steps as u64);
+        progress.set_style(
+            ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos}/{len} {msg} (ETA {eta})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        progress.set_prefix(kind.name());
+        let on_step = |step: usize, log: &StepLog| {
+            let tokens_per_second = log.tokens as f64 / log.seconds;
+            let message = format!(
+                "loss {:.4}, {tokens_per_second:.0} tokens/s, {:.0} MiB",
+                log.loss,
+                reserved()
+            );
+            progress.set_message(message.clone());
+            progress.inc(1);
+            if step.is_multiple_of(10) || step + 1 == run.steps {
+                progress.suspend(|| println!("[{}] step {step:4}: {message}", kind.name()));
+            }
+        };
+        let (logs, model) = if replicas.len() > 1 {
+            match train_data_parallel_with(
+                sync,
+                &config,
+                &run,
+                kind,
+                start.clone(),
+                &corpus,
+                replicas,
+                on_step,
+            ) {
+                Ok(trained) => trained,
+                Err(error) => {
+                    eprintln!("train_lm: {error}");
+                    std::process::exit(2);
+                }
+            }
+        } else {
+            train(
+                &config,
+                &run,
+                kind,
+                start.clone(),
+                &corpus,
+                &device,
+                on_step,
+            )
+        };
+        progress.finish_and_clear();
+        outcomes.push(Outcome {
+            kind,
+            logs,
+            pool_growth_mib: reserved() - before,
+            largest_batch,
+        });
+        last_model = Some(model);
+    }
+    if let Some(model) = &last_model {
+        let prompt = &corpus.tokens[..8.min(corpus.tokens.len())];
+        println!(
+            "sample: {:?}",
+            sample(model, &config, &corpus, prompt, 24, &device)
+        );
+    }
+    report(args, &outcomes);
+}
+
+/// The value of `--loss` that names `kind`.
+fn loss_flag(kind: LossKind) -> &'static str {
+    LOSS_FLAGS
+        .iter()
+        .find(|(_, named)| *named == kind)
+        .map(|(flag, _)| *flag)
+        .expect("LOSS_FLAGS names every loss")
+}
+
+/// The largest batch that trains (two steps) without running out of device memory:
+/// doubling from the run's batch, then bisecting. Each try is a child process (this
+/// executable with [`FIT_TRIAL`]): running out of memory panics on the device's own thread
+/// and leaves its memory pool unusable (on CUDA), so no try may follow another in one
+/// process. A try that cannot be started counts as not fitting.
+fn largest_batch(run: &RunConfig, kind: LossKind) -> usize {
+    // The model, vocabulary, data and dtype flags, as given; the loss and the batch are
+    // the try's own.
+    let mut passed = Vec::new();
+    let mut given = std::env::args().skip(1);
+    while let Some(arg) = given.next() {
+        match arg.as_str() {
+            "--compare" | "--max-batch" => {}
+            "--loss" | "--batch" | "--steps" | "--out" | "--devices" | FIT_TRIAL => {
+                given.next();
+            }
+            _ => passed.push(arg),
+        }
+    }
+    let executable = std::env::current_exe();
+    let fits = |batch: usize| {
+        let tried = executable
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|executable| {
+                Command::new(executable)
+                    .args(&passed)
+                    .args(["--loss", loss_flag(kind), FIT_TRIAL, &batch.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .output()
+                    .map_err(|e| e.to_string())
+            });
+        let outcome = match &tried {
+            Ok(output) if output.status.success() => Ok(()),
+            Ok(output) => Err(String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .filter(|line| !line.trim().is_empty())
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ")),
+            Err(error) => Err(error.clone()),
+        };
+        match &outcome {
+            Ok(()) => println!("[{}] batch {batch}: fits", kind.name()),
+            Err(why) => println!("[{}] batch {batch}: does not fit ({why})", kind.name()),
+        }
+        outcome.is_ok()
+    };
+    let (mut good, mut bad) = (0, run.batch.max(1));
+    while fits(bad) {
+        good = bad;
+        bad *= 2;
+        if bad > 1 << 16 {
+            return good;
+        }
+    }
+    while bad - good > (good / 16).max(1) {
+        let mid = (good + bad) / 2;
+        if fits(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    good
+}
+
+/// One try of [`largest_batch`], in a process of its own: trains `batch` sequences a
+/// batch for two steps, then exits with status 0; any panic, on any thread (running out
+/// of device memory panics on the device's), exits at once with status 3.
+fn fit_trial(
+    config: &GptConfig,
+    run: &RunConfig,
+    kind: LossKind,
+    batch: usize,
+    corpus: &Corpus,
+    device: &Device,
+) -> ! {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("{FIT_TRIAL}: {info}");
+        std::process::exit(3)
+    }));
+    let trial = RunConfig {
+        batch,
+        steps: 2,
+        ..*run
+    };
+    let start = initial_model(config, run.seed, device);
+    train(config, &trial, kind, start, corpus, device, |_, _| {});
+    std::process::exit(if device.sync().is_ok() { 0 } else { 3 })
+}
+
+/// Median step time after the first steps (autotune and warm-up).
+fn median_seconds(logs: &[StepLog]) -> f64 {
+    let skip = (logs.len() / 5)
+        .clamp(1, 10)
+        .min(logs.len().saturating_sub(1));
+    let mut times: Vec<f64> = logs.iter().skip(skip).map(|l| l.seconds).collect();
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Prints and writes the curves and the table.
+fn report(args: &Args, outcomes: &[Outcome]) {
+    let mut table = String::from(
+        "| loss | step ms (median) | tokens/s | pool growth MiB | largest batch | final loss |\n|---|---:|---:|---:|---:|---:|\n",
+    );
+    for o in outcomes {
+        let seconds = median_seconds(&o.logs);
+        let tokens = o.logs.first().map_or(0, |l| l.tokens) as f64;
+        table += &format!(
+            "| {} | {:.1} | {:.0} | {:.0} | {} | {:.4} |\n",
+            o.kind.name(),
+            seconds * 1e3,
+            tokens / seconds.max(1e-12),
+            o.pool_growth_mib,
+            o.largest_batch.map_or("-".to_string(), |b| b.to_string()),
+            o.logs.last().map_or(f64::NAN, |l| l.loss),
+        );
+    }
+    let mut agreement = String::new();
+    if let [first, rest @ ..] = outcomes {
+        for other in rest {
+            let worst = first
+                .logs
+                .iter()
+                .zip(&other.logs)
+                .map(|(a, b)| (a.loss - b.loss).abs() / a.loss.abs().max(1e-12))
+                .fold(0.0f64, f64::max);
+            agreement += &format!(
+                "largest relative difference of the loss curves, {} against {}: {worst:.2e}\n",
+                other.kind.name(),
+                first.kind.name()
+            );
+        }
+    }
+    println!("\n{table}\n{agreement}");
+    let curves: Vec<Curve> = outcomes
+        .iter()
+        .map(|o| Curve {
+            name: o.kind.name(),
+            values: o.logs.iter().map(|l| l.loss).collect(),
+        })
+        .collect();
+    let title = format!(
+        "GPT-style LM, {} layers, d_model {}, {} vocabulary: training loss per step",
+        args.model.layers,
+        args.model.d_model,
+        args.vocabulary.name()
+    );
+    let mut csv = String::from("step");
+    for o in outcomes {
+        csv += &format!(",{}", o.kind.name());
+    }
+    csv.push('\n');
+    for step in 0..args.run.steps {
+        csv += &step.to_string();
+        for o in outcomes {
+            csv += &format!(",{}", o.logs.get(step).map_or(f64::NAN, |l| l.loss));
+        }
+        csv.push('\n');
+    }
+    let written = std::fs::create_dir_all(&args.out)
+        .and_then(|()| std::fs::write(args.out.join("loss.svg"), loss_curves_svg(&title, &curves)))
+        .and_then(|()| std::fs::write(args.out.join("loss.csv"), csv))
+        .and_then(|()| {
+            std::fs::write(args.out.join("summary.md"), format!("{table}\n{agreement}"))
+        });
+    match written {
+        Ok(()) => println!(
+            "curves and table: {}/{{loss.svg,loss.csv,summary.md}}",
+            args.out.display()
+        ),
+        Err(error) => println!("could not write to {}: {error}", args.out.display()),
+    }
+}
