@@ -1,6 +1,7 @@
 //! Shared by the tests (and later the benches and the examples): which cube runtime this
-//! build runs on. The `cuda` feature picks CUDA; otherwise Vulkan through wgpu (lavapipe
-//! on a machine with no GPU).
+//! build runs on. The `cuda` feature picks CUDA; otherwise wgpu, pinned to Vulkan with the
+//! `vulkan` feature (SPIR-V) or on the API it finds with `wgpu` alone (WGSL; lavapipe on a
+//! machine with no GPU).
 //!
 //! Burn 0.22 picks the backend by the device: a tensor made on [`device()`] runs on
 //! `Fusion<CubeBackend>` (Burn's fusion is on in this build, as users have it by default),

@@ -10,7 +10,6 @@ use crate::tuning::{KernelTuning, MAX_CHUNKS};
 /// Largest grid dimension every runtime accepts (wgpu's limit).
 const MAX_GRID_DIM: usize = 65_535;
 
-
 /// A grid of `cubes` cubes (at least one), 2-D because wgpu caps each dimension at 65535;
 /// kernels number them with `row_of_cube`.
 pub(crate) fn grid_of(cubes: usize) -> CubeCount {

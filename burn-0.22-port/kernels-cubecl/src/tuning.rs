@@ -152,8 +152,7 @@ impl KernelTuning {
             ),
             (
                 "chunks",
-                self.chunks
-                    .is_none_or(|c| (1..=MAX_CHUNKS).contains(&c)),
+                self.chunks.is_none_or(|c| (1..=MAX_CHUNKS).contains(&c)),
                 "1 to 64",
             ),
         ];

@@ -3,11 +3,34 @@
 //! Forward and backward are CubeCL kernels that read each row of logits in place: no
 //! N x V temporary, and the gradient goes over the logits when nothing else holds them.
 //! Swap Burn's `CrossEntropyLoss` for [`FusedCrossEntropyLoss`], built from
-//! [`FusedCrossEntropyLossConfig`]. Options (reduction, ignore index, label smoothing,
-//! z-loss, softcap, class weights, the [`TargetCheck`], the [`GradientPlan`],
-//! [`ExtraOutputs`], [`FastMath`]) are the config's fields; [`fused_cross_entropy`] is the
-//! same loss without a module. The ops plug into Burn as the backend extension
-//! [`FusedCrossEntropyBackend`].
+//! [`FusedCrossEntropyLossConfig`], with the same runtime feature turned on in this crate
+//! as in Burn (`wgpu`, `vulkan`, `cuda`, or `flex` for Burn's CPU backend):
+//!
+//! ```
+//! use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
+//! use burn_fused_ce::FusedCrossEntropyLossConfig;
+//!
+//! // Or Device::cuda(0), Device::vulkan(..), Device::flex(), as the features say.
+//! let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
+//! let logits = Tensor::<2>::random([8, 1000], Distribution::Default, &device).require_grad();
+//! let targets = Tensor::<1, Int>::from_ints([1, 2, 3, -100, 5, 6, 7, 8], &device);
+//!
+//! // let loss_fn = burn::nn::loss::CrossEntropyLossConfig::new().init(&device);
+//! let loss_fn = FusedCrossEntropyLossConfig::new().init(&device);
+//! let loss = loss_fn.forward(logits.clone(), targets); // [1]: the mean over 7 rows
+//! let grads = loss.backward();
+//! let grad = logits.grad(&grads).expect("logits require grad"); // [8, 1000]
+//! assert_eq!(grad.dims(), [8, 1000]);
+//! ```
+//!
+//! Options (reduction, ignore index, label smoothing, z-loss, softcap, class weights, the
+//! [`TargetCheck`], the [`GradientPlan`], [`ExtraOutputs`], [`FastMath`]) are the config's
+//! fields; [`fused_cross_entropy`] is the same loss without a module.
+//! [`FusedLinearCrossEntropyLoss`] computes the LM head and the loss in chunks of rows,
+//! never holding the N x V logits whole, and [`try_vocab_parallel_cross_entropy`] the
+//! loss of logits whose classes are split over devices. The ops plug into Burn as the
+//! backend extensions [`FusedCrossEntropyBackend`], [`LinearCrossEntropyBackend`] and
+//! [`VocabParallelBackend`]. The user's guide is `docs/usage.md` in the repository.
 #![allow(clippy::clone_on_copy)]
 
 mod autodiff_conversions;
@@ -55,3 +78,8 @@ pub use vocab_parallel::exchange::{DistributedExchange, InProcessExchange, Shard
 pub use vocab_parallel::extension::VocabParallelBackend;
 pub use vocab_parallel::extension_types::{ExchangedRows, KernelBackwardRows, ShardBackwardRows};
 pub use vocab_parallel::shard::VocabShard;
+
+/// docs/usage.md's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/usage.md")]
+pub struct UsageExamples;
