@@ -1,10 +1,11 @@
 //! The LM head and its loss, one training step (`logits = h W`, the loss, backward to `h`
-//! and `W`), three ways on `Autodiff<Cuda>` / `Autodiff<Wgpu>` (Burn's fusion backend with
-//! its autotuned matmuls, as users run it): Burn's matmul and stock `CrossEntropyLoss`,
+//! and `W`), three ways with autodiff on the cube device (`Device::autodiff()`; its tensors
+//! run on Burn's fusion backend with its autotuned matmuls, as users run it): Burn's matmul and stock `CrossEntropyLoss`,
 //! Burn's matmul and our fused loss, and our fused linear cross-entropy (chunked, logits
 //! never whole). Per case: the median step time, its matmul rate (6 N H V flops a step),
 //! the device memory one step adds to the pool beyond its inputs, and the most bytes seen
-//! in use beyond its inputs while it runs (sampled: a lower bound of its peak). Then each matmul of
+//! in use beyond its inputs while it runs (sampled: a lower bound of its peak), both from
+//! `Device::memory_pool_usage`. Then each matmul of
 //! the step alone, on all rows and on one chunk of the fused linear cross-entropy's rows,
 //! to show where the fused step's time goes, and the chunk `grad_h` with its inner
 //! dimension split as the fused op splits it (split-K). On CUDA, the chunk's in-place
@@ -28,21 +29,15 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
-use burn::backend::Autodiff;
+use burn::backend::Dispatch;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::tensor::{
-    DType, Distribution, ElementConversion, Int, Tensor, TensorData, TensorPrimitive,
-    backend::Backend,
-};
+use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::{
-    FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
-    LinearChunking,
+    FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, LinearChunking,
+    LinearCrossEntropyBackend,
 };
-use cubecl::Runtime as _;
-use fused_ce_suite::{DefaultBackend, Device, RUNTIME_NAME, Runtime};
+use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
-
-type B = Autodiff<DefaultBackend>;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Way {
@@ -77,25 +72,21 @@ struct Measured {
 /// Steps whose bytes in use are sampled; the most seen in any of them is reported.
 const PEAK_SAMPLED_STEPS: usize = 3;
 
-/// The highest `bytes_in_use` of the calling thread's stream seen while `step` runs and is
-/// synced, read over and over from a second thread. The pool's growth counts whole pages
-/// (on CUDA up to a quarter of the device's memory each), so it cannot tell a 1.3 GB step
-/// from a 2.2 GB one; the bytes in use can. A lower bound: each read waits its turn
-/// behind the work the step has queued, so a buffer that lives between two reads is
-/// missed.
+/// The highest `bytes_in_use` of the device seen while `step` runs and is synced, read
+/// over and over from a second thread (`Device::memory_pool_usage` sums every stream of
+/// the device, the stepping thread's included; the sampler's own stream holds no work).
+/// The pool's growth counts whole pages (on CUDA up to a quarter of the device's memory
+/// each), so it cannot tell a 1.3 GB step from a 2.2 GB one; the bytes in use can. A lower
+/// bound: each read waits its turn behind the work the step has queued, so a buffer that
+/// lives between two reads is missed.
 fn sampled_peak_in_use(device: &Device, step: impl FnOnce() -> Option<()>) -> Option<u64> {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let stream = cubecl::stream_id::StreamId::current();
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let sampler = scope.spawn(|| {
-            let mut client = Runtime::client(device);
-            // SAFETY: the sampler only reads the memory usage of the stepping thread's
-            // stream; it submits no work to it.
-            unsafe { client.set_stream(stream) };
             let mut peak = 0;
             while !done.load(Ordering::Acquire) {
-                if let Ok(usage) = client.memory_usage() {
+                if let Some(usage) = device.memory_pool_usage() {
                     peak = peak.max(usage.bytes_in_use);
                 }
             }
@@ -110,14 +101,21 @@ fn sampled_peak_in_use(device: &Device, step: impl FnOnce() -> Option<()>) -> Op
 
 /// Median of `reps` synced steps after `warmup` (the first autotunes), the pool growth
 /// of one step after the pool's free pages are released, and the most bytes seen in use.
-fn measure(
+/// Each step's output (its gradients, its product) is dropped only once the device's queue
+/// has been flushed: Burn's fusion backend skips writing what nothing holds.
+fn measure<O>(
     device: &Device,
     warmup: usize,
     reps: usize,
-    mut step: impl FnMut(),
+    mut step: impl FnMut() -> O,
 ) -> Option<Measured> {
-    let client = Runtime::client(device);
-    let sync = || <B as Backend>::sync(device).ok();
+    let sync = || device.sync().ok();
+    let mut step = || {
+        let output = step();
+        // A flush that fails leaves the error to the next sync, which reports it.
+        let _ = device.flush();
+        drop(output);
+    };
     let run = AssertUnwindSafe(|| -> Option<Measured> {
         for _ in 0..warmup {
             step();
@@ -133,11 +131,11 @@ fn measure(
         }
         times.sort_by(f64::total_cmp);
         sync()?;
-        client.memory_cleanup();
-        let before = client.memory_usage().ok()?.bytes_reserved;
+        device.memory_cleanup();
+        let before = device.memory_pool_usage()?.bytes_reserved;
         step();
         sync()?;
-        let usage = client.memory_usage().ok()?;
+        let usage = device.memory_pool_usage()?;
         let (after, in_use) = (usage.bytes_reserved, usage.bytes_in_use);
         let mut peak = 0;
         for _ in 0..PEAK_SAMPLED_STEPS {
@@ -211,10 +209,13 @@ fn main() {
         hidden_gradient_split_k: on_off_arg("splitk").unwrap_or(defaults.hidden_gradient_split_k),
         ..defaults
     };
-    let device = Device::default();
+    // The cube device (its tensors run on Burn's fusion backend), and the same with
+    // autodiff for the training steps.
+    let device = fused_ce_suite::device();
+    let autodiff = device.clone().autodiff();
     let mut rng = SmallRng::seed_from_u64(0x5eed);
     println!(
-        "LM head and loss, one training step on {RUNTIME_NAME} (Autodiff over Burn's fusion backend)"
+        "LM head and loss, one training step on {RUNTIME_NAME} (autodiff over Burn's fusion backend)"
     );
     println!("fused linear CE: {chunking:?}");
     let mut table = format!(
@@ -223,14 +224,10 @@ fn main() {
     let mut csv =
         String::from("rows,width,vocab,dtype,way,step_ms,tflops,pool_growth_mib,peak_in_use_mib\n");
     for &(rows, width, vocab, dtype) in &cases {
-        let hidden = Tensor::<DefaultBackend, 2>::random(
-            [rows, width],
-            Distribution::Uniform(-1.0, 1.0),
-            &device,
-        )
-        .cast(dtype);
+        let hidden = Tensor::<2>::random([rows, width], Distribution::Uniform(-1.0, 1.0), &device)
+            .cast(dtype);
         let scale = 2.0 / (width as f64).sqrt();
-        let weight = Tensor::<DefaultBackend, 2>::random(
+        let weight = Tensor::<2>::random(
             [width, vocab],
             Distribution::Uniform(-scale, scale),
             &device,
@@ -239,18 +236,18 @@ fn main() {
         let labels: Vec<i32> = (0..rows)
             .map(|_| rng.random_range(0..vocab as i32))
             .collect();
-        let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [rows]), &device);
-        let hidden = Tensor::<B, 2>::from_inner(hidden).require_grad();
-        let weight = Tensor::<B, 2>::from_inner(weight).require_grad();
+        let targets = Tensor::<1, Int>::from_data(TensorData::new(labels, [rows]), &autodiff);
+        let hidden = hidden.autodiff().require_grad();
+        let weight = weight.autodiff().require_grad();
         let flops = 6.0 * rows as f64 * width as f64 * vocab as f64;
-        let stock_loss = CrossEntropyLossConfig::new().init::<B>(&device);
-        let fused_loss = FusedCrossEntropyLossConfig::new().init::<B>(&device);
+        let stock_loss = CrossEntropyLossConfig::new().init(&autodiff);
+        let fused_loss = FusedCrossEntropyLossConfig::new().init(&autodiff);
         let linear_loss = FusedLinearCrossEntropyLossConfig::new()
             .with_chunking(chunking)
-            .init::<B>(&device);
+            .init(&autodiff);
         let mut head = burn::nn::LinearConfig::new(width, vocab)
             .with_bias(false)
-            .init::<B>(&device);
+            .init(&autodiff);
         head.weight = burn::module::Param::from_tensor(weight.clone());
         let mut fused_ms = None;
         for way in [Way::Fused, Way::FusedLinear, Way::Stock] {
@@ -265,8 +262,7 @@ fn main() {
                     Way::FusedLinear => linear_loss.forward(hidden.clone(), &head, targets.clone()),
                 };
                 let grads = loss.backward();
-                drop(hidden.grad(&grads));
-                drop(weight.grad(&grads));
+                (hidden.grad(&grads), weight.grad(&grads))
             };
             let measured = measure(&device, warmup, reps, step);
             if way == Way::Fused {
@@ -312,7 +308,7 @@ fn main() {
                     );
                 }
             }
-            Runtime::client(&device).memory_cleanup();
+            device.memory_cleanup();
         }
     }
     let matmul_table = matmul_breakdown(&cases, &chunking, warmup, reps, &device);
@@ -328,7 +324,7 @@ fn main() {
     }
 }
 
-/// Each matmul of the head's training step alone, on the inner fusion backend: on all `N`
+/// Each matmul of the head's training step alone, without autodiff: on all `N`
 /// rows (the unfused head) and on one chunk of the rows the fused linear cross-entropy
 /// takes at a time (its chunking), written as the fused op writes them; the
 /// weight gradient's chunk product also with the add into the running sum.
@@ -339,39 +335,36 @@ fn matmul_breakdown(
     reps: usize,
     device: &Device,
 ) -> String {
-    type F = DefaultBackend;
-    type Run<'a> = dyn Fn() + 'a;
+    type Run<'a> = dyn Fn() -> Tensor<2> + 'a;
     let mut table =
         String::from("\n| N x H x V | rows | matmul | ms | TFLOP/s |\n|---|---:|---|---:|---:|\n");
     println!("each matmul of the step alone (the weight gradient's add included where named)");
     for &(rows, width, vocab, dtype) in cases {
         let chunk = chunking.rows_per_chunk(rows, vocab, dtype);
         let uniform = Distribution::Uniform(-1.0, 1.0);
-        let weight = Tensor::<F, 2>::random([width, vocab], uniform, device).cast(dtype);
-        let sum = Tensor::<F, 2>::random([width, vocab], uniform, device).cast(dtype);
+        let weight = Tensor::<2>::random([width, vocab], uniform, device).cast(dtype);
+        let sum = Tensor::<2>::random([width, vocab], uniform, device).cast(dtype);
         let case = format!("{rows} x {width} x {vocab}");
         for part in [rows, chunk] {
-            let hidden = Tensor::<F, 2>::random([part, width], uniform, device).cast(dtype);
-            let grad = Tensor::<F, 2>::random([part, vocab], uniform, device).cast(dtype);
+            let hidden = Tensor::<2>::random([part, width], uniform, device).cast(dtype);
+            let grad = Tensor::<2>::random([part, vocab], uniform, device).cast(dtype);
             let flops = 2.0 * part as f64 * width as f64 * vocab as f64;
             let matmuls: [(&str, Box<Run>); 4] = [
                 (
                     "logits = h W",
-                    Box::new(|| drop(hidden.clone().matmul(weight.clone()))),
+                    Box::new(|| hidden.clone().matmul(weight.clone())),
                 ),
                 (
                     "grad_h = dlogits W^T",
-                    Box::new(|| drop(grad.clone().matmul(weight.clone().transpose()))),
+                    Box::new(|| grad.clone().matmul(weight.clone().transpose())),
                 ),
                 (
                     "grad_W = h^T dlogits",
-                    Box::new(|| drop(hidden.clone().transpose().matmul(grad.clone()))),
+                    Box::new(|| hidden.clone().transpose().matmul(grad.clone())),
                 ),
                 (
                     "grad_W = sum + h^T dlogits",
-                    Box::new(|| {
-                        drop(sum.clone() + hidden.clone().transpose().matmul(grad.clone()))
-                    }),
+                    Box::new(|| sum.clone() + hidden.clone().transpose().matmul(grad.clone())),
                 ),
             ];
             for (name, run) in matmuls {
@@ -383,7 +376,7 @@ fn matmul_breakdown(
                 let plain = grad.clone().matmul(weight.clone().transpose());
                 let split = || split_k_hidden_gradient(&grad, &weight);
                 let error = relative_distance(split(), plain);
-                let timed = measure(device, warmup, reps, || drop(split())).map(|m| m.median_ms);
+                let timed = measure(device, warmup, reps, split).map(|m| m.median_ms);
                 let name = format!(
                     "grad_h = dlogits W^T, split-K{}",
                     slices_note(part, width, vocab, dtype, device)
@@ -433,7 +426,7 @@ fn matmul_breakdown(
                 break;
             }
         }
-        Runtime::client(device).memory_cleanup();
+        device.memory_cleanup();
     }
     table
 }
@@ -465,16 +458,13 @@ fn matmul_row(
 /// `grad_h = dlogits W^T` for one chunk as the fused linear cross-entropy forms it
 /// (`LinearChunking::hidden_gradient_split_k`): the vocabulary cut into slices multiplied
 /// side by side and summed in f32 where that fills more of the device
-/// (`FusedCrossEntropyBackend::matmul_split_k`).
-fn split_k_hidden_gradient(
-    grad: &Tensor<DefaultBackend, 2>,
-    weight: &Tensor<DefaultBackend, 2>,
-) -> Tensor<DefaultBackend, 2> {
-    let product = <DefaultBackend as FusedCrossEntropyBackend>::matmul_split_k(
-        grad.clone().into_primitive().tensor(),
-        weight.clone().transpose().into_primitive().tensor(),
+/// (`LinearCrossEntropyBackend::matmul_split_k`).
+fn split_k_hidden_gradient(grad: &Tensor<2>, weight: &Tensor<2>) -> Tensor<2> {
+    let product = <Dispatch as LinearCrossEntropyBackend>::matmul_split_k(
+        grad.clone().into_dispatch(),
+        weight.clone().transpose().into_dispatch(),
     );
-    Tensor::from_primitive(TensorPrimitive::Float(product))
+    Tensor::from_dispatch(product)
 }
 
 /// How many slices the split takes for a chunk's `grad_h` (` (K slices)`), on CUDA.
@@ -483,14 +473,18 @@ fn slices_note(rows: usize, width: usize, vocab: usize, dtype: DType, device: &D
     {
         use fused_ce_suite::kernel_operand;
         // The count depends on the operands' shapes, layouts and dtype, not their values.
-        let grad = Tensor::<CubeOnly, 2>::empty([rows, vocab], (device, dtype));
-        let weight = Tensor::<CubeOnly, 2>::empty([width, vocab], (device, dtype));
-        let (lhs, rhs) = (kernel_operand(grad), kernel_operand(weight.transpose()));
+        let cube = fused_ce_suite::cube_device(device);
+        let grad = cube_only::empty([rows, vocab], dtype, &cube);
+        let weight = cube_only::empty([width, vocab], dtype, &cube);
+        let (lhs, rhs) = (
+            kernel_operand(grad),
+            kernel_operand(cube_only::transpose(weight)),
+        );
         let (slices, _) = fused_ce_kernels::split_k_slices(
-            &Runtime::client(device),
+            &fused_ce_suite::client(device),
             (&lhs.0, lhs.1),
             (&rhs.0, rhs.1),
-            DType::F32.into(),
+            burn::backend::cubecl::dtype_to_elem_type(DType::F32),
         );
         format!(" ({slices} slices)")
     }
@@ -502,15 +496,15 @@ fn slices_note(rows: usize, width: usize, vocab: usize, dtype: DType, device: &D
 }
 
 /// `|got - expected| / |expected|` (L2, in f32).
-fn relative_distance<Bk: Backend>(got: Tensor<Bk, 2>, expected: Tensor<Bk, 2>) -> f64 {
+fn relative_distance(got: Tensor<2>, expected: Tensor<2>) -> f64 {
     let (got, expected) = (got.cast(DType::F32), expected.cast(DType::F32));
     let distance = (got - expected.clone())
         .powi_scalar(2)
         .sum()
         .sqrt()
-        .into_scalar();
-    let norm = expected.powi_scalar(2).sum().sqrt().into_scalar();
-    f64::from(distance.elem::<f32>()) / f64::from(norm.elem::<f32>()).max(f64::MIN_POSITIVE)
+        .into_scalar::<f32>();
+    let norm = expected.powi_scalar(2).sum().sqrt().into_scalar::<f32>();
+    f64::from(distance) / f64::from(norm).max(f64::MIN_POSITIVE)
 }
 
 /// The weight gradient's chunk product summed in place (`sum += h_c^T dlogits_c`, one
@@ -525,12 +519,12 @@ fn in_place_weight_gradient(
     plane_rows: fused_ce_kernels::PlaneRows,
     device: &Device,
 ) -> Result<(f64, f64), String> {
-    let uniform = Distribution::Uniform(-1.0, 1.0);
-    let hidden = Tensor::<CubeOnly, 2>::random([rows, width], uniform, device).cast(dtype);
-    let grad = Tensor::<CubeOnly, 2>::random([rows, vocab], uniform, device).cast(dtype);
-    let start = Tensor::<CubeOnly, 2>::random([width, vocab], uniform, device).cast(dtype);
+    let cube = fused_ce_suite::cube_device(device);
+    let hidden = cube_only::random([rows, width], dtype, &cube);
+    let grad = cube_only::random([rows, vocab], dtype, &cube);
+    let start = cube_only::random([width, vocab], dtype, &cube);
     in_place_product(
-        (hidden.transpose(), grad, start),
+        (cube_only::transpose(hidden), grad, start),
         (warmup, reps),
         plane_rows,
         device,
@@ -547,20 +541,72 @@ fn in_place_hidden_gradient(
     plane_rows: fused_ce_kernels::PlaneRows,
     device: &Device,
 ) -> Result<(f64, f64), String> {
-    let uniform = Distribution::Uniform(-1.0, 1.0);
-    let grad = Tensor::<CubeOnly, 2>::random([rows, vocab], uniform, device).cast(dtype);
-    let weight = Tensor::<CubeOnly, 2>::random([width, vocab], uniform, device).cast(dtype);
-    let start = Tensor::<CubeOnly, 2>::random([rows, width], uniform, device).cast(dtype);
+    let cube = fused_ce_suite::cube_device(device);
+    let grad = cube_only::random([rows, vocab], dtype, &cube);
+    let weight = cube_only::random([width, vocab], dtype, &cube);
+    let start = cube_only::random([rows, width], dtype, &cube);
     in_place_product(
-        (grad, weight.transpose(), start),
+        (grad, cube_only::transpose(weight), start),
         (warmup, reps),
         plane_rows,
         device,
     )
 }
 
+/// The plain cube backend's ops the in-place launches need, on its primitives: a cube
+/// device's `Tensor`s run on Burn's fusion backend, whose handles our launch functions do
+/// not take.
 #[cfg(feature = "cuda")]
-type CubeOnly = fused_ce_suite::CubeBackend;
+mod cube_only {
+    use burn::backend::{ops::FloatTensorOps, read_sync};
+    use burn::tensor::{DType, Distribution, FloatDType, Scalar, Shape};
+    use burn_cubecl::{CubeBackend, CubeDevice, tensor::CubeTensor};
+
+    pub fn random(shape: [usize; 2], dtype: DType, device: &CubeDevice) -> CubeTensor {
+        let uniform = Distribution::Uniform(-1.0, 1.0);
+        let values =
+            CubeBackend::float_random(Shape::from(shape), uniform, device, FloatDType::F32);
+        CubeBackend::float_cast(values, FloatDType::from(dtype))
+    }
+
+    pub fn empty(shape: [usize; 2], dtype: DType, device: &CubeDevice) -> CubeTensor {
+        CubeBackend::float_empty(Shape::from(shape), device, FloatDType::from(dtype))
+    }
+
+    pub fn transpose(tensor: CubeTensor) -> CubeTensor {
+        CubeBackend::float_transpose(tensor)
+    }
+
+    /// A copy in a buffer of its own.
+    pub fn copy(tensor: &CubeTensor) -> CubeTensor {
+        CubeBackend::float_add_scalar(tensor.clone(), Scalar::from(0.0))
+    }
+
+    /// `sum + lhs rhs` by Burn's matmul and add.
+    pub fn product_added(sum: &CubeTensor, lhs: &CubeTensor, rhs: &CubeTensor) -> CubeTensor {
+        let product = CubeBackend::float_matmul(lhs.clone(), rhs.clone());
+        CubeBackend::float_add(sum.clone(), product)
+    }
+
+    /// `|got - expected| / |expected|` (L2, in f32).
+    pub fn relative_distance(got: CubeTensor, expected: CubeTensor) -> f64 {
+        let f32 = FloatDType::F32;
+        let (got, expected) = (
+            CubeBackend::float_cast(got, f32),
+            CubeBackend::float_cast(expected, f32),
+        );
+        let norm = |tensor: CubeTensor| -> f64 {
+            let squares = CubeBackend::float_mul(tensor.clone(), tensor);
+            let total = CubeBackend::float_sum(squares);
+            read_sync(CubeBackend::float_into_data(total))
+                .ok()
+                .and_then(|data| data.iter::<f32>().next())
+                .map_or(f64::NAN, |total| f64::from(total).sqrt())
+        };
+        let distance = norm(CubeBackend::float_sub(got, expected.clone()));
+        distance / norm(expected).max(f64::MIN_POSITIVE)
+    }
+}
 
 /// `sum += lhs rhs` in place by `fused_ce_kernels::launch_matmul_accumulate` on the plain
 /// cube backend, tiled with `plane_rows` rows per plane: the median of `reps` synced
@@ -569,17 +615,17 @@ type CubeOnly = fused_ce_suite::CubeBackend;
 #[cfg(feature = "cuda")]
 fn in_place_product(
     (lhs, rhs, start): (
-        Tensor<CubeOnly, 2>,
-        Tensor<CubeOnly, 2>,
-        Tensor<CubeOnly, 2>,
+        burn_cubecl::tensor::CubeTensor,
+        burn_cubecl::tensor::CubeTensor,
+        burn_cubecl::tensor::CubeTensor,
     ),
     (warmup, reps): (usize, usize),
     plane_rows: fused_ce_kernels::PlaneRows,
     device: &Device,
 ) -> Result<(f64, f64), String> {
     use fused_ce_suite::kernel_operand;
-    let client = Runtime::client(device);
-    let launch = |sum: &Tensor<CubeOnly, 2>| -> Result<(), String> {
+    let client = fused_ce_suite::client(device);
+    let launch = |sum: &burn_cubecl::tensor::CubeTensor| -> Result<(), String> {
         fused_ce_kernels::launch_matmul_accumulate(
             &client,
             kernel_operand(lhs.clone()),
@@ -590,13 +636,13 @@ fn in_place_product(
         .map_err(|e| format!("{e:?}"))
     };
     // One launch on a copy of `start`, against Burn's product and add.
-    let sum = start.clone() + 0.0;
+    let sum = cube_only::copy(&start);
     launch(&sum)?;
-    let expected = start.clone() + lhs.clone().matmul(rhs.clone());
-    let error = relative_distance(sum, expected);
+    let expected = cube_only::product_added(&start, &lhs, &rhs);
+    let error = cube_only::relative_distance(sum, expected);
     // The launch above succeeded: the timed ones, of the same shapes, launch alike.
-    let sum = start + 0.0;
-    let measured = measure(device, warmup, reps, || drop(launch(&sum)))
-        .ok_or("the timed launches did not run")?;
+    let sum = cube_only::copy(&start);
+    let measured =
+        measure(device, warmup, reps, || launch(&sum)).ok_or("the timed launches did not run")?;
     Ok((measured.median_ms, error))
 }

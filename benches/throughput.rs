@@ -1,6 +1,8 @@
 //! Throughput of the fused cross-entropy against two references taken in the same run: the
 //! device's own copy bandwidth (the floor no memory-bound loss can beat) and Burn's stock
-//! `CrossEntropyLoss`.
+//! `CrossEntropyLoss`. Everything runs on the cube device's tensors, which Burn's fusion
+//! backend runs (`Fusion<CubeBackend>`, as users have it by default), with autodiff on
+//! the device for training steps (`Device::autodiff()`).
 //!
 //! Two times per case: one step timed alone with the device synced before and after it
 //! (`ours ms`: what one isolated call costs, host launch latency and sync included), and
@@ -16,22 +18,16 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::tensor::{
-    DType, Distribution, Int, Tensor, TensorData, activation::log_softmax, backend::Backend,
-};
+use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData, activation::log_softmax};
 use burn_fused_ce::{
     CrossEntropyOptions, FastMath, FusedCrossEntropyLossConfig, GradientPlan, KernelTuning,
     Reduction, TargetCheck, fused_cross_entropy, test_hooks,
 };
-use cubecl::Runtime as _;
-use fused_ce_suite::{AutodiffCube, CubeBackend, Device, RUNTIME_NAME, Runtime};
+use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 #[path = "throughput/report.rs"]
 mod report;
-
-type B = CubeBackend;
-type AD = AutodiffCube;
 
 /// A warm-up iteration slower than this means the op is hopeless at this size (stock CE at
 /// LLM sizes on a small device): report `-` rather than wait.
@@ -62,7 +58,7 @@ enum Incoming {
 enum Mode {
     /// Forward only (`Mean`, no autodiff).
     Fwd,
-    /// A training step under `Autodiff<CubeBackend>`: forward and backward.
+    /// A training step with autodiff on the device: forward and backward.
     Step {
         plan: Plan,
         incoming: Incoming,
@@ -141,7 +137,9 @@ const STEADY_INPUT_BUDGET: usize = 48 << 30;
 const STEADY_RUNS: usize = 5;
 
 struct Bench {
+    /// The cube device, and the same with autodiff (the training steps').
     device: Device,
+    autodiff: Device,
     warmup: usize,
     reps: usize,
     /// f32 elements of the buffer the copy bandwidth is measured on.
@@ -158,11 +156,12 @@ struct Bench {
     fast_math: FastMath,
 }
 
-/// One case's device tensors: logits [N, V], targets [N], a per-row gradient scale [N] (f32).
+/// One case's device tensors (no autodiff): logits [N, V], targets [N], a per-row gradient
+/// scale [N] (f32).
 struct Inputs {
-    logits: Tensor<B, 2>,
-    targets: Tensor<B, 1, Int>,
-    scale: Tensor<B, 1>,
+    logits: Tensor<2>,
+    targets: Tensor<1, Int>,
+    scale: Tensor<1>,
 }
 
 struct Measured {
@@ -197,7 +196,7 @@ fn tuning_from_env(device: &Device) -> (Option<KernelTuning>, FastMath) {
             _ => kernel_settings.push(setting),
         }
     }
-    let tuning = KernelTuning::for_device(&Runtime::client(device))
+    let tuning = KernelTuning::for_device(&fused_ce_suite::client(device))
         .with_settings(&kernel_settings.join(" "))
         .unwrap_or_else(|error| panic!("FUSED_CE_TUNING: {error}"));
     (Some(tuning), fast_math)
@@ -275,9 +274,10 @@ impl Bench {
                     .is_none_or(|m| m.split(',').any(|m| m == mode.label()))
             })
             .collect();
-        let device = Device::default();
+        let device = fused_ce_suite::device();
         let (tuning, fast_math) = tuning_from_env(&device);
         Self {
+            autodiff: device.clone().autodiff(),
             device,
             warmup: 3,
             reps,
@@ -298,12 +298,15 @@ impl Bench {
     /// Median wall time of `step`, with the device synced before and after each iteration so
     /// the clock covers exactly its kernels. `prepare` makes each iteration's input outside
     /// the timed region. A panic or a failed sync (stock CE out of memory, say) gives `None`.
-    fn measure<S>(
+    /// Each step's output (the loss, the gradients) lives until the device has been handed
+    /// its work ([`Bench::finish`]): Burn's fusion backend skips writing what nothing holds.
+    fn measure<S, O>(
         &self,
         mut prepare: impl FnMut() -> S,
-        mut step: impl FnMut(S),
+        mut step: impl FnMut(S) -> O,
     ) -> Option<Measured> {
-        let sync = || B::sync(&self.device).ok();
+        let sync = || self.device.sync().ok();
+        let mut step = |input: S| self.finish(step(input));
         let run = AssertUnwindSafe(|| -> Option<Measured> {
             let mut calls = 0;
             let mut timed = |input: S| -> Option<f64> {
@@ -356,20 +359,25 @@ impl Bench {
                 steady_ms = Some((many - one) / (long - 1) as f64);
             }
 
-            // Peak extra memory. cubecl 0.10 reports current usage only (no peak counter):
-            // release every free page, run one iteration, and read how far `bytes_reserved`
-            // grew. Pages are not given back within an iteration, so this bounds its peak from
-            // above, rounded to pool pages (a small temporary that fits in a partly used page
-            // shows as 0).
-            let client = Runtime::client(&self.device);
+            // Peak extra memory. The pools' peak (`memory_pool_report`'s `pages_peak`) is
+            // the process's, never reset, so a case's own peak is read as before: release
+            // every free page, run one iteration, and read how far `bytes_reserved` of
+            // `memory_pool_usage` grew. Pages are not given back within an iteration, so
+            // this bounds its peak from above, rounded to pool pages (a small temporary
+            // that fits in a partly used page shows as 0).
+            let reserved = || {
+                self.device
+                    .memory_pool_usage()
+                    .map(|usage| usage.bytes_reserved)
+            };
             let input = prepare();
             sync()?;
-            client.memory_cleanup();
-            let before = client.memory_usage().ok().map(|usage| usage.bytes_reserved);
+            self.device.memory_cleanup();
+            let before = reserved();
             step(input);
             sync()?;
             calls += 1;
-            let after = client.memory_usage().ok().map(|usage| usage.bytes_reserved);
+            let after = reserved();
             let extra_mib = before
                 .zip(after)
                 .map(|(b, a)| a.saturating_sub(b) as f64 / 1048576.0);
@@ -383,6 +391,15 @@ impl Bench {
         catch_unwind(run).ok().flatten()
     }
 
+    /// Drops a step's output once the device's queue holding its work has been flushed
+    /// (handed to the device, not waited for), so that the work runs with the output
+    /// still held and steps queued back to back still overlap.
+    fn finish<O>(&self, output: O) {
+        // A flush that fails leaves the error to the next sync, which reports it.
+        let _ = self.device.flush();
+        drop(output);
+    }
+
     /// Burn's stock loss on the same inputs. `Reduction::None` has no stock counterpart, so
     /// that row uses the ops the stock loss is built from (log_softmax, gather).
     fn stock(&self, case: &Inputs, mode: Mode) -> Option<Measured> {
@@ -390,8 +407,8 @@ impl Bench {
         let [rows, _] = logits.dims();
         let plain = || (logits.clone(), targets.clone());
         let autodiff = || {
-            let x = Tensor::<AD, 2>::from_inner(logits.clone()).require_grad();
-            (x, Tensor::<AD, 1, Int>::from_inner(targets.clone()))
+            let x = logits.clone().autodiff().require_grad();
+            (x, targets.clone().autodiff())
         };
         let Mode::Step {
             plan: Plan::Default,
@@ -403,36 +420,34 @@ impl Bench {
             // The forward alone, or a plan or options Burn's loss does not have.
             return match mode {
                 Mode::Fwd => {
-                    let loss = CrossEntropyLossConfig::new().init::<B>(&self.device);
-                    self.measure(plain, |(x, y)| drop(loss.forward(x, y)))
+                    let loss = CrossEntropyLossConfig::new().init(&self.device);
+                    self.measure(plain, |(x, y)| loss.forward(x, y))
                 }
                 _ => None,
             };
         };
         match incoming {
             Incoming::One => {
-                let loss = CrossEntropyLossConfig::new().init::<AD>(&self.device);
-                self.measure(autodiff, |(x, y)| drop(loss.forward(x, y).backward()))
+                let loss = CrossEntropyLossConfig::new().init(&self.autodiff);
+                self.measure(autodiff, |(x, y)| loss.forward(x, y).backward())
             }
             Incoming::Scaled => {
-                let loss = CrossEntropyLossConfig::new().init::<AD>(&self.device);
-                self.measure(autodiff, |(x, y)| {
-                    drop((loss.forward(x, y) * 0.25).backward())
-                })
+                let loss = CrossEntropyLossConfig::new().init(&self.autodiff);
+                self.measure(autodiff, |(x, y)| (loss.forward(x, y) * 0.25).backward())
             }
             Incoming::PerRow => self.measure(autodiff, |(x, y)| {
                 let row_loss = log_softmax(x, 1)
                     .gather(1, y.reshape([rows, 1]))
                     .reshape([rows])
                     .neg();
-                let weight = Tensor::<AD, 1>::from_inner(scale.clone().cast(logits.dtype()));
-                drop((row_loss * weight).sum().backward());
+                let weight = scale.clone().cast(logits.dtype()).autodiff();
+                (row_loss * weight).sum().backward()
             }),
         }
     }
 
-    /// Ours as a user runs it: forward through the loss and `backward()` under
-    /// `Autodiff<CubeBackend>`. For fwd+bwd each iteration gets a fresh, exclusively owned
+    /// Ours as a user runs it: forward through the loss and `backward()` with autodiff on
+    /// the device. For fwd+bwd each iteration gets a fresh, exclusively owned
     /// copy of the logits (made untimed), as a model's output is, so the gradient is
     /// written over it, and every iteration reads real random logits.
     fn ours(&self, case: &Inputs, mode: Mode) -> Option<Measured> {
@@ -455,7 +470,7 @@ impl Bench {
             };
             return self.measure(
                 || logits.clone(),
-                |x| drop(fused_cross_entropy(x, targets.clone(), &options)),
+                |x| fused_cross_entropy(x, targets.clone(), &options),
             );
         };
         let mut step_options = CrossEntropyOptions {
@@ -481,10 +496,9 @@ impl Bench {
             step_options.z_loss_scale = 1e-4;
             step_options.softcap = Some(30.0);
         }
-        let targets_ad = || Tensor::<AutodiffCube, 1, Int>::from_inner(targets.clone());
+        let targets_ad = || targets.clone().autodiff();
         // A fresh copy per iteration, made outside the timed region and moved into the loss.
-        let owned =
-            || Tensor::<AutodiffCube, 2>::from_inner(logits.clone().mul_scalar(1.0)).require_grad();
+        let owned = || logits.clone().mul_scalar(1.0).autodiff().require_grad();
         // A loss module, as a training loop holds one: it remembers the incoming gradient
         // the one pass guesses. With `FUSED_CE_TUNING` the functional form, which takes
         // the tuning (and guesses 1).
@@ -496,7 +510,10 @@ impl Bench {
             .with_target_check(step_options.target_check)
             .with_gradient_plan(step_options.gradient_plan)
             .with_fast_math(step_options.fast_math)
-            .init::<AutodiffCube>(&self.device);
+            .init(&self.autodiff);
+        // The per-row weights in the loss's dtype (the logits'): Burn 0.22 multiplies
+        // tensors of one dtype only.
+        let row_weights = scale.clone().cast(logits.dtype()).autodiff();
         self.measure(owned, |x| {
             let loss = match self.tuning {
                 None => module.forward(x, targets_ad()),
@@ -505,11 +522,9 @@ impl Bench {
             let loss = match incoming {
                 Incoming::One => loss,
                 Incoming::Scaled => loss * 0.25,
-                Incoming::PerRow => {
-                    (loss * Tensor::<AutodiffCube, 1>::from_inner(scale.clone())).sum()
-                }
+                Incoming::PerRow => (loss * row_weights.clone()).sum(),
             };
-            drop(loss.backward());
+            loss.backward()
         })
     }
 }
@@ -529,9 +544,9 @@ fn main() {
 
     // Copy bandwidth: an elementwise op on a shared buffer reads it and writes a new one, so
     // it moves 2 x its size.
-    let buffer = Tensor::<B, 1>::random([bench.copy_elems], uniform, device);
+    let buffer = Tensor::<1>::random([bench.copy_elems], uniform, device);
     let copy = bench
-        .measure(|| buffer.clone(), |x| drop(x.mul_scalar(1.0)))
+        .measure(|| buffer.clone(), |x| x.mul_scalar(1.0))
         .expect("copy bandwidth measurement");
     drop(buffer);
     let copy_bytes = (bench.copy_elems * 4) as f64;
@@ -554,13 +569,13 @@ fn main() {
     let mut results = Vec::new();
     for &(rows, vocab, dtype, mode) in &bench.cases {
         // Random data made on the device: no multi-GB host buffers, and never zeros.
-        let logits = Tensor::<B, 2>::random([rows, vocab], uniform, device).cast(dtype);
+        let logits = Tensor::<2>::random([rows, vocab], uniform, device).cast(dtype);
         let labels: Vec<i32> = (0..rows)
             .map(|_| rng.random_range(0..vocab as i32))
             .collect();
-        let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(labels, [rows]), device);
+        let targets = Tensor::<1, Int>::from_data(TensorData::new(labels, [rows]), device);
         // Non-uniform per-row gradient for `Reduction::None` (f32, as the op expects).
-        let scale = Tensor::<B, 1>::random([rows], Distribution::Uniform(0.5, 1.5), device);
+        let scale = Tensor::<1>::random([rows], Distribution::Uniform(0.5, 1.5), device);
 
         let inputs = Inputs {
             logits,
@@ -622,7 +637,7 @@ fn main() {
         });
         // Give this case's pages back before the next one is allocated.
         drop(inputs);
-        Runtime::client(device).memory_cleanup();
+        device.memory_cleanup();
     }
     if not_in_place {
         println!("warning: some backward launches did not write the gradient in place");

@@ -1,12 +1,14 @@
 //! The vocabulary-parallel loss: one training step (forward + backward) of logits whose
 //! classes are cut over the devices, one shard per device (one thread and one
-//! burn-collective peer each), against one device computing the loss of one shard's
+//! exchange between them), against one device computing the loss of one shard's
 //! logits alone (our loss, default config, and the two-pass plan: the sharded loss reads
 //! its logits twice as the two passes do) and of the whole vocabulary; then, to show where
 //! the sharded step's time goes, its forward alone and its exchange alone (one all-reduce
-//! of the `[2K + 3, N]` f32 statistics, `K` shards). On `Autodiff<Cuda>`
-//! / `Autodiff<Wgpu>` (Burn's fusion backend), steady steps: `reps` steps queued back to
-//! back, one sync, the median over `rounds`.
+//! of `[2K + 3, N]` f32 statistics, `K` shards). With autodiff on the cube devices
+//! (`Device::autodiff()`; their tensors run on Burn's fusion backend), steady steps: `reps`
+//! steps queued back to back, one sync, the median over `rounds`. The shards exchange
+//! through Burn's collective all-reduce (`DistributedExchange`) when each has a GPU of its
+//! own, and between their threads (`InProcessExchange`) when they share one device.
 //!
 //! `cargo bench --bench vocab_parallel` (Vulkan: two logical shards on one device, small
 //! sizes) or, on a machine with several GPUs, `CUDARC_CUDA_VERSION=13000 cargo bench
@@ -16,28 +18,34 @@
 
 use std::time::Instant;
 
-use burn::backend::Autodiff;
-use burn::collective::{self, AllReduceStrategy, CollectiveConfig, PeerId};
-use burn::tensor::{DType, Distribution, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::distributed::{DistributedConfig, DistributedContext, ReduceOperation};
+use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::{
-    CollectiveExchange, CrossEntropyOptions, FusedCrossEntropyLossConfig, GradientPlan, Reduction,
-    ShardExchange, TargetCheck, VocabShard, fused_cross_entropy, try_vocab_parallel_cross_entropy,
+    CrossEntropyOptions, DistributedExchange, FusedCrossEntropyLossConfig, GradientPlan,
+    InProcessExchange, Reduction, ShardExchange, TargetCheck, VocabShard, fused_cross_entropy,
+    try_vocab_parallel_cross_entropy,
 };
-use fused_ce_suite::{DefaultBackend, Device, RUNTIME_NAME};
+use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
-type B = Autodiff<DefaultBackend>;
-
 /// Median per-step milliseconds of `rounds` runs of `reps` steps, each run synced once,
-/// after `warmup` steps.
-fn steady_ms(
+/// after `warmup` steps. Each step's output (its gradients, its loss) is dropped only
+/// once the device's queue has been flushed: Burn's fusion backend skips writing what
+/// nothing holds.
+fn steady_ms<O>(
     device: &Device,
     warmup: usize,
     reps: usize,
     rounds: usize,
-    mut step: impl FnMut(),
+    mut step: impl FnMut() -> O,
 ) -> f64 {
-    let sync = || <B as Backend>::sync(device).expect("the device runs");
+    let sync = || device.sync().expect("the device runs");
+    let mut step = || {
+        let output = step();
+        // A flush that fails leaves the error to the next sync, which reports it.
+        let _ = device.flush();
+        drop(output);
+    };
     for _ in 0..warmup {
         step();
     }
@@ -56,8 +64,9 @@ fn steady_ms(
     times[times.len() / 2]
 }
 
-fn logits(rows: usize, vocab: usize, dtype: DType, device: &Device) -> Tensor<B, 2> {
-    Tensor::<B, 2>::random([rows, vocab], Distribution::Uniform(-6.0, 6.0), device).cast(dtype)
+/// Random logits on `device` (an autodiff device: they are the steps' leaves).
+fn logits(rows: usize, vocab: usize, dtype: DType, device: &Device) -> Tensor<2> {
+    Tensor::<2>::random([rows, vocab], Distribution::Uniform(-6.0, 6.0), device).cast(dtype)
 }
 
 fn main() {
@@ -68,20 +77,25 @@ fn main() {
     } else {
         (256, 4096, DType::F32, 2)
     };
-    let devices: Vec<Device> = if count >= shards && cuda {
+    // One GPU per shard where there are enough, exchanging through Burn's collective;
+    // otherwise the shards share the first device and exchange between their threads.
+    let one_per_shard = cuda && count >= shards && shards > 1;
+    let devices: Vec<Device> = if one_per_shard {
         fused_ce_suite::devices(shards)
     } else {
-        vec![Device::default(); shards]
+        vec![fused_ce_suite::device(); shards]
     };
+    // The same devices with autodiff: the steps' tensors live there.
+    let autodiff: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
     let vocab = shard_vocab * shards;
     let (warmup, reps, rounds) = (3, 10, 5);
     let mut rng = SmallRng::seed_from_u64(0x5eed);
     let labels: Vec<i64> = (0..rows)
         .map(|_| rng.random_range(0..vocab as i64))
         .collect();
-    let device = devices[0].clone();
+    let device = autodiff[0].clone();
     let targets_on = |device: &Device| {
-        Tensor::<B, 1, Int>::from_data(TensorData::new(labels.clone(), [rows]), device)
+        Tensor::<1, Int>::from_data(TensorData::new(labels.clone(), [rows]), device)
     };
     println!(
         "vocabulary-parallel loss on {RUNTIME_NAME}: {rows} x {vocab} {dtype:?}, {shards} shards of {shard_vocab} on {} device(s)",
@@ -89,7 +103,7 @@ fn main() {
     );
 
     // One device, one shard's logits: the default config and the two-pass plan.
-    let shard_targets = Tensor::<B, 1, Int>::from_data(
+    let shard_targets = Tensor::<1, Int>::from_data(
         TensorData::new(
             labels
                 .iter()
@@ -99,11 +113,11 @@ fn main() {
         ),
         &device,
     );
-    let loss_fn = FusedCrossEntropyLossConfig::new().init::<B>(&device);
+    let loss_fn = FusedCrossEntropyLossConfig::new().init(&device);
     let one_shard = logits(rows, shard_vocab, dtype, &device).require_grad();
     let default_ms = steady_ms(&device, warmup, reps, rounds, || {
         let loss = loss_fn.forward(one_shard.clone(), shard_targets.clone());
-        let _ = loss.backward();
+        loss.backward()
     });
     let two_pass = CrossEntropyOptions {
         gradient_plan: GradientPlan::TwoPass,
@@ -112,7 +126,7 @@ fn main() {
     };
     let two_pass_ms = steady_ms(&device, warmup, reps, rounds, || {
         let loss = fused_cross_entropy(one_shard.clone(), shard_targets.clone(), &two_pass);
-        let _ = loss.backward();
+        loss.backward()
     });
     drop(one_shard);
     // One device, the whole vocabulary.
@@ -120,33 +134,38 @@ fn main() {
     let whole_targets = targets_on(&device);
     let whole_ms = steady_ms(&device, warmup, reps, rounds, || {
         let loss = loss_fn.forward(whole.clone(), whole_targets.clone());
-        let _ = loss.backward();
+        loss.backward()
     });
     drop(whole);
 
-    // The shards, one thread and one collective peer each.
+    // The shards, one thread each, and the exchange they share: Burn's collective between
+    // the GPUs (the communication runs while `_communication` lives), or the threads'.
     let options = CrossEntropyOptions {
         target_check: TargetCheck::Off,
         ..CrossEntropyOptions::new(Reduction::Mean)
     };
-    collective::reset_collective::<DefaultBackend>();
-    let config = CollectiveConfig::default()
-        .with_num_devices(shards)
-        .with_local_all_reduce_strategy(AllReduceStrategy::Tree(2));
+    let (_communication, exchange): (Option<DistributedContext>, Box<dyn ShardExchange + Sync>) =
+        if one_per_shard {
+            let config = DistributedConfig {
+                all_reduce_op: ReduceOperation::Sum,
+            };
+            (
+                Some(DistributedContext::init(devices.clone(), config)),
+                Box::new(DistributedExchange::new(devices.clone())),
+            )
+        } else {
+            (None, Box::new(InProcessExchange::new(shards)))
+        };
+    let exchange = &*exchange;
     // Per shard: the step, its forward alone, the exchange alone.
     let sharded_ms: Vec<[f64; 3]> = std::thread::scope(|scope| {
-        let workers: Vec<_> = devices
+        let workers: Vec<_> = autodiff
             .iter()
             .enumerate()
             .map(|(index, device)| {
-                let (config, options, targets) =
-                    (config.clone(), options.clone(), targets_on(device));
+                let (options, targets) = (options.clone(), targets_on(device));
                 scope.spawn(move || {
-                    let peer = PeerId::from(index);
-                    collective::register::<DefaultBackend>(peer, device.clone(), config)
-                        .expect("registers with the collective");
                     let shard = VocabShard::new(index, shards, vocab).expect("a valid shard");
-                    let exchange = CollectiveExchange { peer };
                     let logits = logits(rows, shard_vocab, dtype, device).require_grad();
                     let loss = || {
                         try_vocab_parallel_cross_entropy(
@@ -155,27 +174,19 @@ fn main() {
                             None,
                             &shard,
                             &options,
-                            &exchange,
+                            exchange,
                         )
                         .expect("the sharded loss runs")
                     };
-                    let step_ms = steady_ms(device, warmup, reps, rounds, || {
-                        let _ = loss().loss.backward();
-                    });
-                    let forward_ms = steady_ms(device, warmup, reps, rounds, || drop(loss()));
+                    let step_ms =
+                        steady_ms(device, warmup, reps, rounds, || loss().loss.backward());
+                    let forward_ms = steady_ms(device, warmup, reps, rounds, loss);
+                    // The statistics without autodiff, as the loss exchanges them.
+                    let plain = device.clone().without_autodiff();
                     let exchange_ms = steady_ms(device, warmup, reps, rounds, || {
-                        let stats = Tensor::<DefaultBackend, 2>::ones(
-                            [2 * shards + 3, rows],
-                            (device, DType::F32),
-                        );
-                        drop(
-                            exchange
-                                .sum::<DefaultBackend>(stats.into_primitive().tensor())
-                                .expect("the exchange runs"),
-                        );
+                        let stats = Tensor::<2>::ones([2 * shards + 3, rows], (&plain, DType::F32));
+                        exchange.sum(stats).expect("the exchange runs")
                     });
-                    fused_ce_suite::lm::leave_collective::<DefaultBackend>(peer, device)
-                        .expect("leaves the collective");
                     [step_ms, forward_ms, exchange_ms]
                 })
             })

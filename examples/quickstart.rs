@@ -4,20 +4,12 @@
 //!
 //!   scripts/with-vulkan.sh cargo run --release --example quickstart
 
-use burn::backend::Autodiff;
 use burn::{
     nn::loss::CrossEntropyLossConfig,
-    tensor::{Distribution, Int, Tensor, TensorData},
+    tensor::{Device, Distribution, Int, Tensor, TensorData},
 };
 use burn_fused_ce::{FusedCrossEntropyLossConfig, Reduction};
 
-/// What a Burn user has: `burn::backend::Wgpu` (or `Cuda`) with its default fusion, under
-/// autodiff.
-#[cfg(not(feature = "cuda"))]
-type Gpu = burn::backend::Wgpu;
-#[cfg(feature = "cuda")]
-type Gpu = burn::backend::Cuda;
-type B = Autodiff<Gpu>;
 const RUNTIME_NAME: &str = if cfg!(feature = "cuda") {
     "CUDA"
 } else {
@@ -25,11 +17,13 @@ const RUNTIME_NAME: &str = if cfg!(feature = "cuda") {
 };
 
 fn main() {
-    let device = Default::default();
+    // What a Burn user has: the build's GPU device (CUDA, else wgpu) with Burn's default
+    // fusion, recording gradients.
+    let device = Device::default().autodiff();
     let (rows, hidden, vocab) = (256, 64, 4096);
     println!("fused cross-entropy on {RUNTIME_NAME}: {rows} rows, vocabulary {vocab}");
 
-    let x = Tensor::<B, 2>::random([rows, hidden], Distribution::Normal(0.0, 1.0), &device);
+    let x = Tensor::<2>::random([rows, hidden], Distribution::Normal(0.0, 1.0), &device);
     let targets: Vec<i64> = (0..rows as i64)
         .map(|r| {
             if r % 10 == 9 {
@@ -39,8 +33,8 @@ fn main() {
             }
         })
         .collect();
-    let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), &device);
-    let mut w = Tensor::<B, 2>::random([hidden, vocab], Distribution::Normal(0.0, 0.05), &device)
+    let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [rows]), &device);
+    let mut w = Tensor::<2>::random([hidden, vocab], Distribution::Normal(0.0, 0.05), &device)
         .require_grad();
 
     // The one-line swap: `CrossEntropyLossConfig::new().init(&device)` becomes this.
@@ -52,7 +46,7 @@ fn main() {
         let loss = loss_fn.forward(logits.clone(), targets.clone());
         let grads = loss.backward();
         let grad_w = w.grad(&grads).expect("w has a gradient");
-        let value = loss.into_scalar();
+        let value = loss.into_scalar::<f32>();
         println!("step {step:2}  loss {value:.5}");
         w = Tensor::from_inner(w.inner() - grad_w * 2.0).require_grad();
     }
@@ -67,14 +61,14 @@ fn main() {
         .inner()
         .narrow(0, 0, 10)
         .into_data()
-        .to_vec()
-        .expect("f32 data");
+        .try_into_vec_as::<f32>()
+        .expect("float data");
     println!("per-row losses, first 10 (row 9 is ignored): {rows_shown:.3?}");
     let ours = loss_fn
         .forward(x.clone().matmul(w.clone()), targets.clone().clamp_min(0))
-        .into_scalar();
+        .into_scalar::<f32>();
     let theirs = stock
         .forward(x.matmul(w), targets.clamp_min(0))
-        .into_scalar();
+        .into_scalar::<f32>();
     println!("same inputs, no ignored rows: fused {ours:.6} vs Burn stock {theirs:.6}");
 }

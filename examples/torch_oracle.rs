@@ -6,9 +6,8 @@
 //!
 //!   torch_oracle <dir>     (then: python3 scripts/torch_check.py <dir>)
 
-use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::{CrossEntropyOptions, Reduction, try_fused_cross_entropy};
-use fused_ce_suite::{AutodiffCube, CubeBackend, Device};
 
 fn write(dir: &std::path::Path, name: &str, data: TensorData) {
     std::fs::write(dir.join(name), data.as_bytes()).expect("write oracle file");
@@ -17,7 +16,10 @@ fn write(dir: &std::path::Path, name: &str, data: TensorData) {
 fn main() {
     let dir = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "oracle".into()));
     std::fs::create_dir_all(&dir).expect("create oracle dir");
-    let device = Device::default();
+    // The build's GPU (CUDA in the oracle's build) as users have it, with Burn's fusion; the
+    // losses and gradients on its autodiff device.
+    let device = fused_ce_suite::device();
+    let autodiff = device.clone().autodiff();
     let mut manifest = String::new();
     // (rows, vocab, dtype, label smoothing, z-loss scale, softcap, class weights)
     for (i, (rows, vocab, dtype, ls, z, cap, weighted)) in [
@@ -39,12 +41,8 @@ fn main() {
     .into_iter()
     .enumerate()
     {
-        let logits = Tensor::<CubeBackend, 2>::random(
-            [rows, vocab],
-            Distribution::Uniform(-8.0, 8.0),
-            &device,
-        )
-        .cast(dtype);
+        let logits = Tensor::<2>::random([rows, vocab], Distribution::Uniform(-8.0, 8.0), &device)
+            .cast(dtype);
         let targets: Vec<i64> = (0..rows)
             .map(|r| {
                 if r % 7 == 3 {
@@ -55,19 +53,13 @@ fn main() {
             })
             .collect();
         let weights =
-            Tensor::<CubeBackend, 1>::random([rows], Distribution::Uniform(0.25, 4.0), &device)
-                .cast(dtype);
-        let class_weights = weighted.then(|| {
-            Tensor::<CubeBackend, 1>::random([vocab], Distribution::Uniform(0.2, 3.0), &device)
-        });
+            Tensor::<1>::random([rows], Distribution::Uniform(0.25, 4.0), &device).cast(dtype);
+        let class_weights = weighted
+            .then(|| Tensor::<1>::random([vocab], Distribution::Uniform(0.2, 3.0), &device));
         if let Some(w) = &class_weights {
             write(&dir, &format!("{i}.class_weights"), w.clone().into_data());
         }
-        let class_weights_ad = || {
-            class_weights
-                .clone()
-                .map(Tensor::<AutodiffCube, 1>::from_inner)
-        };
+        let class_weights_ad = || class_weights.clone().map(Tensor::autodiff);
         let options = |reduction| CrossEntropyOptions {
             reduction,
             label_smoothing: ls,
@@ -75,9 +67,8 @@ fn main() {
             softcap: cap,
             ..Default::default()
         };
-        let targets_t = |d: &Device| {
-            Tensor::<AutodiffCube, 1, Int>::from_data(TensorData::new(targets.clone(), [rows]), d)
-        };
+        let targets_t =
+            |d: &Device| Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [rows]), d);
 
         write(&dir, &format!("{i}.logits"), logits.clone().into_data());
         write(&dir, &format!("{i}.weights"), weights.clone().into_data());
@@ -87,18 +78,16 @@ fn main() {
             TensorData::new(targets.clone(), [rows]),
         );
 
-        let leaf = Tensor::<AutodiffCube, 2>::from_inner(logits).require_grad();
+        let leaf = logits.autodiff().require_grad();
         let loss = try_fused_cross_entropy(
             leaf.clone() * 1.0,
-            targets_t(&device),
+            targets_t(&autodiff),
             class_weights_ad(),
             &options(Reduction::None),
         )
         .expect("valid input")
         .loss;
-        let grads = (loss.clone() * Tensor::from_inner(weights))
-            .sum()
-            .backward();
+        let grads = (loss.clone() * weights.autodiff()).sum().backward();
         write(&dir, &format!("{i}.loss_none"), loss.inner().into_data());
         write(
             &dir,
@@ -107,7 +96,7 @@ fn main() {
         );
         let mean = try_fused_cross_entropy(
             leaf.detach(),
-            targets_t(&device),
+            targets_t(&autodiff),
             class_weights_ad(),
             &options(Reduction::Mean),
         )

@@ -16,23 +16,23 @@
 //! the device, by bisection, two steps per try, each try a child process), `--dtype
 //! f32|bf16` (bf16 on CUDA), `--chunk-mib M` (the fused linear cross-entropy's chunk
 //! budget, `LinearChunking::logits_bytes`, in MiB; default 512), `--devices N` (data
-//! parallel: each global batch split over N replicas on the first N GPUs through
-//! burn-collective, on the plain cube backend (Burn's fusion backend lost tensors between
-//! the replicas' threads); on wgpu the replicas share the device),
-//! `--out DIR` (plots and tables; default target/train_lm).
+//! parallel: each global batch split over N replicas on the first N GPUs, their gradients
+//! averaged by Burn's all-reduce (`burn::tensor::distributed`) where the runtime has
+//! collectives (CUDA with NCCL), else on the first device; on wgpu the replicas share the
+//! device), `--out DIR` (plots and tables; default target/train_lm).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use burn::tensor::backend::AutodiffBackend;
-use burn_fused_ce::{FusedCrossEntropyBackend, LinearChunking};
-use cubecl::Runtime as _;
+use burn::tensor::{Device, FloatDType};
+use burn_fused_ce::LinearChunking;
 use fused_ce_suite::{
-    DefaultBackend, Device, RUNTIME_NAME, Runtime, devices,
+    RUNTIME_NAME, SUPPORTS_BF16, devices,
     lm::{
-        Corpus, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, StepLog, Vocabulary, initial_model,
+        Corpus, GptConfig, GradientSync, LossKind, RunConfig, SAMPLE_TEXT, StepLog, Vocabulary,
+        initial_model,
         plot::{Curve, loss_curves_svg},
-        sample, train, train_data_parallel,
+        sample, train, train_data_parallel_with,
     },
 };
 use indicatif::{ProgressBar, ProgressStyle};
@@ -105,7 +105,7 @@ fn parse_args() -> Result<Args, String> {
     };
     let bf16 = match value("--dtype").unwrap_or("f32") {
         "f32" => false,
-        "bf16" if cfg!(feature = "cuda") => true,
+        "bf16" if SUPPORTS_BF16 => true,
         "bf16" => return Err("--dtype bf16 needs the cuda feature".into()),
         other => return Err(format!("--dtype f32|bf16, got {other}")),
     };
@@ -155,20 +155,22 @@ fn main() {
             std::process::exit(2);
         }
     };
-    // Several replicas train on the plain cube backend: under Burn 0.21's fusion backend,
-    // tensors that burn-collective's all-reduce hands between the replicas' threads were
-    // lost on two GPUs (a fusion stream panicked).
-    use burn::backend::Autodiff;
-    match (args.bf16, args.devices > 1) {
-        #[cfg(feature = "cuda")]
-        (true, false) => run::<Autodiff<fused_ce_suite::DefaultBackendBf16>>(&args),
-        #[cfg(feature = "cuda")]
-        (true, true) => run::<Autodiff<fused_ce_suite::CubeBackendBf16>>(&args),
-        (false, false) => run::<Autodiff<DefaultBackend>>(&args),
-        (false, true) => run::<fused_ce_suite::AutodiffCube>(&args),
-        #[cfg(not(feature = "cuda"))]
-        (true, _) => unreachable!("--dtype bf16 is refused without the cuda feature"),
+    // The first `--devices` devices (one by default; the first trains alone). Their default
+    // float dtype is set before any tensor is made on them: Burn fixes it at the first.
+    let replicas = devices(args.devices);
+    if args.bf16 {
+        for (index, replica) in replicas.iter().enumerate() {
+            if replicas[..index].contains(replica) {
+                continue;
+            }
+            if let Err(error) = replica.clone().configure(FloatDType::BF16) {
+                eprintln!("train_lm: --dtype bf16 on {replica:?}: {error:?}");
+                std::process::exit(2);
+            }
+        }
     }
+    let replicas: Vec<Device> = replicas.into_iter().map(Device::autodiff).collect();
+    run(&args, &replicas);
 }
 
 /// One way of computing the loss, trained and measured.
@@ -180,20 +182,23 @@ struct Outcome {
     largest_batch: Option<usize>,
 }
 
-fn run<B>(args: &Args)
-where
-    B: AutodiffBackend<Device = Device> + FusedCrossEntropyBackend,
-{
-    let device = Device::default();
+/// Trains on the autodiff `replicas` (the first one alone unless `--devices` asks for more).
+fn run(args: &Args, replicas: &[Device]) {
+    let device = replicas[0].clone();
     let text = match &args.data {
-        Some(path) => std::fs::read_to_string(path)
-            .unwrap_or_else(|error| panic!("--data {}: {error}", path.display())),
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(error) => {
+                eprintln!("train_lm: --data {}: {error}", path.display());
+                std::process::exit(2);
+            }
+        },
         None => SAMPLE_TEXT.to_string(),
     };
     let corpus = Corpus::new(&text, args.vocabulary);
     let (config, run) = (args.model, args.run);
     if let (Some(batch), Some(&kind)) = (args.fit_trial, args.kinds.first()) {
-        fit_trial::<B>(&config, &run, kind, batch, &corpus, &device);
+        fit_trial(&config, &run, kind, batch, &corpus, &device);
     }
     println!(
         "GPT-style model on {RUNTIME_NAME}{}: {} layers, d_model {}, {} heads, {:.1}M parameters; {} vocabulary ({} tokens); {} tokens of text; batch {} x {} tokens, {} steps",
@@ -220,18 +225,28 @@ where
         .iter()
         .map(|&kind| args.max_batch.then(|| largest_batch(&run, kind)))
         .collect();
-    let start = initial_model::<B>(&config, run.seed, &device);
-    let client = Runtime::client(&device);
+    let sync = GradientSync::for_devices(replicas);
+    if replicas.len() > 1 {
+        println!(
+            "{} replicas, gradients averaged {}",
+            replicas.len(),
+            match sync {
+                GradientSync::AllReduce => "by Burn's all-reduce",
+                GradientSync::OnFirstDevice => "on the first device",
+            }
+        );
+    }
+    let start = initial_model(&config, run.seed, &device);
     let reserved = || {
-        client
-            .memory_usage()
+        device
+            .memory_pool_usage()
             .map(|usage| usage.bytes_reserved as f64 / 1048576.0)
             .unwrap_or(0.0)
     };
     let mut outcomes = Vec::new();
     let mut last_model = None;
     for (&kind, &largest_batch) in args.kinds.iter().zip(&largest_batches) {
-        client.memory_cleanup();
+        device.memory_cleanup();
         let before = reserved();
         let progress = ProgressBar::new(run.steps as u64);
         progress.set_style(
@@ -253,15 +268,15 @@ where
                 progress.suspend(|| println!("[{}] step {step:4}: {message}", kind.name()));
             }
         };
-        let (logs, model) = if args.devices > 1 {
-            let devices = devices(args.devices);
-            match train_data_parallel::<B>(
+        let (logs, model) = if replicas.len() > 1 {
+            match train_data_parallel_with(
+                sync,
                 &config,
                 &run,
                 kind,
                 start.clone(),
                 &corpus,
-                &devices,
+                replicas,
                 on_step,
             ) {
                 Ok(trained) => trained,
@@ -271,7 +286,7 @@ where
                 }
             }
         } else {
-            train::<B>(
+            train(
                 &config,
                 &run,
                 kind,
@@ -380,17 +395,14 @@ fn largest_batch(run: &RunConfig, kind: LossKind) -> usize {
 /// One try of [`largest_batch`], in a process of its own: trains `batch` sequences a
 /// batch for two steps, then exits with status 0; any panic, on any thread (running out
 /// of device memory panics on the device's), exits at once with status 3.
-fn fit_trial<B>(
+fn fit_trial(
     config: &GptConfig,
     run: &RunConfig,
     kind: LossKind,
     batch: usize,
     corpus: &Corpus,
     device: &Device,
-) -> !
-where
-    B: AutodiffBackend<Device = Device> + FusedCrossEntropyBackend,
-{
+) -> ! {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("{FIT_TRIAL}: {info}");
         std::process::exit(3)
@@ -400,9 +412,9 @@ where
         steps: 2,
         ..*run
     };
-    let start = initial_model::<B>(config, run.seed, device);
-    train::<B>(config, &trial, kind, start, corpus, device, |_, _| {});
-    std::process::exit(if B::sync(device).is_ok() { 0 } else { 3 })
+    let start = initial_model(config, run.seed, device);
+    train(config, &trial, kind, start, corpus, device, |_, _| {});
+    std::process::exit(if device.sync().is_ok() { 0 } else { 3 })
 }
 
 /// Median step time after the first steps (autotune and warm-up).

@@ -1,36 +1,69 @@
-//! Shared by the tests, the bench and the example: which cube runtime this build runs on.
-//! The `cuda` feature picks CUDA; otherwise Vulkan through wgpu (lavapipe on a machine
-//! with no GPU).
+//! Shared by the tests (and later the benches and the examples): which cube runtime this
+//! build runs on. The `cuda` feature picks CUDA; otherwise wgpu, pinned to Vulkan with the
+//! `vulkan` feature (SPIR-V) or on the API it finds with `wgpu` alone (WGSL; lavapipe on a
+//! machine with no GPU).
+//!
+//! Burn 0.22 picks the backend by the device: a tensor made on [`device()`] runs on
+//! `Fusion<CubeBackend>` (Burn's fusion is on in this build, as users have it by default),
+//! one made on `Device::flex()` on Flex, and `device.autodiff()` records gradients on
+//! either. The plain [`CubeBackend`] is not reachable through `Tensor<D>` in a fusion
+//! build: it is used on its primitives, on [`cube_device`].
 
 pub mod lm;
 
+use burn::backend::DispatchDevice;
+use burn::tensor::Device;
+
 #[cfg(feature = "cuda")]
 mod runtime {
-    pub use cubecl::cuda::CudaDevice as Device;
-    pub type Runtime = cubecl::cuda::CudaRuntime;
+    use burn::tensor::Device;
+
     pub const NAME: &str = "cuda";
+
+    /// The first GPU.
+    pub fn device() -> Device {
+        Device::cuda(0)
+    }
 
     /// The first `count` GPUs.
     pub fn devices(count: usize) -> Vec<Device> {
-        (0..count).map(|index| Device { index }).collect()
+        (0..count).map(Device::cuda).collect()
     }
 
     /// How many GPUs this machine has.
     pub fn device_count() -> usize {
-        <Runtime as cubecl::Runtime>::client(&Device::default()).device_count_total()
+        cubecl::Device::enumerate_all()
+            .iter()
+            .filter(|device| matches!(device, cubecl::Device::Cuda(_)))
+            .count()
     }
 }
 
 #[cfg(not(feature = "cuda"))]
 mod runtime {
-    pub use burn::backend::wgpu::WgpuDevice as Device;
-    pub type Runtime = burn::backend::wgpu::WgpuRuntime;
-    pub const NAME: &str = "vulkan (wgpu)";
+    use burn::tensor::{Device, DeviceKind};
 
-    /// `count` times the default device: replicas that share it (cubecl 0.10's wgpu
-    /// runtime has no transfer between two devices).
+    #[cfg(feature = "vulkan")]
+    pub const NAME: &str = "vulkan (wgpu)";
+    #[cfg(not(feature = "vulkan"))]
+    pub const NAME: &str = "wgpu";
+
+    /// Wgpu's default adapter, pinned to Vulkan (SPIR-V).
+    #[cfg(feature = "vulkan")]
+    pub fn device() -> Device {
+        Device::vulkan(DeviceKind::DefaultDevice)
+    }
+
+    /// Wgpu's default adapter on the graphics API wgpu picks (kernels from WGSL).
+    #[cfg(not(feature = "vulkan"))]
+    pub fn device() -> Device {
+        Device::wgpu(DeviceKind::DefaultDevice)
+    }
+
+    /// `count` times the default device: replicas that share it (the wgpu runtime has no
+    /// transfer between two devices).
     pub fn devices(count: usize) -> Vec<Device> {
-        vec![Device::default(); count]
+        vec![device(); count]
     }
 
     /// Devices that can exchange tensors: one.
@@ -39,40 +72,42 @@ mod runtime {
     }
 }
 
-pub use runtime::{Device, NAME as RUNTIME_NAME, Runtime, device_count, devices};
+pub use runtime::{NAME as RUNTIME_NAME, device, device_count, devices};
 
-/// The plain cube backend on this build's runtime (no fusion). Its float parameter only
-/// seeds the device's default dtype: tensors are cast explicitly where dtype matters.
-pub type CubeBackend = burn_cubecl::CubeBackend<Runtime, f32, i32, u32>;
-/// The same with autodiff.
-pub type AutodiffCube = burn::backend::Autodiff<CubeBackend>;
+/// The plain cube backend (no fusion): every cube runtime is this one type in Burn 0.22,
+/// the device says which. Reached on its primitives only (see the crate docs).
+pub use burn_cubecl::CubeBackend;
 
-/// The same with bf16 as the default float type (CUDA only: lavapipe has no bf16).
-#[cfg(feature = "cuda")]
-pub type DefaultBackendBf16 = burn::backend::Cuda<burn::tensor::bf16>;
-/// The plain cube backend with bf16 as the default float type (CUDA only).
-#[cfg(feature = "cuda")]
-pub type CubeBackendBf16 = burn_cubecl::CubeBackend<Runtime, burn::tensor::bf16, i32, u32>;
+/// What a cube [`device()`]'s tensors run on in this build: `Fusion<CubeBackend>`, as Burn's
+/// default features give users.
+pub type DefaultBackend = burn_cubecl::Cube;
 
-/// What a user of this runtime has with Burn's default features: `burn::backend::Wgpu` or
-/// `burn::backend::Cuda`, both `Fusion<CubeBackend<..>>`.
-#[cfg(feature = "cuda")]
-pub type DefaultBackend = burn::backend::Cuda;
-#[cfg(not(feature = "cuda"))]
-pub type DefaultBackend = burn::backend::Wgpu;
+/// The cubecl device behind a cube device (autodiff or not), as the plain
+/// [`CubeBackend`]'s primitives take it.
+///
+/// # Panics
+/// When `device` is not a cube device (Flex, for one).
+pub fn cube_device(device: &Device) -> burn_cubecl::CubeDevice {
+    match device.as_dispatch().clone().inner() {
+        DispatchDevice::Cube(device) => device,
+        #[allow(unreachable_patterns)]
+        other => panic!("{other:?} is not a cube device"),
+    }
+}
+
+/// The compute client of a cube device (kernel tuning, launches).
+pub fn client(device: &Device) -> cubecl::client::Client {
+    cube_device(device).client()
+}
 
 /// Whether this build's runtime can compute in bf16 (CUDA yes; lavapipe has no bf16).
 pub const SUPPORTS_BF16: bool = cfg!(feature = "cuda");
 
 /// A float tensor of the plain cube backend as a kernel's operand: its binding and its
-/// dtype, as `fused_ce_kernels`' launch functions take them.
-pub fn kernel_operand<const D: usize>(
-    tensor: burn::tensor::Tensor<CubeBackend, D>,
-) -> (
-    cubecl::prelude::TensorBinding<Runtime>,
-    cubecl::ir::StorageType,
-) {
-    let tensor = tensor.into_primitive().tensor();
-    let dtype = tensor.dtype.into();
-    (tensor.binding(), dtype)
+/// element type, as `fused_ce_kernels`' launch functions take them.
+pub fn kernel_operand(
+    tensor: burn_cubecl::tensor::CubeTensor,
+) -> (cubecl::prelude::TensorBinding, cubecl::ir::ElemType) {
+    let elem = burn::backend::cubecl::dtype_to_elem_type(tensor.dtype);
+    (tensor.binding(), elem)
 }

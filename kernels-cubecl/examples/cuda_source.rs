@@ -1,7 +1,7 @@
-//! Writes the CUDA C++ of the one-pass kernel for the bench's LLM shapes into a folder,
-//! without a GPU (the IR is built through lavapipe's client: run under
-//! `scripts/with-vulkan.sh`). `scripts/kernel_registers_offline.sh` builds and runs this,
-//! then counts each kernel's registers with NVRTC and ptxas from NVIDIA's pip wheels.
+//! Writes the CUDA C++ of the one-pass kernel for the bench's LLM shapes, and of the
+//! forward kernel for the first, into a folder, as the CUDA runtime's C++ backend compiles
+//! them for an H200: no GPU or runtime needed. `scripts/kernel_registers_offline.sh` builds
+//! and runs this, then compiles each kernel with NVRTC and ptxas from NVIDIA's pip wheels.
 //!
 //!   cargo run -p fused-ce-kernels --features cuda-source --example cuda_source -- OUT_DIR
 //!
@@ -11,8 +11,7 @@
 
 use cubecl::ir::{ElemType, FloatKind, IntKind};
 use cubecl::prelude::*;
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
-use fused_ce_kernels::cuda_source::one_pass_kernel_source;
+use fused_ce_kernels::cuda_source::{forward_kernel_source, one_pass_kernel_source};
 use fused_ce_kernels::{KernelTuning, LossSettings, RowLaunch};
 
 fn main() {
@@ -24,10 +23,9 @@ fn main() {
         .with_settings(&std::env::var("FUSED_CE_TUNING").unwrap_or_default())
         .unwrap_or_else(|error| panic!("FUSED_CE_TUNING: {error}"));
     let gradient_in_place = std::env::var("FUSED_CE_SOURCE_SEPARATE").as_deref() != Ok("1");
-    let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
-    let bf16 = StorageType::Scalar(ElemType::Float(FloatKind::BF16));
-    let f32_ = StorageType::Scalar(ElemType::Float(FloatKind::F32));
-    let i32_ = StorageType::Scalar(ElemType::Int(IntKind::I32));
+    let bf16 = ElemType::Float(FloatKind::BF16);
+    let f32_ = ElemType::Float(FloatKind::F32);
+    let i32_ = ElemType::Int(IntKind::I32);
     let plain = LossSettings {
         ignore_index: -100,
         exp_flush_to_zero: true,
@@ -47,7 +45,12 @@ fn main() {
         ("bf16_128256_4_lanes", bf16, 4, 128256, plain),
         ("bf16_128256_ls_z_cap", bf16, 8, 128256, options),
     ];
-    for (name, dtype, vector_size, vocab, settings) in cases {
+    let write = |name: String, source: String| {
+        let path = format!("{out}/{name}.cu");
+        std::fs::write(&path, source).expect("write source");
+        println!("{path}");
+    };
+    for (index, (name, dtype, vector_size, vocab, settings)) in cases.into_iter().enumerate() {
         let shape = RowLaunch {
             rows: 8192,
             vocab,
@@ -58,9 +61,10 @@ fn main() {
             settings,
             tuning,
         };
-        let source = one_pass_kernel_source(&client, shape.for_one_pass(), true, gradient_in_place);
-        let path = format!("{out}/one_pass_{name}.cu");
-        std::fs::write(&path, source).expect("write source");
-        println!("{path}");
+        if index == 0 {
+            write(format!("forward_{name}"), forward_kernel_source(shape));
+        }
+        let source = one_pass_kernel_source(shape.for_one_pass(), true, gradient_in_place);
+        write(format!("one_pass_{name}"), source);
     }
 }

@@ -3,7 +3,7 @@
 
 use cubecl::prelude::*;
 
-use crate::cuda_injection::redefine_cuda_fast_exp;
+use crate::ptx::{load_vector, store_vector};
 use crate::row::{
     RowOptions, RowScalars, fast_exp, is_class, read_target, row_of_cube, row_offset, soft_cap,
     stat_index, target_share, weights_vector,
@@ -23,6 +23,7 @@ pub struct GradOptions {
 /// smooth_coef * w_c` for every column but the target, `target_value` there, all times
 /// the softcap's derivative.
 #[derive(CubeType, Clone, Copy)]
+#[expand(derive(Clone))]
 pub(crate) struct RowGradient {
     /// `vocab` when the row's gradient is zero (ignored, or not a class).
     pub(crate) target_col: usize,
@@ -135,7 +136,7 @@ fn row_gradient<I: Int, G: Float>(
         class_weights,
         weight_total,
         vocab,
-        scalars,
+        scalars.clone(),
         options,
     )
 }
@@ -155,13 +156,13 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
     if comptime!(options.softcap) {
         logits = soft_cap::<N>(logits, softcap, options.approximate_tanh);
     }
-    let probs = fast_exp::<N>(logits, row.lse);
+    let probs = fast_exp::<N>(logits, row.lse, options.exp_flush_to_zero);
     let mut grad = gradient_from_probs::<N>(
         probs,
         row.prob_coef,
         weights,
         first_col,
-        row,
+        row.clone(),
         options,
         with_target,
     );
@@ -194,9 +195,12 @@ pub(crate) fn gradient_from_probs<N: Size>(
         // As in `absorb`: the target's lane, compared in 32 bits.
         let target_lane = u32::cast_from(row.target_col - first_col);
         #[unroll]
-        for lane in 0..grad.size() {
+        for lane in 0..grad.vector_size() {
             let is_target = target_lane == lane as u32;
-            grad[lane] = select(is_target, row.target_value, grad[lane]);
+            grad.insert(
+                lane,
+                select(is_target, row.target_value, grad.extract(lane)),
+            );
         }
     }
     grad
@@ -220,9 +224,8 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
     scalars: RowScalars,
     #[comptime] options: RowOptions,
     #[comptime] grad_options: GradOptions,
-    #[define(F, I, G)] _dtypes: [StorageType; 3],
+    #[define(F, I, G)] _dtypes: [ElemType; 3],
 ) {
-    redefine_cuda_fast_exp(options.exp_flush_to_zero);
     let row = row_of_cube();
     if row >= stats.shape(1) {
         terminate!();
@@ -235,17 +238,17 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
         stats,
         grad_output,
         denominators,
-        row,
+        row.clone(),
         vocab,
-        scalars,
+        scalars.clone(),
         options,
         grad_options,
     );
     write_gradient_row::<F, N>(
         logits,
         grad,
-        row,
-        row_grad,
+        row.clone(),
+        row_grad.clone(),
         class_weights,
         scalars.softcap,
         options,
@@ -269,11 +272,11 @@ fn write_gradient_row<F: Float, N: Size>(
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
     let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
-    let out_start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
+    let out_start = row_offset::<Vector<F, N>>(&*grad, row) / vector_size;
     let vectors_per_row = vocab / vector_size;
     if row_grad.target_col == vocab {
         // Zero row: the logits are not read (they may be anything, NaN included).
-        zero_vectors::<F, N>(grad, out_start, vectors_per_row, cube_size);
+        zero_vectors::<F, N>(grad, out_start, vectors_per_row, cube_size, false);
     } else {
         // The target's vector is written twice by the unit whose share it is: in the loop
         // as if it held no target, then fixed from its logits read before the loop (the
@@ -292,11 +295,13 @@ fn write_gradient_row<F: Float, N: Size>(
             out_start,
             0usize,
             vectors_per_row,
-            row_grad,
+            row_grad.clone(),
             class_weights,
             softcap,
             options,
             4usize,
+            false,
+            false,
         );
         if holds {
             store_gradient_vector::<F, N>(
@@ -305,10 +310,11 @@ fn write_gradient_row<F: Float, N: Size>(
                 target_at,
                 target_values,
                 class_weights,
-                row_grad,
+                row_grad.clone(),
                 softcap,
                 options,
                 true,
+                false,
             );
         }
     }
@@ -316,7 +322,8 @@ fn write_gradient_row<F: Float, N: Size>(
 
 /// Writes the gradient of vectors `first..first + len` of a row (`in_start`/`out_start`:
 /// the row's first vector in `logits`/`grad`) as if none held the target: unit `u` takes
-/// vectors `first + u, first + u + cube_size, ..`.
+/// vectors `first + u, first + u + cube_size, ..`. `stream_loads`/`stream_stores`: the
+/// evict-first forms of [`load_vector()`]/[`store_vector()`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_gradient_span<F: Float, N: Size>(
@@ -331,6 +338,8 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
     softcap: f32,
     #[comptime] options: RowOptions,
     #[comptime] loads: usize,
+    #[comptime] stream_loads: bool,
+    #[comptime] stream_stores: bool,
 ) {
     let cube_size = options.cube_size;
     let in_row = in_start + first;
@@ -341,7 +350,8 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
     while index + (loads - 1) * cube_size < len {
         #[unroll]
         for step in 0..loads {
-            loaded[step] = logits[in_row + index + step * cube_size];
+            loaded[step] =
+                load_vector::<F, N>(logits, in_row + index + step * cube_size, stream_loads);
         }
         #[unroll]
         for step in 0..loads {
@@ -351,26 +361,28 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
                 first + index + step * cube_size,
                 loaded[step],
                 class_weights,
-                row_grad,
+                row_grad.clone(),
                 softcap,
                 options,
                 false,
+                stream_stores,
             );
         }
         index += loads * cube_size;
     }
     while index < len {
-        let values = logits[in_row + index];
+        let values = load_vector::<F, N>(logits, in_row + index, stream_loads);
         store_gradient_vector::<F, N>(
             grad,
             out_start,
             first + index,
             values,
             class_weights,
-            row_grad,
+            row_grad.clone(),
             softcap,
             options,
             false,
+            stream_stores,
         );
         index += cube_size;
     }
@@ -378,7 +390,7 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
 
 /// Writes the gradient of vector `index` of a row (`values`: its logits; `out_start`:
 /// the row's first vector in `grad`) at `out_start + index`; without `with_target` as if
-/// it held no target (see `write_gradient_row`).
+/// it held no target (see `write_gradient_row`); `streaming`: see [`store_vector()`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn store_gradient_vector<F: Float, N: Size>(
@@ -391,35 +403,38 @@ pub(crate) fn store_gradient_vector<F: Float, N: Size>(
     softcap: f32,
     #[comptime] options: RowOptions,
     #[comptime] with_target: bool,
+    #[comptime] streaming: bool,
 ) {
     let vector_size = grad.vector_size();
     let mut weights = Vector::<f32, N>::new(1.0);
     if comptime!(options.smoothing && options.weighted) {
         weights = weights_vector::<N>(class_weights, index * vector_size);
     }
-    grad[out_start + index] = gradient_vector::<F, N>(
+    let value = gradient_vector::<F, N>(
         values,
         weights,
         index * vector_size,
-        row_grad,
+        row_grad.clone(),
         softcap,
         options,
         with_target,
     );
+    store_vector::<F, N>(grad, out_start + index, value, streaming);
 }
 
 /// Zeros over `len` vectors of a row's gradient from `out_start` (unit `u` writes
-/// `out_start + u, out_start + u + cube_size, ..`).
+/// `out_start + u, out_start + u + cube_size, ..`); `streaming`: see [`store_vector()`].
 #[cube]
 pub(crate) fn zero_vectors<F: Float, N: Size>(
     grad: &mut Tensor<Vector<F, N>>,
     out_start: usize,
     len: usize,
     #[comptime] cube_size: usize,
+    #[comptime] streaming: bool,
 ) {
     let mut local = UNIT_POS as usize;
     while local < len {
-        grad[out_start + local] = Vector::new(F::new(0.0));
+        store_vector::<F, N>(grad, out_start + local, Vector::new(F::new(0.0)), streaming);
         local += cube_size;
     }
 }
@@ -437,7 +452,7 @@ pub fn scale_gradient_kernel<F: Float, G: Float, N: Size>(
     guess: &Tensor<f32>,
     next_guess: &mut Tensor<f32>,
     #[comptime] cube_size: usize,
-    #[define(F, G)] _dtypes: [StorageType; 2],
+    #[define(F, G)] _dtypes: [ElemType; 2],
 ) {
     let incoming = f32::cast_from(grad_output[0]);
     let guessed = guess[0];
@@ -456,7 +471,7 @@ pub fn scale_gradient_kernel<F: Float, G: Float, N: Size>(
     let vectors_per_row = grad.shape(2) / vector_size;
     let mut row = row_of_cube();
     while row < rows {
-        let start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
+        let start = row_offset::<Vector<F, N>>(&*grad, row) / vector_size;
         let mut index = UNIT_POS as usize;
         while index < vectors_per_row {
             let values = Vector::<f32, N>::cast_from(grad[start + index]);

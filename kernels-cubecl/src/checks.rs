@@ -17,7 +17,7 @@ pub fn first_bad_target_kernel<I: Int>(
     vocab: i32,
     ignore_index: i32,
     #[comptime] cube_size: usize,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let rows = targets.shape(0) * targets.shape(1);
     let mut first = rows;
@@ -29,7 +29,7 @@ pub fn first_bad_target_kernel<I: Int>(
         first = select(bad && first == rows, row, first);
         row += cube_size;
     }
-    let mut shared_first = SharedMemory::<u32>::new(cube_size);
+    let mut shared_first = Shared::<[u32]>::new_slice(cube_size);
     let unit = UNIT_POS as usize;
     shared_first[unit] = u32::cast_from(first);
     sync_cube();

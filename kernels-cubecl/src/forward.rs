@@ -2,7 +2,6 @@
 
 use cubecl::prelude::*;
 
-use crate::cuda_injection::redefine_cuda_fast_exp;
 use crate::row::{
     RowOptions, RowScalars, RowState, cube_merge, is_class, ln_one_plus, read_target, reduce_span,
     row_of_cube, row_offset, runtime_nan, stat_index,
@@ -11,6 +10,7 @@ use crate::row_stat;
 
 /// What the rest of the cube needs of a row after [`forward_row`].
 #[derive(CubeType, Clone, Copy)]
+#[expand(derive(Clone))]
 pub(crate) struct RowForward {
     pub(crate) lse: f32,
     /// `p_y - 1`.
@@ -45,7 +45,7 @@ fn forward_row<F: Float, I: Int, N: Size>(
 ) -> RowForward {
     let target = read_target::<I>(targets, row);
 
-    let mut shared_row = SharedMemory::<f32>::new(2usize);
+    let mut shared_row = Shared::<[f32]>::new_slice(2usize);
     if target == scalars.ignore_index {
         if UNIT_POS == 0 {
             write_ignored_row::<I>(stats, predicted, row, options);
@@ -59,10 +59,10 @@ fn forward_row<F: Float, I: Int, N: Size>(
             weight_total,
             stats,
             predicted,
-            row,
+            row.clone(),
             target,
             &mut shared_row,
-            scalars,
+            scalars.clone(),
             options,
         );
     }
@@ -88,7 +88,8 @@ pub(crate) fn write_ignored_row<I: Int>(
 ) {
     #[unroll]
     for stat in 0..row_stat::COUNT {
-        stats[stat_index(stats, stat, row)] = f32::new(0.0);
+        let at = stat_index(&*stats, stat, row);
+        stats[at] = f32::new(0.0);
     }
     if comptime!(options.argmax) {
         predicted[row] = I::new(-1);
@@ -106,7 +107,7 @@ fn read_row<F: Float, I: Int, N: Size>(
     predicted: &mut Tensor<I>,
     row: usize,
     target: i32,
-    shared_row: &mut SharedMemory<f32>,
+    shared_row: &mut Shared<[f32]>,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
 ) {
@@ -119,8 +120,8 @@ fn read_row<F: Float, I: Int, N: Size>(
     let vectors_per_row = vocab / vector_size;
     let target_col = select(target_is_class, usize::cast_from(target), vocab);
     let row_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
-    let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
-    let mut unstaged = SharedMemory::<Vector<F, N>>::new(1usize);
+    let mut shared_target_logit = Shared::<[f32]>::new_slice(1usize);
+    let mut unstaged = Shared::<[Vector<F, N>]>::new_slice(1usize);
     let state = reduce_span::<F, N>(
         logits,
         row_start,
@@ -146,7 +147,7 @@ fn read_row<F: Float, I: Int, N: Size>(
         // A target that is not a class reads a zero logit and gets a NaN loss.
         let target_logit = select(target_is_class, shared_target_logit[0], f32::new(0.0));
         let forward = finish_row::<I>(
-            merged,
+            merged.clone(),
             target_logit,
             target,
             vocab,
@@ -154,9 +155,9 @@ fn read_row<F: Float, I: Int, N: Size>(
             weight_total,
             stats,
             predicted,
-            row,
+            row.clone(),
             true,
-            scalars,
+            scalars.clone(),
             options,
         );
         shared_row[0] = forward.lse;
@@ -228,14 +229,20 @@ pub(crate) fn finish_row<I: Int>(
     }
     let target_grad = -merged.others / sum;
     if write {
-        stats[stat_index(stats, row_stat::LOSS, row)] =
-            select(target_is_class, loss + z_loss, not_a_number);
-        stats[stat_index(stats, row_stat::Z_LOSS, row)] = z_loss;
-        stats[stat_index(stats, row_stat::WEIGHT, row)] = target_weight;
-        stats[stat_index(stats, row_stat::VALID, row)] = f32::new(1.0);
-        stats[stat_index(stats, row_stat::CORRECT, row)] = correct;
-        stats[stat_index(stats, row_stat::LSE, row)] = lse;
-        stats[stat_index(stats, row_stat::TARGET_GRAD, row)] = target_grad;
+        let at = stat_index(&*stats, row_stat::LOSS, row);
+        stats[at] = select(target_is_class, loss + z_loss, not_a_number);
+        let at = stat_index(&*stats, row_stat::Z_LOSS, row);
+        stats[at] = z_loss;
+        let at = stat_index(&*stats, row_stat::WEIGHT, row);
+        stats[at] = target_weight;
+        let at = stat_index(&*stats, row_stat::VALID, row);
+        stats[at] = f32::new(1.0);
+        let at = stat_index(&*stats, row_stat::CORRECT, row);
+        stats[at] = correct;
+        let at = stat_index(&*stats, row_stat::LSE, row);
+        stats[at] = lse;
+        let at = stat_index(&*stats, row_stat::TARGET_GRAD, row);
+        stats[at] = target_grad;
         if comptime!(options.argmax) {
             predicted[row] = I::cast_from(best_col);
         }
@@ -255,9 +262,8 @@ pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
     predicted: &mut Tensor<I>,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    redefine_cuda_fast_exp(options.exp_flush_to_zero);
     let row = row_of_cube();
     if row >= stats.shape(1) {
         terminate!();
@@ -269,8 +275,8 @@ pub fn cross_entropy_forward_kernel<F: Float, I: Int, N: Size>(
         weight_total,
         stats,
         predicted,
-        row,
-        scalars,
+        row.clone(),
+        scalars.clone(),
         options,
     );
 }

@@ -7,7 +7,7 @@ use crate::backward::{GradOptions, cross_entropy_backward_kernel, scale_gradient
 use crate::checks::first_bad_target_kernel;
 use crate::forward::cross_entropy_forward_kernel;
 use crate::one_pass::{cross_entropy_one_pass_kernel, one_pass_prologue_kernel};
-use crate::plan::{OnePassPlan, RowLaunch, grid_of, reduction_units};
+use crate::plan::{OnePassPlan, RowLaunch, Target, grid_of, reduction_units};
 use crate::reduce::{ReduceOptions, reduce_stats_kernel};
 use crate::row::RowScalarsLaunch;
 use crate::shards::{
@@ -16,7 +16,7 @@ use crate::shards::{
 };
 
 /// The options' values as the row kernels take them (runtime scalars).
-pub(crate) fn row_scalars<R: Runtime>(shape: &RowLaunch) -> RowScalarsLaunch<R> {
+pub(crate) fn row_scalars(shape: &RowLaunch) -> RowScalarsLaunch {
     let settings = shape.settings;
     RowScalarsLaunch::new(
         settings.ignore_index,
@@ -28,22 +28,22 @@ pub(crate) fn row_scalars<R: Runtime>(shape: &RowLaunch) -> RowScalarsLaunch<R> 
 
 /// Class weights `[V]` and their total `[1]` (f32), or any small f32 buffers when the
 /// launch is not weighted (they are then never read).
-pub struct WeightArgs<R: Runtime> {
-    pub weights: TensorArg<R>,
-    pub total: TensorArg<R>,
+pub struct WeightArgs {
+    pub weights: TensorArg,
+    pub total: TensorArg,
 }
 
 /// Per-row forward: writes `stats [row_stat::COUNT, rows]` (f32) and, when the argmax is
 /// tracked, `predicted [rows]` (the targets' int type; any buffer otherwise). `logits` are
 /// `[B, T, V]`, `targets` `[B, T]` (2-D inputs bound as `[1, N, ..]`).
-pub fn launch_forward<R: Runtime>(
-    client: &ComputeClient<R>,
+pub fn launch_forward(
+    client: &Client,
     shape: RowLaunch,
-    logits: TensorArg<R>,
-    targets: TensorArg<R>,
-    weights: WeightArgs<R>,
-    stats: TensorArg<R>,
-    predicted: TensorArg<R>,
+    logits: TensorArg,
+    targets: TensorArg,
+    weights: WeightArgs,
+    stats: TensorArg,
+    predicted: TensorArg,
 ) {
     if shape.rows == 0 {
         return;
@@ -53,7 +53,7 @@ pub fn launch_forward<R: Runtime>(
     // kernel), and the checked launch's per-lane selects cost about one instruction per
     // element.
     unsafe {
-        cross_entropy_forward_kernel::launch_unchecked::<R>(
+        cross_entropy_forward_kernel::launch_unchecked(
             client,
             shape.cube_count(),
             CubeDim::new_1d(options.cube_size as u32),
@@ -73,20 +73,17 @@ pub fn launch_forward<R: Runtime>(
 }
 
 /// Where backward writes the gradient.
-pub enum GradientTarget<R: Runtime> {
+pub enum GradientTarget {
     /// Over the logits themselves (they are not read again by anyone).
-    InPlace(TensorArg<R>),
+    InPlace(TensorArg),
     /// Read `logits`, write `grad` (same shape).
-    Separate {
-        logits: TensorArg<R>,
-        grad: TensorArg<R>,
-    },
+    Separate { logits: TensorArg, grad: TensorArg },
 }
 
-impl<R: Runtime> GradientTarget<R> {
+impl GradientTarget {
     /// The `(logits, grad)` launch arguments. Every gradient-writing kernel takes the
     /// logits as its first input, so an in-place gradient is an alias of input 0.
-    pub(crate) fn into_args(self) -> (TensorArg<R>, TensorArg<R>) {
+    pub(crate) fn into_args(self) -> (TensorArg, TensorArg) {
         match self {
             GradientTarget::InPlace(logits) => {
                 let grad = TensorArg::Alias {
@@ -102,26 +99,26 @@ impl<R: Runtime> GradientTarget<R> {
 }
 
 /// The loss's incoming gradient as backward reads it.
-pub struct IncomingGradient<R: Runtime> {
+pub struct IncomingGradient {
     /// `[rows]` when `per_row`, else `[1]`; any float type (`dtype`).
-    pub grad: TensorArg<R>,
-    pub dtype: StorageType,
+    pub grad: TensorArg,
+    pub dtype: ElemType,
     pub per_row: bool,
     /// Divide by the mean's denominators.
     pub mean: bool,
     /// f32 `[2]` (`D`, `n`) when `mean`; any buffer otherwise (never read).
-    pub denominators: TensorArg<R>,
+    pub denominators: TensorArg,
 }
 
 /// Per-row backward: the spec's gradient for every row, zero rows for ignored targets.
-pub fn launch_backward<R: Runtime>(
-    client: &ComputeClient<R>,
+pub fn launch_backward(
+    client: &Client,
     shape: RowLaunch,
-    target: GradientTarget<R>,
-    targets: TensorArg<R>,
-    weights: WeightArgs<R>,
-    stats: TensorArg<R>,
-    incoming: IncomingGradient<R>,
+    target: GradientTarget,
+    targets: TensorArg,
+    weights: WeightArgs,
+    stats: TensorArg,
+    incoming: IncomingGradient,
 ) {
     if shape.rows == 0 {
         return;
@@ -136,7 +133,7 @@ pub fn launch_backward<R: Runtime>(
     // kernel), and the checked launch's per-lane selects cost about one instruction per
     // element.
     unsafe {
-        cross_entropy_backward_kernel::launch_unchecked::<R>(
+        cross_entropy_backward_kernel::launch_unchecked(
             client,
             shape.cube_count(),
             CubeDim::new_1d(options.cube_size as u32),
@@ -161,32 +158,32 @@ pub fn launch_backward<R: Runtime>(
 /// The one-pass kernel's scratch buffers, written by its prologue: f32
 /// `[scale_slot::LEN]` for the mean's denominators and the guessed incoming gradient, i32
 /// `[1]` for the ticket counter, i32 `[plan.partials_len(rows)]`.
-pub struct OnePassScratch<R: Runtime> {
-    pub scales: TensorArg<R>,
-    pub tickets: TensorArg<R>,
-    pub partials: TensorArg<R>,
+pub struct OnePassScratch {
+    pub scales: TensorArg,
+    pub tickets: TensorArg,
+    pub partials: TensorArg,
 }
 
 /// The buffers of one launch of the one pass.
-pub struct OnePassBuffers<R: Runtime> {
+pub struct OnePassBuffers {
     /// Where the gradient goes (over the logits, or a new buffer).
-    pub target: GradientTarget<R>,
-    pub targets: TensorArg<R>,
-    pub weights: WeightArgs<R>,
+    pub target: GradientTarget,
+    pub targets: TensorArg,
+    pub weights: WeightArgs,
     /// f32 `[row_stat::COUNT, rows]`.
-    pub stats: TensorArg<R>,
+    pub stats: TensorArg,
     /// The argmax per row when tracked; any buffer otherwise.
-    pub predicted: TensorArg<R>,
+    pub predicted: TensorArg,
     /// f32 `[1]`: the incoming gradient the gradient is formed for (the loss's guess).
-    pub guess: TensorArg<R>,
+    pub guess: TensorArg,
     /// f32 `[2]`: the mean's denominators `[D, n]` to divide by, when not those of the
     /// launch's rows (which the prologue then sums from the targets).
-    pub denominators: Option<TensorArg<R>>,
-    pub scratch: OnePassScratch<R>,
+    pub denominators: Option<TensorArg>,
+    pub scratch: OnePassScratch,
 }
 
 /// A second launch argument for the same buffer (`TensorArg` is not `Clone`).
-fn same_arg<R: Runtime>(arg: &TensorArg<R>) -> TensorArg<R> {
+fn same_arg(arg: &TensorArg) -> TensorArg {
     match arg {
         TensorArg::Handle { handle } => TensorArg::Handle {
             handle: handle.clone(),
@@ -206,11 +203,11 @@ fn same_arg<R: Runtime>(arg: &TensorArg<R>) -> TensorArg<R> {
 /// Forward that also writes the gradient for the guessed incoming gradient, divided by
 /// the mean's denominators when `mean` (see `cross_entropy_one_pass_kernel`): one pass over
 /// the logits, after a small prologue.
-pub fn launch_one_pass<R: Runtime>(
-    client: &ComputeClient<R>,
+pub fn launch_one_pass(
+    client: &Client,
     shape: RowLaunch,
     plan: OnePassPlan,
-    buffers: OnePassBuffers<R>,
+    buffers: OnePassBuffers,
     mean: bool,
 ) {
     if shape.rows == 0 {
@@ -234,7 +231,7 @@ pub fn launch_one_pass<R: Runtime>(
         .partials_len(shape.rows)
         .div_ceil(prologue_units * 4)
         .clamp(1, 1024);
-    one_pass_prologue_kernel::launch::<R>(
+    one_pass_prologue_kernel::launch(
         client,
         CubeCount::Static(prologue_cubes as u32, 1, 1),
         CubeDim::new_1d(prologue_units as u32),
@@ -247,19 +244,19 @@ pub fn launch_one_pass<R: Runtime>(
         same_arg(&scratch.partials),
         u32::try_from(shape.vocab).unwrap_or(u32::MAX),
         row_scalars(&shape),
-        shape.options_on(false, prologue_units, shape.tuning.row_loads),
+        shape.options_on(Target::OTHER, prologue_units, shape.tuning.row_loads),
         mean,
         given_denominators,
         shape.int_dtype,
     );
-    let one_pass = plan.options(mean, matches!(target, GradientTarget::InPlace(_)));
+    let one_pass = plan.options(mean);
     let options = shape.launch_options(client, plan.cube_size, plan.loads_per_step);
     let (logits, grad) = target.into_args();
     // Unchecked: every index is in bounds by construction (clamped or masked in the
     // kernel), and the checked launch's per-lane selects cost about one instruction per
     // element.
     unsafe {
-        cross_entropy_one_pass_kernel::launch_unchecked::<R>(
+        cross_entropy_one_pass_kernel::launch_unchecked(
             client,
             plan.cube_count(shape.rows),
             CubeDim::new_1d(plan.cube_size as u32),
@@ -289,14 +286,14 @@ pub fn launch_one_pass<R: Runtime>(
 /// device when they are equal; the next guess into f32 `next_guess [1]`. `grad` is
 /// `[B, T, V]` with at least one row.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_scale_gradient<R: Runtime>(
-    client: &ComputeClient<R>,
+pub fn launch_scale_gradient(
+    client: &Client,
     shape: RowLaunch,
-    grad: TensorArg<R>,
-    grad_output: TensorArg<R>,
-    guess: TensorArg<R>,
-    next_guess: TensorArg<R>,
-    grad_dtype: StorageType,
+    grad: TensorArg,
+    grad_output: TensorArg,
+    guess: TensorArg,
+    next_guess: TensorArg,
+    grad_dtype: ElemType,
 ) {
     let cube_size = shape.cube_size();
     // As many cubes as the device holds at once, each looping over rows: when the
@@ -313,7 +310,7 @@ pub fn launch_scale_gradient<R: Runtime>(
     // kernel), and the checked launch's per-lane selects cost about one instruction per
     // element.
     unsafe {
-        scale_gradient_kernel::launch_unchecked::<R>(
+        scale_gradient_kernel::launch_unchecked(
             client,
             grid_of(cubes),
             CubeDim::new_1d(cube_size as u32),
@@ -332,16 +329,16 @@ pub fn launch_scale_gradient<R: Runtime>(
 /// Writes `[first bad row, its target]` of `targets` (`[B, T]`) into `result` (`[2]`, the
 /// targets' int type; the row is the number of rows when every target is a class in
 /// `[0, vocab)` or `ignore_index`). One cube.
-pub fn launch_first_bad_target<R: Runtime>(
-    client: &ComputeClient<R>,
-    targets: TensorArg<R>,
-    result: TensorArg<R>,
-    int_dtype: StorageType,
+pub fn launch_first_bad_target(
+    client: &Client,
+    targets: TensorArg,
+    result: TensorArg,
+    int_dtype: ElemType,
     vocab: usize,
     ignore_index: i32,
 ) {
     let cube_size = reduction_units(client);
-    first_bad_target_kernel::launch::<R>(
+    first_bad_target_kernel::launch(
         client,
         CubeCount::Static(1, 1, 1),
         CubeDim::new_1d(cube_size as u32),
@@ -357,14 +354,14 @@ pub fn launch_first_bad_target<R: Runtime>(
 /// The reduced outputs of `N > 0` rows' statistics in one launch (`reduce_stats_kernel`):
 /// `loss [1]` in `float_dtype`, f32 `z_loss [1]`, `accuracy [1]`, `denominators [2]`.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_reduce_stats<R: Runtime>(
-    client: &ComputeClient<R>,
-    stats: TensorArg<R>,
-    loss: TensorArg<R>,
-    z_loss: TensorArg<R>,
-    accuracy: TensorArg<R>,
-    denominators: TensorArg<R>,
-    float_dtype: StorageType,
+pub fn launch_reduce_stats(
+    client: &Client,
+    stats: TensorArg,
+    loss: TensorArg,
+    z_loss: TensorArg,
+    accuracy: TensorArg,
+    denominators: TensorArg,
+    float_dtype: ElemType,
     mean: bool,
     z_loss_on: bool,
     weighted: bool,
@@ -373,7 +370,7 @@ pub fn launch_reduce_stats<R: Runtime>(
     // SAFETY: every index is a row below `stats.shape(1)` or 0/1 of the outputs, which
     // the caller allocates with one and two elements.
     unsafe {
-        reduce_stats_kernel::launch_unchecked::<R>(
+        reduce_stats_kernel::launch_unchecked(
             client,
             CubeCount::Static(1, 1, 1),
             CubeDim::new_1d(cube_size as u32),
@@ -419,16 +416,16 @@ pub struct ShardScalars {
 /// not read them), `stats [COUNT, N]` f32 and `predicted [N]` (the targets' int type; any
 /// buffer without the argmax). One unit per row; `rows > 0`.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_whole_vocabulary_rows<R: Runtime>(
-    client: &ComputeClient<R>,
+pub fn launch_whole_vocabulary_rows(
+    client: &Client,
     rows: usize,
-    summed: TensorArg<R>,
-    targets: TensorArg<R>,
-    class_weights: TensorArg<R>,
-    shard_totals: TensorArg<R>,
-    stats: TensorArg<R>,
-    predicted: TensorArg<R>,
-    int_dtype: StorageType,
+    summed: TensorArg,
+    targets: TensorArg,
+    class_weights: TensorArg,
+    shard_totals: TensorArg,
+    stats: TensorArg,
+    predicted: TensorArg,
+    int_dtype: ElemType,
     scalars: &ShardScalars,
     options: ShardRowsOptions,
 ) {
@@ -437,7 +434,7 @@ pub fn launch_whole_vocabulary_rows<R: Runtime>(
     // the options say were packed, the class weight's index is clamped into `[0, V)` and
     // the shard totals are read at `0..K`.
     unsafe {
-        whole_vocabulary_rows_kernel::launch_unchecked::<R>(
+        whole_vocabulary_rows_kernel::launch_unchecked(
             client,
             cubes,
             cube_dim,
@@ -469,20 +466,20 @@ fn per_row_grid(rows: usize) -> (CubeCount, CubeDim) {
 /// `[1, N]`, `local [N]`, and `first_class [N]` when `smoothing` (any buffer otherwise), in
 /// `int_dtype`. `rows > 0`.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_shard_targets<R: Runtime>(
-    client: &ComputeClient<R>,
+pub fn launch_shard_targets(
+    client: &Client,
     rows: usize,
-    targets: TensorArg<R>,
-    local: TensorArg<R>,
-    first_class: TensorArg<R>,
-    int_dtype: StorageType,
+    targets: TensorArg,
+    local: TensorArg,
+    first_class: TensorArg,
+    int_dtype: ElemType,
     scalars: &ShardScalars,
     smoothing: bool,
 ) {
     let (cubes, cube_dim) = per_row_grid(rows);
     // SAFETY: a unit past the last row returns first; each writes its own row.
     unsafe {
-        shard_targets_kernel::launch_unchecked::<R>(
+        shard_targets_kernel::launch_unchecked(
             client,
             cubes,
             cube_dim,
@@ -502,16 +499,16 @@ pub fn launch_shard_targets<R: Runtime>(
 /// `smoothed` `[COUNT, N]` f32, `predicted [N]`, `logits` bound as `[1, N, V_s]`,
 /// `targets` as `[1, N]`, into `packed [R, N]` f32. `rows > 0`.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_pack_shard_rows<R: Runtime>(
-    client: &ComputeClient<R>,
+pub fn launch_pack_shard_rows(
+    client: &Client,
     rows: usize,
-    own: TensorArg<R>,
-    smoothed: TensorArg<R>,
-    predicted: TensorArg<R>,
-    logits: TensorArg<R>,
-    targets: TensorArg<R>,
-    packed: TensorArg<R>,
-    dtypes: [StorageType; 2],
+    own: TensorArg,
+    smoothed: TensorArg,
+    predicted: TensorArg,
+    logits: TensorArg,
+    targets: TensorArg,
+    packed: TensorArg,
+    dtypes: [ElemType; 2],
     scalars: &ShardScalars,
     options: PackOptions,
 ) {
@@ -520,7 +517,7 @@ pub fn launch_pack_shard_rows<R: Runtime>(
     // SAFETY: a unit past the last row returns first; the argmax column is clamped into
     // the shard's width; each unit writes its own column of `packed`.
     unsafe {
-        pack_shard_rows_kernel::launch_unchecked::<R>(
+        pack_shard_rows_kernel::launch_unchecked(
             client,
             cubes,
             cube_dim,
@@ -548,12 +545,12 @@ pub fn launch_pack_shard_rows<R: Runtime>(
 /// `local_stats [COUNT, N]`, `coefficients [N]` and `smooth [N]` (any buffer without
 /// smoothing). `dtypes`: the logits', the incoming gradient's, the targets'. `rows > 0`.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_shard_gradient_rows<R: Runtime>(
-    client: &ComputeClient<R>,
+pub fn launch_shard_gradient_rows(
+    client: &Client,
     rows: usize,
-    inputs: [TensorArg<R>; 6],
-    outputs: [TensorArg<R>; 4],
-    dtypes: [StorageType; 3],
+    inputs: [TensorArg; 6],
+    outputs: [TensorArg; 4],
+    dtypes: [ElemType; 3],
     scalars: &ShardScalars,
     options: ShardGradientOptions,
 ) {
@@ -570,7 +567,7 @@ pub fn launch_shard_gradient_rows<R: Runtime>(
     // SAFETY: a unit past the last row returns first; `grad_output` is read at the row
     // only when it has one value per row; each unit writes its own row.
     unsafe {
-        shard_gradient_rows_kernel::launch_unchecked::<R>(
+        shard_gradient_rows_kernel::launch_unchecked(
             client,
             cubes,
             cube_dim,

@@ -4,9 +4,12 @@
 //! This crate knows cubecl handles only: no Burn types. `burn-fused-ce` turns Burn tensors
 //! into launch arguments and does the reductions.
 
+// In `#[cube]` bodies values are expand handles, which move: a struct passed twice is
+// cloned there, though its host type is `Copy`.
+#![allow(clippy::clone_on_copy)]
+
 mod backward;
 mod checks;
-mod cuda_injection;
 #[cfg(feature = "cuda-source")]
 pub mod cuda_source;
 mod forward;
@@ -14,9 +17,11 @@ mod launch;
 mod matmul_accumulate;
 mod one_pass;
 mod plan;
+mod ptx;
 mod reduce;
 mod row;
 mod shards;
+mod staged_exps;
 mod sum_writer;
 mod tma_rows;
 mod tuning;
@@ -35,7 +40,7 @@ pub use one_pass::{
     OnePassOptions, PARTIAL_SLOTS, UNPUBLISHED, cross_entropy_one_pass_kernel,
     one_pass_prologue_kernel, scale_slot,
 };
-pub use plan::{LossSettings, MAX_CHUNKS, OnePassPlan, RowLaunch};
+pub use plan::{LossSettings, OnePassPlan, RowLaunch};
 pub use reduce::{ReduceOptions, reduce_stats_kernel};
 pub use row::{RUNNING_MAX_START, RowOptions, RowScalars, RowScalarsLaunch};
 pub use shards::{
@@ -44,7 +49,7 @@ pub use shards::{
     whole_vocabulary_rows_kernel,
 };
 pub use tma_rows::{has_tma, tma_readable, tma_readable_copy};
-pub use tuning::{CacheHints, KernelTuning, TuningError};
+pub use tuning::{CacheHints, KernelTuning, MAX_CHUNKS, TuningError};
 
 /// Rows of the per-row statistics matrix `[COUNT, N]` (f32) that forward writes; each row
 /// of it is contiguous. Ignored rows are 0 in every statistic.

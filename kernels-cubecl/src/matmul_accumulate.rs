@@ -1,45 +1,73 @@
-//! `out += lhs rhs` in place: cubek-matmul's specialized TMA kernel (the kernel Burn's
-//! autotune picks for the fused linear cross-entropy's weight-gradient shapes on Hopper)
-//! with a writer that adds each output vector's value to the product before writing it
-//! ([`crate::sum_writer`]). The fused linear cross-entropy sums its weight gradient over
-//! the chunks with it, so that no chunk's `[H, V]` product is ever whole beside the sum.
+//! `out += lhs rhs` in place: a cubek-matmul kernel with a writer that adds each output
+//! vector's value to the product before writing it ([`crate::sum_writer`]). The fused
+//! linear cross-entropy sums its weight gradient over the chunks with it, so that no
+//! chunk's `[H, V]` product is ever whole beside the sum.
+//!
+//! The kernel is chosen by the device, as cubek's own strategies are:
+//! - with TMA, the specialized routine of cubek's `SpecializedTmaMma` strategy
+//!   (warp-specialized, TMA loads, `mma` tiles), the kind of kernel Burn's autotune picks
+//!   for the fused linear cross-entropy's weight-gradient shapes on Hopper;
+//! - elsewhere, the double-buffered routine of its `DoubleCyclicMma` / `DoubleCyclicCmma`
+//!   strategies, on `mma` tiles or else cooperative-matrix ones: plain cyclic loads, no
+//!   TMA, barrier or async copy, none of which cubecl-cuda 0.11's default LLVM backend
+//!   advertises, even on Hopper.
+//!
+//! Where neither runs (no tile instruction for the dtypes, a shape or alignment the
+//! kernel refuses) [`launch_matmul_accumulate`] returns the error, and callers form the
+//! product and add it.
 //!
 //! The product is accumulated and written through an f32 stage whatever `out`'s dtype, so
 //! that the sum rounds once, to `out`'s dtype.
 
-use cubecl::prelude::TensorBinding;
+use std::marker::PhantomData;
+
 use cubecl::{
-    Runtime,
-    client::ComputeClient,
+    client::Client,
     features::TypeUsage,
-    ir::{AddressType, StorageType},
+    ir::{AddressType, ElemType},
+    prelude::*,
     zspace::{Shape, Strides},
 };
 use cubek::matmul::{
-    components::{
-        batch::{BatchMatmulFamily, PartitionedBatchMatmulFamily, RowMajorGlobalPartitionMatmul},
-        global::{
-            multi_stage::specialized::SpecializedMatmulFamily,
-            read::{
-                async_partial_tma::AsyncPartialTmaLoading,
-                sync_full_strided::SyncFullStridedLoading,
-            },
-        },
-        stage::{PlaneMatmulFamily, StridedStageFamily},
-        tile::TileMatmulKind,
-    },
     definition::{
         AvailableVectorSizes, MatmulAvailabilityError, MatmulElems, MatmulGlobalElems,
-        MatmulProblem, MatmulSetupError, MultiRowStrategy, TilingBlueprint,
+        MatmulProblem, MatmulSetupError, MatmulVectorSizes,
     },
-    launch::{
-        ConcreteInputsFactory, ConcreteOutputFactory, InputArg, OutputArg, TensorMapArgs,
+    multi_level::{
+        BatchMatmulRoutine, ExpandInfo, LaunchInfo,
+        args::{
+            ConcreteInputsFactory, ConcreteOutputFactory, ConfigRuntimeArg, InputArg,
+            InputRuntimeArg, MatmulArgs, OutputArg, OutputRuntimeArg, TensorArgs, TensorMapArgs,
+        },
+        batch_validate_blueprint,
+        components::{
+            batch::{
+                BatchMatmulFamily, PartitionedBatchMatmulFamily, RowMajorGlobalPartitionMatmul,
+            },
+            global::{
+                multi_stage::{
+                    double_buffering::DoubleBufferingMatmulFamily,
+                    specialized::SpecializedMatmulFamily,
+                },
+                read::{
+                    async_partial_tma::AsyncPartialTmaLoading,
+                    sync_full_cyclic::SyncFullCyclicLoading,
+                    sync_full_strided::SyncFullStridedLoading,
+                    sync_partial_cyclic::SyncPartialCyclicLoading,
+                },
+            },
+            stage::{NumStages, PlanePartitioner},
+            tile::TileMatmulKind,
+        },
+        definition::{BatchMatmulBlueprint, CubeMappingLaunch, MultiRowStrategy},
         launch_kernel,
+        routines::{
+            PlaneTilingBlueprintOptions, batch::specialized::SpecializedStrategy,
+            infer_blueprint_plane,
+        },
+        tile::RowMajorTilingOrder,
     },
-    routines::{
-        BlueprintStrategy, DeviceSettings, ExpandInfo, LaunchInfo, PlaneTilingBlueprintOptions,
-        Routine, infer_blueprint_plane, specialized::SpecializedStrategy,
-    },
+    routine::{BlueprintStrategy, DeviceSettings, Routine},
 };
 use cubek::std::{
     InputBinding,
@@ -49,48 +77,149 @@ use cubek::std::{
 use crate::sum_writer::SumPlaneWriterFamily;
 use crate::tma_rows::{has_tma, tma_readable};
 
-/// The routine: cubek-matmul's specialized one (warp-specialized, TMA loads, `mma`
-/// tiles) with the summing writer, and no accumulator read before the main loop.
-struct SpecializedSum;
+/// One of the kernels, as cubek builds it, with the summing writer in place of cubek's
+/// plane writer, and no accumulator read before the main loop.
+trait SumKernel: 'static + Send + Sync {
+    /// The batch-level kernel.
+    type Family: BatchMatmulFamily<(), Blueprint = BatchMatmulBlueprint>;
+    /// Whether its planes are split into loading and computing ones.
+    const SPECIALIZED: bool;
+    /// The tile instructions it is tried on, in order.
+    const TILES: &'static [TileMatmulKind];
 
-/// [`SpecializedSum`]'s kernel: cubek-matmul's `SpecializedAlgorithm`'s, writer aside.
-type SpecializedSumMatmul = PartitionedBatchMatmulFamily<
-    (),
-    SpecializedMatmulFamily<
-        PlaneMatmulFamily<StridedStageFamily, StridedStageFamily, Option<StridedStageFamily>>,
+    /// The vector sizes its loads may take, for the given dtypes.
+    fn vector_sizes(client: &Client, dtypes: &MatmulElems) -> AvailableVectorSizes;
+}
+
+/// cubek's `SpecializedAlgorithm` (TMA loads of both operands), writer aside.
+struct Specialized;
+
+impl SumKernel for Specialized {
+    type Family = PartitionedBatchMatmulFamily<
         (),
-        AsyncPartialTmaLoading,
-        SyncFullStridedLoading,
-        SumPlaneWriterFamily,
-    >,
-    RowMajorGlobalPartitionMatmul,
->;
+        SpecializedMatmulFamily<
+            PlanePartitioner,
+            (),
+            AsyncPartialTmaLoading,
+            SyncFullStridedLoading,
+            SumPlaneWriterFamily,
+        >,
+        RowMajorGlobalPartitionMatmul,
+    >;
+    const SPECIALIZED: bool = true;
+    const TILES: &'static [TileMatmulKind] = &[TileMatmulKind::Mma];
 
-impl Routine<()> for SpecializedSum {
+    fn vector_sizes(client: &Client, dtypes: &MatmulElems) -> AvailableVectorSizes {
+        AvailableVectorSizes::from_type_size_tma(client, dtypes.acc_global.size())
+    }
+}
+
+/// cubek's `CyclicDoubleBufferingAlgorithm` (synchronous cyclic loads), writer aside.
+struct DoubleBuffered;
+
+impl SumKernel for DoubleBuffered {
+    type Family = PartitionedBatchMatmulFamily<
+        (),
+        DoubleBufferingMatmulFamily<
+            PlanePartitioner,
+            (),
+            SyncPartialCyclicLoading<RowMajorTilingOrder>,
+            SyncPartialCyclicLoading<RowMajorTilingOrder>,
+            SyncFullCyclicLoading<RowMajorTilingOrder>,
+            SumPlaneWriterFamily,
+        >,
+        RowMajorGlobalPartitionMatmul,
+    >;
+    const SPECIALIZED: bool = false;
+    const TILES: &'static [TileMatmulKind] = &[TileMatmulKind::Mma, TileMatmulKind::Cmma];
+
+    fn vector_sizes(client: &Client, dtypes: &MatmulElems) -> AvailableVectorSizes {
+        AvailableVectorSizes::from_type_sizes(
+            client,
+            dtypes.lhs_global.size(),
+            dtypes.rhs_global.size(),
+            dtypes.acc_global.size(),
+        )
+    }
+}
+
+/// The routine of kernel `K`, as cubek's launch functions take one.
+struct SumRoutine<K>(PhantomData<K>);
+
+impl<K: SumKernel> Routine<()> for SumRoutine<K> {
     type Strategy = SpecializedStrategy;
-    type Blueprint = TilingBlueprint;
-    type Config = <SpecializedSumMatmul as BatchMatmulFamily<()>>::Config;
-    type BatchMatmul = SpecializedSumMatmul;
+    type Blueprint = BatchMatmulBlueprint;
+}
 
-    fn expand_blueprint<R: Runtime>(
+impl<K: SumKernel> BatchMatmulRoutine<()> for SumRoutine<K> {
+    fn launch<MA: MatmulArgs<Config = ()>>(
+        client: &Client,
+        cube_dim: CubeDim,
+        cube_count: CubeCount,
+        address_type: AddressType,
+        input: InputRuntimeArg<MA>,
+        output: OutputRuntimeArg<MA>,
+        config: ConfigRuntimeArg<MA>,
+        cube_mapping: CubeMappingLaunch,
+        blueprint: BatchMatmulBlueprint,
+        dtypes: &MatmulElems,
+        vector_sizes: &MatmulVectorSizes,
+    ) -> Result<(), MatmulSetupError> {
+        // SAFETY: as cubek's own routines launch it, after `prepare` validated the
+        // blueprint against the problem; the views check their bounds.
+        unsafe {
+            K::Family::launch_unchecked::<MA>(
+                client,
+                cube_dim,
+                cube_count,
+                address_type,
+                input,
+                output,
+                config,
+                cube_mapping,
+                blueprint,
+                dtypes,
+                vector_sizes,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn validate_blueprint(
+        client: &Client,
+        blueprint: &BatchMatmulBlueprint,
         problem: &MatmulProblem,
-        settings: &DeviceSettings<R>,
+        dtypes: &MatmulElems,
+        vector_sizes: &MatmulVectorSizes,
+    ) -> Result<(), MatmulSetupError> {
+        batch_validate_blueprint::<K::Family, ()>(client, blueprint, problem, dtypes, vector_sizes)
+    }
+
+    fn num_stages() -> NumStages {
+        K::Family::num_stages()
+    }
+
+    fn expand_blueprint(
+        problem: &MatmulProblem,
+        settings: &DeviceSettings,
         strategy: &BlueprintStrategy<(), Self>,
-    ) -> Result<ExpandInfo<TilingBlueprint>, MatmulSetupError> {
+    ) -> Result<ExpandInfo<BatchMatmulBlueprint>, MatmulSetupError> {
         match strategy {
             BlueprintStrategy::Forced(blueprint) => Ok(ExpandInfo {
                 blueprint: blueprint.clone(),
                 dtypes: stage_dtypes(problem, blueprint.tile_matmul),
             }),
-            BlueprintStrategy::Inferred(_) => self::blueprint(problem, settings, PlaneRows::One),
+            BlueprintStrategy::Inferred(_) => {
+                self::blueprint::<K>(problem, settings, K::TILES[0], PlaneRows::One)
+            }
         }
     }
 
-    fn prepare<R: Runtime>(
+    fn prepare(
         problem: &MatmulProblem,
-        settings: &DeviceSettings<R>,
-        expand_info: ExpandInfo<TilingBlueprint>,
-    ) -> Result<LaunchInfo<TilingBlueprint>, MatmulSetupError> {
+        settings: &DeviceSettings,
+        expand_info: ExpandInfo<BatchMatmulBlueprint>,
+    ) -> Result<LaunchInfo<BatchMatmulBlueprint>, MatmulSetupError> {
         let ExpandInfo { blueprint, dtypes } = expand_info;
         Self::validate_blueprint(
             &settings.client,
@@ -99,8 +228,7 @@ impl Routine<()> for SpecializedSum {
             &dtypes,
             &settings.vector_sizes,
         )?;
-        let resource =
-            Self::BatchMatmul::cubedim_resource(&blueprint, &dtypes, &settings.vector_sizes)?;
+        let resource = K::Family::cubedim_resource(&blueprint, &dtypes, &settings.vector_sizes)?;
         LaunchInfo::new(blueprint, dtypes, problem, resource, settings)
     }
 }
@@ -148,27 +276,23 @@ impl PlaneRows {
 /// `out += lhs rhs` for `lhs [M, K]`, `rhs [K, N]` and `out [M, N]` of the given dtypes,
 /// `out` updated in place; or for a batch of them (`[B, M, K]`, `[B, K, N]`, `[B, M, N]`,
 /// each operand's batch at any stride: slices of one matrix, [`split_k_slices`]). `lhs`
-/// and `rhs` may be transposed views (TMA reads either layout); `out`'s rows must be
-/// contiguous (its row stride may be padded, as CUDA allocations are). `rows`: the tiling
-/// ([`PlaneRows::for_product`] picks it from the shape). An error where the device
-/// has no TMA, or the shapes, layouts or alignment do not suit the kernel: callers then
-/// form the product and add it.
-pub fn launch_matmul_accumulate<R: Runtime>(
-    client: &ComputeClient<R>,
-    lhs: (TensorBinding<R>, StorageType),
-    rhs: (TensorBinding<R>, StorageType),
-    out: (TensorBinding<R>, StorageType),
+/// and `rhs` may be transposed views; `out`'s rows must be contiguous (its row stride may
+/// be padded, as CUDA allocations are). `rows`: the tiling ([`PlaneRows::for_product`]
+/// picks it from the shape). On a device with TMA, the specialized kernel, which also
+/// needs each operand TMA-readable ([`tma_readable`]); elsewhere the double-buffered one
+/// (module docs). An error where the kernel does not suit the device, the dtypes, the
+/// shapes, layouts or alignment: callers then form the product and add it.
+pub fn launch_matmul_accumulate(
+    client: &Client,
+    lhs: (TensorBinding, ElemType),
+    rhs: (TensorBinding, ElemType),
+    out: (TensorBinding, ElemType),
     rows: PlaneRows,
 ) -> Result<(), MatmulSetupError> {
     if !has_tma(client) {
-        return Err(MatmulSetupError::Unavailable(
-            MatmulAvailabilityError::TmaUnavailable,
-        ));
+        return launch_with::<DoubleBuffered, TensorArgs>(client, lhs, rhs, out, rows);
     }
-    let (lhs, lhs_dtype) = lhs;
-    let (rhs, rhs_dtype) = rhs;
-    let (out, out_dtype) = out;
-    if ![(&lhs, lhs_dtype), (&rhs, rhs_dtype), (&out, out_dtype)]
+    if ![(&lhs.0, lhs.1), (&rhs.0, rhs.1), (&out.0, out.1)]
         .into_iter()
         .all(|(binding, dtype)| tma_readable(binding, dtype))
     {
@@ -176,6 +300,21 @@ pub fn launch_matmul_accumulate<R: Runtime>(
             MatmulAvailabilityError::TmaUnavailable,
         ));
     }
+    launch_with::<Specialized, TensorMapArgs>(client, lhs, rhs, out, rows)
+}
+
+/// [`launch_matmul_accumulate`] by kernel `K`, its operands passed as `MA` takes them.
+fn launch_with<K: SumKernel, MA: MatmulArgs<Config = ()>>(
+    client: &Client,
+    (lhs, lhs_dtype): (TensorBinding, ElemType),
+    (rhs, rhs_dtype): (TensorBinding, ElemType),
+    (out, out_dtype): (TensorBinding, ElemType),
+    rows: PlaneRows,
+) -> Result<(), MatmulSetupError>
+where
+    InputArg<MA>: ConcreteInputsFactory<SumRoutine<K>>,
+    OutputArg<MA>: ConcreteOutputFactory<SumRoutine<K>>,
+{
     let dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
         lhs: lhs_dtype,
         rhs: rhs_dtype,
@@ -184,7 +323,7 @@ pub fn launch_matmul_accumulate<R: Runtime>(
     let lhs = InputBinding::new(lhs, lhs_dtype);
     let rhs = InputBinding::new(rhs, rhs_dtype);
     let out_address = out.required_address_type(dtypes.acc_global.size());
-    let (problem, launch_info) = plan(
+    let (problem, launch_info) = plan::<K>(
         client,
         (&lhs, &rhs),
         (out.shape.clone(), out.strides.clone(), out_address),
@@ -192,7 +331,7 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         rows,
     )?;
 
-    let input = <InputArg<TensorMapArgs> as ConcreteInputsFactory<SpecializedSum>>::create(
+    let input = <InputArg<MA> as ConcreteInputsFactory<SumRoutine<K>>>::create(
         lhs,
         rhs,
         &launch_info.blueprint,
@@ -200,25 +339,26 @@ pub fn launch_matmul_accumulate<R: Runtime>(
         &launch_info.vector_sizes,
         &launch_info.dtypes,
     );
-    let output = <OutputArg<TensorMapArgs> as ConcreteOutputFactory<SpecializedSum>>::create(
+    let output = <OutputArg<MA> as ConcreteOutputFactory<SumRoutine<K>>>::create(
         out,
         &launch_info.blueprint,
         &problem,
         &launch_info.vector_sizes,
         &launch_info.dtypes,
     );
-    launch_kernel::<TensorMapArgs, R, SpecializedSum>(client, input, output, (), launch_info)
+    launch_kernel::<MA, SumRoutine<K>>(client, input, output, (), launch_info)
 }
 
-/// The problem and the kernel's launch for `lhs rhs` into an output of the given shape,
-/// strides and address type, of the given dtypes, tiled as `rows` says.
-fn plan<R: Runtime>(
-    client: &ComputeClient<R>,
-    (lhs, rhs): (&InputBinding<R>, &InputBinding<R>),
+/// The problem and kernel `K`'s launch for `lhs rhs` into an output of the given shape,
+/// strides and address type, of the given dtypes, tiled as `rows` says: on the first of
+/// `K`'s tile instructions that takes it.
+fn plan<K: SumKernel>(
+    client: &Client,
+    (lhs, rhs): (&InputBinding, &InputBinding),
     (out_shape, out_strides, out_address): (Shape, Strides, AddressType),
     dtypes: MatmulElems,
     rows: PlaneRows,
-) -> Result<(MatmulProblem, LaunchInfo<TilingBlueprint>), MatmulSetupError> {
+) -> Result<(MatmulProblem, LaunchInfo<BatchMatmulBlueprint>), MatmulSetupError> {
     let features = &client.properties().features;
     for dtype in [dtypes.lhs_global, dtypes.rhs_global, dtypes.acc_global] {
         if !features.type_usage(dtype).contains(TypeUsage::Conversion) {
@@ -247,18 +387,22 @@ fn plan<R: Runtime>(
         None,
         None,
     )?;
-    let vector_sizes = AvailableVectorSizes::from_type_size_tma(client, dtypes.acc_global.size())
+    let vector_sizes = K::vector_sizes(client, &dtypes)
         .filter_lhs_with_tensor(&problem.lhs_strides, &problem.lhs_shape, problem.lhs_layout)
         .filter_rhs_with_tensor(&problem.rhs_strides, &problem.rhs_shape, problem.rhs_layout)
         .filter_out_with_tensor(&problem.out_strides, &problem.out_shape)
         .pick_max()?;
-    let settings = <SpecializedSum as Routine<()>>::device_settings(client, vector_sizes);
-    let launch_info = <SpecializedSum as Routine<()>>::prepare(
-        &problem,
-        &settings,
-        blueprint(&problem, &settings, rows)?,
-    )?;
-    Ok((problem, launch_info))
+    let settings = SumRoutine::<K>::device_settings(client, vector_sizes);
+    let mut refusal = None;
+    for &tile in K::TILES {
+        let launch_info = blueprint::<K>(&problem, &settings, tile, rows)
+            .and_then(|expand_info| SumRoutine::<K>::prepare(&problem, &settings, expand_info));
+        match launch_info {
+            Ok(launch_info) => return Ok((problem, launch_info)),
+            Err(error) => refusal = Some(error),
+        }
+    }
+    Err(refusal.expect("every kernel has a tile instruction to try"))
 }
 
 /// Fewest columns of the inner dimension in one slice of a split product.
@@ -276,18 +420,19 @@ const SLICE_STEP: usize = 64;
 /// ([`launch_matmul_accumulate`] on `[slices, M, slice]` by `[slices, slice, N]` views)
 /// fill the device's SMs better than one product does: `(slices, slice)`, the columns
 /// past `slices * slice` left over. One slice where the product alone fills them as well
-/// (a product with many output tiles) or where the kernel cannot run.
+/// (a product with many output tiles), where the kernel cannot run, or where the device
+/// has no TMA: the model below is the specialized kernel's.
 ///
 /// The kernel runs one cube per SM at a time, all cubes of a launch over the same inner
 /// length, so a launch takes `ceil(cubes / SMs)` equal waves: a chunk's hidden-state
 /// gradient of `chunk x H` (96 tiles of 256 x 128 for 1536 x 2048) leaves 36 of the 132
 /// SMs of an H200 idle for its whole inner dimension (the vocabulary); in 4 slices, 384
 /// tiles a fourth as long fill 3 waves.
-pub fn split_k_slices<R: Runtime>(
-    client: &ComputeClient<R>,
-    lhs: (&TensorBinding<R>, StorageType),
-    rhs: (&TensorBinding<R>, StorageType),
-    out_dtype: StorageType,
+pub fn split_k_slices(
+    client: &Client,
+    lhs: (&TensorBinding, ElemType),
+    rhs: (&TensorBinding, ElemType),
+    out_dtype: ElemType,
 ) -> (usize, usize) {
     let inner = lhs.0.shape[lhs.0.shape.len() - 1];
     let whole = (1, inner);
@@ -311,7 +456,9 @@ pub fn split_k_slices<R: Runtime>(
         InputBinding::new(rhs.0.clone(), rhs.1),
     );
     // The tiling does not change the output tiles, hence the cube count.
-    let Ok((_, launch_info)) = plan(client, (&lhs, &rhs), out, dtypes, PlaneRows::One) else {
+    let Ok((_, launch_info)) =
+        plan::<Specialized>(client, (&lhs, &rhs), out, dtypes, PlaneRows::One)
+    else {
         return whole;
     };
     slices_for(
@@ -354,27 +501,28 @@ fn problem_cubes(plan: &CubeCountPlan) -> u64 {
     count.x as u64 * count.y as u64 * count.z as u64
 }
 
-/// The specialized routine's own blueprint inference for `mma` tiles, with two changes:
-/// the accumulator's stage is f32 ([`stage_dtypes`]), and each plane takes the rows of
-/// tiles `rows` says (cubek's default gives planes two rows on tall problems, whatever
-/// their inner length).
-fn blueprint<R: Runtime>(
+/// Kernel `K`'s routine's own blueprint inference on `tile` instructions, with two
+/// changes: the accumulator's stage is f32 ([`stage_dtypes`]), and each plane takes the
+/// rows of tiles `rows` says (cubek's default gives planes two rows on tall problems,
+/// whatever their inner length).
+fn blueprint<K: SumKernel>(
     problem: &MatmulProblem,
-    settings: &DeviceSettings<R>,
+    settings: &DeviceSettings,
+    tile: TileMatmulKind,
     rows: PlaneRows,
-) -> Result<ExpandInfo<TilingBlueprint>, MatmulSetupError> {
-    let tile_matmul = TileMatmulKind::Mma;
-    let (blueprint, mut dtypes) = infer_blueprint_plane::<R>(
-        tile_matmul,
+) -> Result<ExpandInfo<BatchMatmulBlueprint>, MatmulSetupError> {
+    let (blueprint, mut dtypes) = infer_blueprint_plane(
+        tile,
         &settings.client,
         problem,
         settings.plane_dim,
-        stage_dtypes(problem, tile_matmul),
+        stage_dtypes(problem, tile),
         &settings.vector_sizes,
         PlaneTilingBlueprintOptions {
-            specialized: true,
+            specialized: K::SPECIALIZED,
             multi_row_strategy: rows.strategy(),
-            swizzled: tile_matmul.should_swizzle(&settings.client),
+            swizzled: tile.should_swizzle(&settings.client),
+            stage_buffering: K::Family::num_stages().stage_buffering(),
             ..Default::default()
         },
     )?;
@@ -382,12 +530,13 @@ fn blueprint<R: Runtime>(
     Ok(ExpandInfo { blueprint, dtypes })
 }
 
-/// The problem's element types as the specialized routine stages them, except the
-/// accumulator's stage (the writer's), which is the accumulator's own type (f32): the
-/// writer adds the output to the product before the one rounding to the output's type.
-fn stage_dtypes(problem: &MatmulProblem, tile_matmul: TileMatmulKind) -> MatmulElems {
+/// The problem's element types as cubek's routines stage them on `tile` instructions,
+/// except the accumulator's stage (the writer's), which is the accumulator's own type
+/// (f32): the writer adds the output to the product before the one rounding to the
+/// output's type.
+fn stage_dtypes(problem: &MatmulProblem, tile: TileMatmulKind) -> MatmulElems {
     let mut dtypes = MatmulElems::from_globals(&problem.global_dtypes);
-    if tile_matmul.can_cast_stage_element() {
+    if tile.can_cast_stage_element() {
         dtypes.adjust_stage_dtypes();
     }
     dtypes.acc_stage = dtypes.acc_register;

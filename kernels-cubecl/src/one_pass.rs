@@ -21,15 +21,17 @@
 use cubecl::prelude::*;
 
 use crate::backward::{
-    RowGradient, gradient_coefficients, gradient_from_probs, incoming_scales,
-    store_gradient_vector, write_gradient_span, zero_vectors,
+    gradient_coefficients, incoming_scales, store_gradient_vector, write_gradient_span,
+    zero_vectors,
 };
-use crate::cuda_injection::{cache_hints, declare_cache_hints, redefine_cuda_fast_exp};
 use crate::forward::{finish_row, write_ignored_row};
+use crate::ptx::{load_vector, store_vector};
 use crate::row::{
-    RUNNING_MAX_START, RowOptions, RowScalars, RowState, absorb_held_target, cube_merge, fast_exp,
-    fast_exp_scalar, is_class, lane_max, lane_sum, mean_denominators, read_target, reduce_span,
-    row_offset, target_share, weights_vector,
+    RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, fast_exp_scalar, is_class,
+    mean_denominators, read_target, reduce_span, row_offset, target_share,
+};
+use crate::staged_exps::{
+    gradient_from_staged_exps, reduce_chunk_staging_exps, write_staged_exps_gradient,
 };
 
 /// Where each value of a chunk's partial state lives among its `PARTIAL_SLOTS` slots of
@@ -70,14 +72,25 @@ pub struct OnePassOptions {
     /// reference maximum per unit and step, so their gradient is one multiply per element
     /// instead of an exponential (not with softcap, whose derivative needs the logits).
     pub staged_exps: bool,
-    /// CUDA only (see `KernelTuning::cache_hints` and `declare_cache_hints`): bit 0, the loads of the logits that are not read
+    /// Inline PTX, so only where the CUDA runtime compiles through CUDA C++ (see
+    /// `KernelTuning::cache_hints`): bit 0, the loads of the logits that are not read
     /// again from L2 (the staged part, the re-read part's second read) as `ld.global.cs`;
-    /// bit 1, the gradient's stores as `st.global.cs`. Both evict first from L2, leaving
-    /// it to the unstaged part the gradient pass re-reads. 0: plain loads and stores.
+    /// bit 1, the gradient's stores as `st.global.cs` (`ptx::load_vector`,
+    /// `ptx::store_vector`). Both evict first from L2, leaving it to the unstaged part the
+    /// gradient pass re-reads. 0: plain loads and stores.
     pub cache_hints: u32,
-    /// The gradient is written over the logits (an alias of input 0), else into a buffer
-    /// of its own: only the CUDA C++ names of the buffers differ (`cache_hints`).
-    pub gradient_in_place: bool,
+}
+
+impl OnePassOptions {
+    /// The logits' loads that are not read again use `ld.global.cs`.
+    pub(crate) fn stream_loads(&self) -> bool {
+        self.cache_hints & 1 != 0
+    }
+
+    /// The gradient's stores use `st.global.cs`.
+    pub(crate) fn stream_stores(&self) -> bool {
+        self.cache_hints & 2 != 0
+    }
 }
 
 /// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
@@ -117,7 +130,7 @@ pub fn one_pass_prologue_kernel<I: Int>(
     #[comptime] options: RowOptions,
     #[comptime] mean: bool,
     #[comptime] given_denominators: bool,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let len = partials.len();
     let stride = CUBE_COUNT * CUBE_DIM as usize;
@@ -143,7 +156,7 @@ pub fn one_pass_prologue_kernel<I: Int>(
                 class_weights,
                 rows,
                 vocab as usize,
-                scalars,
+                scalars.clone(),
                 options,
             );
             if UNIT_POS == 0 {
@@ -175,11 +188,8 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
     scalars: RowScalars,
     #[comptime] options: RowOptions,
     #[comptime] one_pass: OnePassOptions,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    redefine_cuda_fast_exp(options.exp_flush_to_zero);
-    declare_cache_hints(one_pass.cache_hints, one_pass.gradient_in_place);
-    cache_hints(one_pass.cache_hints, true);
     let rows = stats.shape(1);
     let vector_size = logits.vector_size();
     let vectors_per_row = logits.shape(2) / vector_size;
@@ -187,7 +197,7 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
     let chunks = vectors_per_row.div_ceil(chunk_vectors);
 
     // The chunk: the next ticket, in the order cubes start.
-    let mut shared_ticket = SharedMemory::<u32>::new(1usize);
+    let mut shared_ticket = Shared::<[u32]>::new_slice(1usize);
     if UNIT_POS == 0 {
         shared_ticket[0] = u32::cast_from(tickets[0].fetch_add(i32::new(1)));
     }
@@ -204,8 +214,14 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
     let target = read_target::<I>(targets, row);
     if target == scalars.ignore_index {
         // Nobody waits for an ignored row's chunks: they publish nothing.
-        let out_start = row_offset::<Vector<F, N>>(grad, row) / grad.vector_size() + first;
-        zero_vectors::<F, N>(grad, out_start, len, options.cube_size);
+        let out_start = row_offset::<Vector<F, N>>(&*grad, row) / grad.vector_size() + first;
+        zero_vectors::<F, N>(
+            grad,
+            out_start,
+            len,
+            options.cube_size,
+            comptime!(one_pass.stream_stores()),
+        );
         if chunk == 0 && UNIT_POS == 0 {
             write_ignored_row::<I>(stats, predicted, row, options);
         }
@@ -219,13 +235,13 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
             predicted,
             grad,
             partials,
-            row,
+            row.clone(),
             chunk,
             chunks,
             first,
             len,
             target,
-            scalars,
+            scalars.clone(),
             options,
             one_pass,
         );
@@ -257,16 +273,19 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
     #[comptime] one_pass: OnePassOptions,
 ) {
     let cube_size = options.cube_size;
+    let stream_loads = comptime!(one_pass.stream_loads());
+    let stream_stores = comptime!(one_pass.stream_stores());
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
     let target_is_class = is_class(target, vocab);
     // When the target is not a class, `target_col` is one no unit reaches.
     let target_col = select(target_is_class, usize::cast_from(target), vocab);
-    let mut staged = SharedMemory::<Vector<F, N>>::new(comptime!(if one_pass.staged_vectors > 0 {
-        one_pass.staged_vectors
-    } else {
-        1
-    }));
+    let mut staged =
+        Shared::<[Vector<F, N>]>::new_slice(comptime!(if one_pass.staged_vectors > 0 {
+            one_pass.staged_vectors
+        } else {
+            1
+        }));
 
     // 1. Reduce the chunk, keeping it in shared memory when it fits.
     let row_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
@@ -282,11 +301,10 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
             &mut staged,
             options,
             one_pass.staged_vectors,
-            one_pass.cache_hints,
+            stream_loads,
         )
     } else {
         // Staged and unstaged vectors come through the same loads here: plain ones.
-        cache_hints(one_pass.cache_hints, false);
         let state = reduce_span::<F, N>(
             logits,
             row_start,
@@ -299,13 +317,12 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
             options,
             one_pass.staged_vectors,
         );
-        cache_hints(one_pass.cache_hints, true);
         (state, f32::new(0.0))
     };
     let target_vector = target_col / vector_size;
     let chunk_has_target = target_vector >= first && target_vector < first + len;
     let (holds_target, target_at) = target_share(target_vector, first, len, cube_size);
-    let mut shared_target_logit = SharedMemory::<f32>::new(1usize);
+    let mut shared_target_logit = Shared::<[f32]>::new_slice(1usize);
     if holds_target {
         shared_target_logit[0] = state.target_logit;
     }
@@ -330,7 +347,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         }
         partials[base + slot::MAX].store(published_bits(merged.max));
     }
-    let mut gathered = SharedMemory::<i32>::new(comptime!(one_pass.max_chunks * PARTIAL_SLOTS));
+    let mut gathered = Shared::<[i32]>::new_slice(comptime!(one_pass.max_chunks * PARTIAL_SLOTS));
     // Unit `u` waits for slot `u % PARTIAL_SLOTS` of chunk `u / PARTIAL_SLOTS` when the
     // options use that slot. (A unit never loops over several slots: cubecl 0.10 made a
     // `break` inside nested loops leave the outer one too.)
@@ -407,9 +424,9 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         weight_total,
         stats,
         predicted,
-        row,
+        row.clone(),
         chunk == 0 && UNIT_POS == 0,
-        scalars,
+        scalars.clone(),
         options,
     );
 
@@ -425,12 +442,12 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         class_weights,
         weight_total,
         vocab,
-        scalars,
+        scalars.clone(),
         options,
     );
-    let out_start = row_offset::<Vector<F, N>>(grad, row) / vector_size;
+    let out_start = row_offset::<Vector<F, N>>(&*grad, row) / vector_size;
     if !target_is_class {
-        zero_vectors::<F, N>(grad, out_start + first, len, cube_size);
+        zero_vectors::<F, N>(grad, out_start + first, len, cube_size, stream_stores);
     } else {
         let in_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
         // A select, not `min`: cubecl 0.10 types the constant as 32 bits, and NVRTC finds
@@ -440,7 +457,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         // target, then fixed from its logits read before the loop.
         let target_staged = target_at < staged_len;
         let target_in_stage = staged[select(target_staged, target_at, 0usize)];
-        let target_logits = logits[in_start + first + target_at];
+        let target_logits = load_vector::<F, N>(logits, in_start + first + target_at, stream_loads);
         let target_values = select(
             target_staged && comptime!(!one_pass.staged_exps),
             target_in_stage,
@@ -455,11 +472,13 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
                 out_start,
                 first + staged_len,
                 len - staged_len,
-                row_grad,
+                row_grad.clone(),
                 class_weights,
                 scalars.softcap,
                 options,
                 one_pass.reread_loads,
+                stream_loads,
+                stream_stores,
             );
         }
         if comptime!(one_pass.staged_exps) {
@@ -471,8 +490,9 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
                 &staged,
                 reference,
                 class_weights,
-                row_grad,
+                row_grad.clone(),
                 options,
+                stream_stores,
             );
         } else {
             let mut local = UNIT_POS as usize;
@@ -484,10 +504,11 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
                     first + local,
                     staged[local],
                     class_weights,
-                    row_grad,
+                    row_grad.clone(),
                     scalars.softcap,
                     options,
                     false,
+                    stream_stores,
                 );
                 local += cube_size;
             }
@@ -497,16 +518,19 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         let from_exps = holds_target && target_staged && comptime!(one_pass.staged_exps);
         if comptime!(one_pass.staged_exps) {
             if from_exps {
-                let coefficient = fast_exp_scalar(reference - row_grad.lse) * row_grad.prob_coef;
-                grad[out_start + first + target_at] = gradient_from_staged_exps::<F, N>(
+                let coefficient =
+                    fast_exp_scalar(reference - row_grad.lse, options.exp_flush_to_zero)
+                        * row_grad.prob_coef;
+                let value = gradient_from_staged_exps::<F, N>(
                     target_in_stage,
                     coefficient,
                     class_weights,
                     (first + target_at) * vector_size,
-                    row_grad,
+                    row_grad.clone(),
                     options,
                     true,
                 );
+                store_vector::<F, N>(grad, out_start + first + target_at, value, stream_stores);
             }
         }
         if holds_target && !from_exps {
@@ -516,370 +540,12 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
                 first + target_at,
                 target_values,
                 class_weights,
-                row_grad,
+                row_grad.clone(),
                 scalars.softcap,
                 options,
                 true,
+                stream_stores,
             );
         }
     }
-}
-
-/// [`reduce_span`] for the one pass with `staged_exps` (no softcap), and the reference
-/// maximum `m` of the unit's kept exponentials. No barrier: a unit reads back only what
-/// it staged. The unit's staged vectors (the chunk's first `staged_limit`) go to shared
-/// memory; then they are turned into `exp(x - m)` in place (in the logits' type) and
-/// summed, so their gradient is `exp(x - m) * exp(m - lse) * coefficient`, a multiply per
-/// element instead of an exponential (`write_staged_exps_gradient`); the rest of the
-/// chunk is reduced as it streams by (one maximum per step of `loads_per_step` vectors, so
-/// one rescale per step). In bf16 the kept `exp(x - m)` is rounded once more than a
-/// recomputed one (relative 2^-9), well within the spec's 2e-2 for bf16.
-///
-/// The staged part first, only its maximum kept as it passes (per lane, two bf16 lanes
-/// per instruction), then its exponentials, then the rest, so that the part the gradient
-/// pass re-reads from L2 is the part read last. (Staging through CUDA's `cp.async` while
-/// the rest streams by measured slower: docs/history.md.)
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn reduce_chunk_staging_exps<F: Float, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    row_start: usize,
-    first: usize,
-    len: usize,
-    target_col: usize,
-    class_weights: &Tensor<f32>,
-    staged: &mut SharedMemory<Vector<F, N>>,
-    #[comptime] options: RowOptions,
-    #[comptime] staged_limit: usize,
-    #[comptime] hints: u32,
-) -> (RowState, f32) {
-    let vector_size = logits.vector_size();
-    let vocab = logits.shape(2);
-    let staged_len = select(len < staged_limit, len, staged_limit);
-    let empty = RowState {
-        max: f32::new(RUNNING_MAX_START),
-        others: f32::new(0.0),
-        target_logit: f32::new(0.0),
-        best: f32::new(RUNNING_MAX_START),
-        best_col: u32::cast_from(vocab),
-        smooth: f32::new(0.0),
-    };
-    let top = stage_logits::<F, N>(logits, row_start, first, staged_len, staged, options);
-    let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
-    let kept = staged_to_exps::<F, N>(
-        staged,
-        first,
-        staged_len,
-        target_col,
-        class_weights,
-        reference,
-        empty,
-        options,
-    );
-    // The unstaged part is read again by the gradient pass: plain loads, kept in L2.
-    cache_hints(hints, false);
-    let state = reduce_rest::<F, N>(
-        logits,
-        row_start,
-        first,
-        staged_len,
-        len,
-        target_col,
-        class_weights,
-        kept,
-        options,
-    );
-    cache_hints(hints, true);
-    // The target's vector, by the unit whose share it is, from its logits (the stage
-    // holds exponentials); every unit computes it, the others discard it.
-    let target_vector = target_col / vector_size;
-    let (holds, at) = target_share(target_vector, first, len, options.cube_size);
-    let state = absorb_held_target::<F, N>(
-        state,
-        holds,
-        logits[row_start + first + at],
-        (first + at) * vector_size,
-        target_col,
-        class_weights,
-        f32::new(0.0),
-        options,
-    );
-    (state, reference)
-}
-
-/// The unit's vectors `0..staged_len` of the chunk into `staged` through registers
-/// (`loads_per_step` loads in flight), and their maximum per lane.
-#[cube]
-fn stage_logits<F: Float, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    row_start: usize,
-    first: usize,
-    staged_len: usize,
-    staged: &mut SharedMemory<Vector<F, N>>,
-    #[comptime] options: RowOptions,
-) -> Vector<F, N> {
-    let cube_size = options.cube_size;
-    let loads = options.loads_per_step;
-    let mut loaded = Array::<Vector<F, N>>::new(loads);
-    let mut top = Vector::<F, N>::new(F::min_value());
-    let mut local = UNIT_POS as usize;
-    while local < staged_len {
-        #[unroll]
-        for step in 0..loads {
-            let at = local + step * cube_size;
-            loaded[step] = logits[row_start + first + select(at < staged_len, at, 0usize)];
-        }
-        #[unroll]
-        for step in 0..loads {
-            let at = local + step * cube_size;
-            // A vector past the end is one of the chunk's: it may raise the reference,
-            // never past the row's maximum.
-            top = max(top, loaded[step]);
-            if at < staged_len {
-                staged[at] = loaded[step];
-            }
-        }
-        local += loads * cube_size;
-    }
-    top
-}
-
-/// The unit's staged vectors turned into `exp(x - reference)` in place and folded into
-/// `state` (whose maximum becomes `reference`; `state` holds nothing yet): the sum, and
-/// the argmax and smoothing sum of the logits they were. The target's vector is left out
-/// of the sums (absorbed at the end).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn staged_to_exps<F: Float, N: Size>(
-    staged: &mut SharedMemory<Vector<F, N>>,
-    first: usize,
-    staged_len: usize,
-    target_col: usize,
-    class_weights: &Tensor<f32>,
-    reference: f32,
-    state: RowState,
-    #[comptime] options: RowOptions,
-) -> RowState {
-    let vector_size = staged.vector_size();
-    let target_vector = target_col / vector_size;
-    let mut others = state.others;
-    let mut best = state.best;
-    let mut best_col = state.best_col;
-    let mut smooth = state.smooth;
-    let mut local = UNIT_POS as usize;
-    while local < staged_len {
-        let values = Vector::<f32, N>::cast_from(staged[local]);
-        let exps = fast_exp::<N>(values, reference);
-        staged[local] = Vector::cast_from(exps);
-        let take = first + local != target_vector;
-        let next = absorb_exps::<N>(
-            others,
-            best,
-            best_col,
-            smooth,
-            values,
-            exps,
-            (first + local) * vector_size,
-            class_weights,
-            take,
-            options,
-        );
-        others = next.0;
-        best = next.1;
-        best_col = next.2;
-        smooth = next.3;
-        local += options.cube_size;
-    }
-    RowState {
-        max: reference,
-        others,
-        target_logit: f32::new(0.0),
-        best,
-        best_col,
-        smooth,
-    }
-}
-
-/// The chunk's vectors `staged_len..len` folded into `state` as they stream by: one
-/// maximum per step of `loads_per_step` vectors, so one rescale of the sum per step. The
-/// target's vector is left out (absorbed at the end).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn reduce_rest<F: Float, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    row_start: usize,
-    first: usize,
-    staged_len: usize,
-    len: usize,
-    target_col: usize,
-    class_weights: &Tensor<f32>,
-    state: RowState,
-    #[comptime] options: RowOptions,
-) -> RowState {
-    let cube_size = options.cube_size;
-    let loads = options.loads_per_step;
-    let vector_size = logits.vector_size();
-    let target_vector = target_col / vector_size;
-    let mut running_max = state.max;
-    let mut others = state.others;
-    let mut best = state.best;
-    let mut best_col = state.best_col;
-    let mut smooth = state.smooth;
-    let mut loaded = Array::<Vector<F, N>>::new(loads);
-    let rest = len - staged_len;
-    let mut local = UNIT_POS as usize;
-    while local < rest {
-        #[unroll]
-        for step in 0..loads {
-            let at = local + step * cube_size;
-            loaded[step] = logits[row_start + first + staged_len + select(at < rest, at, 0usize)];
-        }
-        let mut step_top = loaded[0];
-        #[unroll]
-        for step in 1..loads {
-            step_top = max(step_top, loaded[step]);
-        }
-        let step_max = f32::max(
-            running_max,
-            lane_max::<N>(Vector::<f32, N>::cast_from(step_top)),
-        );
-        others *= fast_exp_scalar(running_max - step_max);
-        running_max = step_max;
-        #[unroll]
-        for step in 0..loads {
-            let at = local + step * cube_size;
-            let in_range = at < rest;
-            let values = Vector::<f32, N>::cast_from(loaded[step]);
-            let exps = fast_exp::<N>(values, step_max);
-            let take = in_range && first + staged_len + at != target_vector;
-            let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
-            let next = absorb_exps::<N>(
-                others,
-                best,
-                best_col,
-                smooth,
-                values,
-                exps,
-                first_col,
-                class_weights,
-                take,
-                options,
-            );
-            others = next.0;
-            best = next.1;
-            best_col = next.2;
-            smooth = next.3;
-        }
-        local += loads * cube_size;
-    }
-    RowState {
-        max: running_max,
-        others,
-        target_logit: f32::new(0.0),
-        best,
-        best_col,
-        smooth,
-    }
-}
-
-/// One vector (`values`, columns `first_col..`, with `exps` their exponentials on the
-/// running maximum) folded, when `take`, into `(others, best, best_col, smooth)`: the sum
-/// of exponentials, the argmax and label smoothing's weighted sum.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn absorb_exps<N: Size>(
-    others: f32,
-    best: f32,
-    best_col: u32,
-    smooth: f32,
-    values: Vector<f32, N>,
-    exps: Vector<f32, N>,
-    first_col: usize,
-    class_weights: &Tensor<f32>,
-    take: bool,
-    #[comptime] options: RowOptions,
-) -> (f32, f32, u32, f32) {
-    let others = others + select(take, lane_sum::<N>(exps), f32::new(0.0));
-    let mut best = best;
-    let mut best_col = best_col;
-    let mut smooth = smooth;
-    if comptime!(options.argmax) {
-        #[unroll]
-        for lane in 0..values.size() {
-            // Strictly greater: the first column wins ties, as in `argmax`.
-            let better = take && values[lane] > best;
-            best = select(better, values[lane], best);
-            best_col = select(better, u32::cast_from(first_col + lane), best_col);
-        }
-    }
-    if comptime!(options.smoothing) {
-        let mut weights = Vector::<f32, N>::new(1.0);
-        if comptime!(options.weighted) {
-            weights = weights_vector::<N>(class_weights, first_col);
-        }
-        smooth += select(take, lane_sum::<N>(values * weights), f32::new(0.0));
-    }
-    (others, best, best_col, smooth)
-}
-
-/// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
-/// from the exponentials [`reduce_chunk_staging_exps`] kept, as if none held the target:
-/// one factor `exp(m - lse) * coefficient` per unit, then a multiply per element.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn write_staged_exps_gradient<F: Float, N: Size>(
-    grad: &mut Tensor<Vector<F, N>>,
-    out_start: usize,
-    first: usize,
-    staged_len: usize,
-    staged: &SharedMemory<Vector<F, N>>,
-    reference: f32,
-    class_weights: &Tensor<f32>,
-    row_grad: RowGradient,
-    #[comptime] options: RowOptions,
-) {
-    let cube_size = options.cube_size;
-    let vector_size = grad.vector_size();
-    let coefficient = fast_exp_scalar(reference - row_grad.lse) * row_grad.prob_coef;
-    let mut local = UNIT_POS as usize;
-    while local < staged_len {
-        grad[out_start + first + local] = gradient_from_staged_exps::<F, N>(
-            staged[local],
-            coefficient,
-            class_weights,
-            (first + local) * vector_size,
-            row_grad,
-            options,
-            false,
-        );
-        local += cube_size;
-    }
-}
-
-/// The gradient of one staged vector (columns `first_col..`) from its kept
-/// `exps = exp(x - m)` and `coefficient = exp(m - lse) * prob_coef`; with `with_target`
-/// the target's lane set.
-#[cube]
-fn gradient_from_staged_exps<F: Float, N: Size>(
-    exps: Vector<F, N>,
-    coefficient: f32,
-    class_weights: &Tensor<f32>,
-    first_col: usize,
-    row_grad: RowGradient,
-    #[comptime] options: RowOptions,
-    #[comptime] with_target: bool,
-) -> Vector<F, N> {
-    let mut weights = Vector::<f32, N>::new(1.0);
-    if comptime!(options.smoothing && options.weighted) {
-        weights = weights_vector::<N>(class_weights, first_col);
-    }
-    Vector::cast_from(gradient_from_probs::<N>(
-        Vector::<f32, N>::cast_from(exps),
-        coefficient,
-        weights,
-        first_col,
-        row_grad,
-        options,
-        with_target,
-    ))
 }

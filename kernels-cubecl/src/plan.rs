@@ -5,14 +5,10 @@ use cubecl::prelude::*;
 
 use crate::one_pass::{OnePassOptions, PARTIAL_SLOTS};
 use crate::row::RowOptions;
-use crate::tuning::KernelTuning;
+use crate::tuning::{KernelTuning, MAX_CHUNKS};
 
 /// Largest grid dimension every runtime accepts (wgpu's limit).
 const MAX_GRID_DIM: usize = 65_535;
-
-/// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
-/// shared memory.
-pub const MAX_CHUNKS: usize = 64;
 
 /// A grid of `cubes` cubes (at least one), 2-D because wgpu caps each dimension at 65535;
 /// kernels number them with `row_of_cube`.
@@ -31,12 +27,50 @@ fn grid_dims(cubes: usize) -> (u32, u32) {
 /// statistics, the first bad target): the most a cube holds, up to 1024, as a power of
 /// two. Their loops are latency-bound chains of loads (one row per unit per step), so
 /// more units mean fewer steps.
-pub(crate) fn reduction_units<R: Runtime>(client: &ComputeClient<R>) -> usize {
+pub(crate) fn reduction_units(client: &Client) -> usize {
     units_for(client.properties().hardware.max_units_per_cube as usize)
 }
 
 fn units_for(max_units_per_cube: usize) -> usize {
     1 << max_units_per_cube.clamp(32, 1024).ilog2()
+}
+
+/// What the kernels may use of the runtime they are launched on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// The CUDA runtime: CUDA's fast-math options.
+    pub(crate) cuda: bool,
+    /// Inline PTX (`gpu_asm!`, the `ptx` module): the CUDA runtime compiling through CUDA
+    /// C++. Neither SPIR-V nor cubecl-cuda's LLVM backend takes it.
+    pub(crate) inline_ptx: bool,
+}
+
+impl Target {
+    /// Not CUDA (wgpu, the CPU runtime).
+    pub(crate) const OTHER: Self = Target {
+        cuda: false,
+        inline_ptx: false,
+    };
+    /// CUDA through CUDA C++ and NVRTC (cubecl-cuda's `cpp` feature).
+    #[cfg(any(test, feature = "cuda-source"))]
+    pub(crate) const CUDA_CPP: Self = Target {
+        cuda: true,
+        inline_ptx: true,
+    };
+
+    /// The runtime behind `client`. cubecl-cuda 0.11 compiles through LLVM unless its
+    /// `cpp` feature is on (process-wide), and the LLVM backend refuses a kernel with
+    /// inline assembly. The client does not say which backend it runs, but the LLVM one
+    /// narrows the device's features to what it lowers, and complex numbers, which the
+    /// C++ backend always advertises, are among those it takes away.
+    pub(crate) fn of(client: &Client) -> Self {
+        let cuda = client.name() == "cuda";
+        let cpp = !client.properties().features.types.complex.is_empty();
+        Target {
+            cuda,
+            inline_ptx: cuda && cpp,
+        }
+    }
 }
 
 /// The loss options as the kernels take them.
@@ -53,7 +87,8 @@ pub struct LossSettings {
     pub weighted: bool,
     /// Track the argmax (accuracy or predictions asked for).
     pub argmax: bool,
-    /// The fast exponential may flush results below 2^-126 to zero (CUDA only).
+    /// The fast exponential may flush results below 2^-126 to zero (CUDA through its C++
+    /// backend only: inline PTX).
     pub exp_flush_to_zero: bool,
     /// Softcap's `tanh` may be the hardware's approximation for bf16 logits (CUDA only).
     pub approximate_tanh: bool,
@@ -71,9 +106,9 @@ pub struct RowLaunch {
     /// 32-bit or 64-bit index arithmetic, from the largest buffer involved.
     pub address_type: AddressType,
     /// Element type of the logits (and of their gradient).
-    pub float_dtype: StorageType,
+    pub float_dtype: ElemType,
     /// Element type of the targets (and of the predictions).
-    pub int_dtype: StorageType,
+    pub int_dtype: ElemType,
     pub settings: LossSettings,
     pub tuning: KernelTuning,
 }
@@ -106,18 +141,17 @@ impl RowLaunch {
         }
     }
 
-    /// The row kernels' comptime options on the CUDA runtime or another (`on_cuda`):
-    /// the options asked for, and the fast-math ones CUDA allows (the approximate
-    /// `tanh` only for bf16 logits, whose own rounding is coarser than its error).
+    /// The row kernels' comptime options on `target`: the options asked for, and the
+    /// fast-math ones it allows (the approximate `tanh` only for bf16 logits, whose own
+    /// rounding is coarser than its error).
     pub(crate) fn options_on(
         &self,
-        on_cuda: bool,
+        target: Target,
         cube_size: usize,
         loads_per_step: usize,
     ) -> RowOptions {
         let settings = self.settings;
-        let bf16 = self.float_dtype
-            == StorageType::Scalar(cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16));
+        let bf16 = self.float_dtype == ElemType::Float(cubecl::ir::FloatKind::BF16);
         RowOptions {
             loads_per_step,
             softcap: settings.softcap.is_some(),
@@ -126,8 +160,8 @@ impl RowLaunch {
             z_loss: settings.z_loss_scale > 0.0,
             argmax: settings.argmax,
             cube_size,
-            exp_flush_to_zero: on_cuda && settings.exp_flush_to_zero,
-            approximate_tanh: on_cuda
+            exp_flush_to_zero: target.inline_ptx && settings.exp_flush_to_zero,
+            approximate_tanh: target.cuda
                 && settings.softcap.is_some()
                 && bf16
                 && settings.approximate_tanh,
@@ -135,13 +169,13 @@ impl RowLaunch {
     }
 
     /// [`RowLaunch::options_on`] the runtime of `client`.
-    pub(crate) fn launch_options<R: Runtime>(
+    pub(crate) fn launch_options(
         &self,
-        client: &ComputeClient<R>,
+        client: &Client,
         cube_size: usize,
         loads_per_step: usize,
     ) -> RowOptions {
-        self.options_on(R::name(client) == "cuda", cube_size, loads_per_step)
+        self.options_on(Target::of(client), cube_size, loads_per_step)
     }
 }
 
@@ -171,24 +205,25 @@ pub struct OnePassPlan {
     pub(crate) loads_per_step: usize,
     pub(crate) reread_loads: usize,
     pub(crate) staged_exps: bool,
-    /// The cache hints' bits (0 off the CUDA runtime).
+    /// The cache hints' bits (0 without inline PTX).
     pub(crate) cache_hints: u32,
 }
 
 impl OnePassPlan {
     /// The plan for the device behind `client`.
-    pub fn new<R: Runtime>(client: &ComputeClient<R>, shape: &RowLaunch) -> Self {
+    pub fn new(client: &Client, shape: &RowLaunch) -> Self {
         let properties = client.properties();
         let known_device = properties.hardware.num_streaming_multiprocessors.is_some();
-        Self::for_device(shape, known_device, R::name(client) == "cuda")
+        Self::for_device(shape, known_device, Target::of(client).inline_ptx)
     }
 
     /// On a device that reports its SM count (`known_device`), chunks of at most
     /// `tuning.chunk_bytes` (an even count), rows cut evenly; elsewhere one chunk per row
     /// (the cubes of a row wait for each other, so they must all run at once, which only
     /// such a device lets the launch know). At most `tuning.stage_bytes` of each chunk
-    /// staged in shared memory. `tuning.chunks` overrides the count.
-    pub(crate) fn for_device(shape: &RowLaunch, known_device: bool, on_cuda: bool) -> Self {
+    /// staged in shared memory. `tuning.chunks` overrides the count. The cache hints only
+    /// with `inline_ptx` (see [`Target`]).
+    pub(crate) fn for_device(shape: &RowLaunch, known_device: bool, inline_ptx: bool) -> Self {
         let tuning = shape.tuning;
         let vectors = (shape.vocab / shape.vector_size).max(1);
         let vector_bytes = shape.vector_size * shape.float_dtype.size();
@@ -212,7 +247,7 @@ impl OnePassPlan {
             loads_per_step: tuning.one_pass_loads,
             reread_loads: tuning.reread_loads,
             staged_exps: tuning.staged_exps && shape.settings.softcap.is_none(),
-            cache_hints: if on_cuda {
+            cache_hints: if inline_ptx {
                 tuning.cache_hints.bits()
             } else {
                 0
@@ -220,9 +255,8 @@ impl OnePassPlan {
         }
     }
 
-    /// The one-pass kernel's comptime options for this plan, the gradient written over
-    /// the logits or not.
-    pub(crate) fn options(&self, mean: bool, gradient_in_place: bool) -> OnePassOptions {
+    /// The one-pass kernel's comptime options for this plan.
+    pub(crate) fn options(&self, mean: bool) -> OnePassOptions {
         OnePassOptions {
             mean,
             staged_vectors: self.staged_vectors,
@@ -231,7 +265,6 @@ impl OnePassPlan {
             reread_loads: self.reread_loads,
             staged_exps: self.staged_exps && self.staged_vectors > 0,
             cache_hints: self.cache_hints,
-            gradient_in_place,
         }
     }
 
@@ -249,7 +282,7 @@ impl OnePassPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cubecl::ir::{ElemType, FloatKind};
+    use cubecl::ir::FloatKind;
 
     fn shape(rows: usize, vocab: usize, float: FloatKind, vector_size: usize) -> RowLaunch {
         RowLaunch {
@@ -257,8 +290,8 @@ mod tests {
             vocab,
             vector_size,
             address_type: AddressType::U32,
-            float_dtype: StorageType::Scalar(ElemType::Float(float)),
-            int_dtype: StorageType::Scalar(ElemType::Int(cubecl::ir::IntKind::I32)),
+            float_dtype: ElemType::Float(float),
+            int_dtype: ElemType::Int(cubecl::ir::IntKind::I32),
             settings: LossSettings::default(),
             tuning: KernelTuning::defaults(true, true),
         }
@@ -340,13 +373,13 @@ mod tests {
         let mut launch = shape(8, 128_256, FloatKind::BF16, 8);
         assert!(
             OnePassPlan::for_device(&launch, true, true)
-                .options(true, true)
+                .options(true)
                 .staged_exps
         );
         launch.settings.softcap = Some(30.0);
         assert!(
             !OnePassPlan::for_device(&launch, true, true)
-                .options(true, true)
+                .options(true)
                 .staged_exps
         );
     }
@@ -357,12 +390,26 @@ mod tests {
         launch.settings.softcap = Some(30.0);
         launch.settings.exp_flush_to_zero = true;
         launch.settings.approximate_tanh = true;
-        let cuda = launch.options_on(true, 256, 8);
+        let cuda = launch.options_on(Target::CUDA_CPP, 256, 8);
         assert!(cuda.exp_flush_to_zero && cuda.approximate_tanh);
-        let other = launch.options_on(false, 256, 8);
+        let other = launch.options_on(Target::OTHER, 256, 8);
         assert!(!other.exp_flush_to_zero && !other.approximate_tanh);
-        launch.float_dtype = StorageType::Scalar(ElemType::Float(FloatKind::F32));
-        assert!(!launch.options_on(true, 256, 8).approximate_tanh);
+        launch.float_dtype = ElemType::Float(FloatKind::F32);
+        assert!(!launch.options_on(Target::CUDA_CPP, 256, 8).approximate_tanh);
+    }
+
+    #[test]
+    fn inline_ptx_only_where_it_compiles() {
+        // CUDA through LLVM: no inline PTX, so neither the fast exponential nor the hints.
+        let llvm = Target {
+            cuda: true,
+            inline_ptx: false,
+        };
+        let mut launch = shape(8, 128_256, FloatKind::BF16, 8);
+        launch.settings.exp_flush_to_zero = true;
+        assert!(!launch.options_on(llvm, 256, 8).exp_flush_to_zero);
+        let plan = OnePassPlan::for_device(&launch, true, llvm.inline_ptx);
+        assert_eq!(plan.cache_hints, 0);
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub fn reduce_stats_kernel<F: Float>(
     accuracy: &mut Tensor<f32>,
     denominators: &mut Tensor<f32>,
     #[comptime] options: ReduceOptions,
-    #[define(F)] _dtype: StorageType,
+    #[define(F)] _dtype: ElemType,
 ) {
     let cube_size = options.cube_size;
     let rows = stats.shape(1);
@@ -57,7 +57,7 @@ pub fn reduce_stats_kernel<F: Float>(
         correct_sum += stats[stat_index(stats, row_stat::CORRECT, row)];
         row += cube_size;
     }
-    let mut shared = SharedMemory::<f32>::new(comptime!(5 * cube_size));
+    let mut shared = Shared::<[f32]>::new_slice(comptime!(5 * cube_size));
     let unit = UNIT_POS as usize;
     shared[unit] = loss_sum;
     shared[cube_size + unit] = z_sum;

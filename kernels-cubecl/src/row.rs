@@ -10,6 +10,8 @@
 
 use cubecl::prelude::*;
 
+use crate::ptx::{exp_flush_to_zero, exp_flush_to_zero_lanes};
+
 /// Start value of a running maximum. Finite on purpose: `exp(m_old - m_new)` with both at
 /// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
 pub const RUNNING_MAX_START: f32 = -3.0e38;
@@ -38,8 +40,8 @@ pub struct RowOptions {
     pub cube_size: usize,
     /// Vectors each unit loads before using any (bytes in flight per unit).
     pub loads_per_step: usize,
-    /// CUDA only: the fast exponential as `ex2.approx.ftz.f32` (see
-    /// `cuda_injection::redefine_cuda_fast_exp`).
+    /// The fast exponential as `ex2.approx.ftz.f32` (`fast_exp`): inline PTX, so set only
+    /// where the CUDA runtime compiles through CUDA C++ (`plan::Target`).
     pub exp_flush_to_zero: bool,
     /// Softcap's `tanh` as the hardware's approximation (`soft_cap`).
     pub approximate_tanh: bool,
@@ -47,6 +49,7 @@ pub struct RowOptions {
 
 /// The options' values (runtime scalars: changing them does not recompile).
 #[derive(CubeLaunch, CubeType, Clone, Copy)]
+#[expand(derive(Clone))]
 pub struct RowScalars {
     pub ignore_index: i32,
     pub label_smoothing: f32,
@@ -91,10 +94,10 @@ pub(crate) fn is_class(target: i32, vocab: usize) -> bool {
 /// Largest lane of a vector.
 #[cube]
 pub(crate) fn lane_max<N: Size>(values: Vector<f32, N>) -> f32 {
-    let mut max = values[0];
+    let mut max = values.extract(0usize);
     #[unroll]
-    for lane in 1..values.size() {
-        max = f32::max(max, values[lane]);
+    for lane in 1..values.vector_size() {
+        max = f32::max(max, values.extract(lane));
     }
     max
 }
@@ -102,27 +105,40 @@ pub(crate) fn lane_max<N: Size>(values: Vector<f32, N>) -> f32 {
 /// Sum of the lanes.
 #[cube]
 pub(crate) fn lane_sum<N: Size>(values: Vector<f32, N>) -> f32 {
-    let mut sum = values[0];
+    let mut sum = values.extract(0usize);
     #[unroll]
-    for lane in 1..values.size() {
-        sum += values[lane];
+    for lane in 1..values.vector_size() {
+        sum += values.extract(lane);
     }
     sum
 }
 
-/// `exp(values - shift)` per lane, as the hardware's fast exponential where there is one
-/// (`__expf` on CUDA: a few ulp, and still inf/NaN-correct, at a fraction of `expf`'s
-/// instructions; the accurate `expf` made the forward pass instruction-bound on the H200).
-/// Used only where the argument is <= 0 or a logit minus its row's log-sum-exp.
+/// `exp(values - shift)` per lane, for an argument <= 0 or a logit minus its row's
+/// log-sum-exp. With `flush_to_zero` (CUDA C++ only: see `RowOptions::exp_flush_to_zero`)
+/// as `ex2.approx.ftz.f32` (`ptx::exp_flush_to_zero`): the accurate `expf` made the forward
+/// pass instruction-bound on the H200. Else cubecl's `exp`, allowed its fast forms.
 #[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
-pub(crate) fn fast_exp<N: Size>(values: Vector<f32, N>, shift: f32) -> Vector<f32, N> {
-    Vector::exp(values - Vector::new(shift))
+pub(crate) fn fast_exp<N: Size>(
+    values: Vector<f32, N>,
+    shift: f32,
+    #[comptime] flush_to_zero: bool,
+) -> Vector<f32, N> {
+    let shifted = values - Vector::new(shift);
+    if comptime!(flush_to_zero) {
+        exp_flush_to_zero_lanes::<N>(shifted)
+    } else {
+        Vector::exp(shifted)
+    }
 }
 
-/// `exp(x)` as the hardware's fast exponential, for a rescaling factor (`x <= 0`).
+/// `exp(x)` as [`fast_exp()`] forms it, for a rescaling factor (`x <= 0`).
 #[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
-pub(crate) fn fast_exp_scalar(x: f32) -> f32 {
-    f32::exp(x)
+pub(crate) fn fast_exp_scalar(x: f32, #[comptime] flush_to_zero: bool) -> f32 {
+    if comptime!(flush_to_zero) {
+        exp_flush_to_zero(x)
+    } else {
+        f32::exp(x)
+    }
 }
 
 /// `ln(1 + x)`, accurate for small `x`: a Taylor polynomial below 0.05 (error under
@@ -179,14 +195,15 @@ pub(crate) fn weights_vector<N: Size>(
 ) -> Vector<f32, N> {
     let mut weights = Vector::<f32, N>::new(0.0);
     #[unroll]
-    for lane in 0..weights.size() {
-        weights[lane] = class_weights[first_col + lane];
+    for lane in 0..weights.vector_size() {
+        weights.insert(lane, class_weights[first_col + lane]);
     }
     weights
 }
 
 /// What one unit (then the whole cube) knows of a row after reading it.
 #[derive(CubeType, Clone, Copy)]
+#[expand(derive(Clone))]
 pub(crate) struct RowState {
     pub(crate) max: f32,
     /// `sum exp(x_c - max)` over the classes other than the target.
@@ -214,7 +231,7 @@ pub(crate) fn absorb<N: Size>(
     #[comptime] with_target: bool,
 ) -> RowState {
     let new_max = f32::max(state.max, lane_max::<N>(values));
-    let exps = fast_exp::<N>(values, new_max);
+    let exps = fast_exp::<N>(values, new_max, options.exp_flush_to_zero);
     let mut exp_sum = f32::new(0.0);
     let mut target_logit = state.target_logit;
     let mut best = state.best;
@@ -224,20 +241,20 @@ pub(crate) fn absorb<N: Size>(
         // `first_col` wraps to a huge value, never a lane.
         let target_lane = u32::cast_from(target_col - first_col);
         #[unroll]
-        for lane in 0..values.size() {
+        for lane in 0..values.vector_size() {
             let is_target = target_lane == lane as u32;
-            exp_sum += select(is_target, f32::new(0.0), exps[lane]);
-            target_logit = select(is_target, values[lane], target_logit);
+            exp_sum += select(is_target, f32::new(0.0), exps.extract(lane));
+            target_logit = select(is_target, values.extract(lane), target_logit);
         }
     } else {
         exp_sum = lane_sum::<N>(exps);
     }
     if comptime!(options.argmax) {
         #[unroll]
-        for lane in 0..values.size() {
+        for lane in 0..values.vector_size() {
             // Strictly greater: the first column wins ties, as in `argmax`.
-            let better = values[lane] > best;
-            best = select(better, values[lane], best);
+            let better = values.extract(lane) > best;
+            best = select(better, values.extract(lane), best);
             best_col = select(better, u32::cast_from(first_col + lane), best_col);
         }
     }
@@ -249,7 +266,8 @@ pub(crate) fn absorb<N: Size>(
         max: new_max,
         // The fast exponential here too (its argument is <= 0): the accurate `expf` per
         // vector cost about 2.5 instructions per element.
-        others: state.others * fast_exp_scalar(state.max - new_max) + exp_sum,
+        others: state.others * fast_exp_scalar(state.max - new_max, options.exp_flush_to_zero)
+            + exp_sum,
         target_logit,
         best,
         best_col,
@@ -280,7 +298,7 @@ fn absorb_vector<F: Float, N: Size>(
         weights = weights_vector::<N>(class_weights, first_col);
     }
     absorb::<N>(
-        state,
+        state.clone(),
         values,
         weights,
         first_col,
@@ -321,7 +339,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     len: usize,
     target_col: usize,
     class_weights: &Tensor<f32>,
-    staged: &mut SharedMemory<Vector<F, N>>,
+    staged: &mut Shared<[Vector<F, N>]>,
     softcap: f32,
     #[comptime] options: RowOptions,
     #[comptime] staged_limit: usize,
@@ -369,7 +387,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
                 smooth,
             };
             let next = absorb_vector::<F, N>(
-                state,
+                state.clone(),
                 raw,
                 (first + safe) * vector_size,
                 vocab,
@@ -405,7 +423,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
         raw = select(from_stage, staged[select(from_stage, at, 0usize)], raw);
     }
     absorb_held_target::<F, N>(
-        state,
+        state.clone(),
         holds,
         raw,
         (first + at) * vector_size,
@@ -432,7 +450,7 @@ pub(crate) fn absorb_held_target<F: Float, N: Size>(
     #[comptime] options: RowOptions,
 ) -> RowState {
     let next = absorb_vector::<F, N>(
-        state,
+        state.clone(),
         raw,
         first_col,
         target_col,
@@ -458,14 +476,14 @@ pub(crate) fn absorb_held_target<F: Float, N: Size>(
 #[cube]
 pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> RowState {
     let cube_size = options.cube_size;
-    let mut shared_max = SharedMemory::<f32>::new(cube_size);
-    let mut shared_others = SharedMemory::<f32>::new(cube_size);
+    let mut shared_max = Shared::<[f32]>::new_slice(cube_size);
+    let mut shared_others = Shared::<[f32]>::new_slice(cube_size);
     let mut shared_best =
-        SharedMemory::<f32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
+        Shared::<[f32]>::new_slice(comptime!(if options.argmax { cube_size } else { 1 }));
     let mut shared_col =
-        SharedMemory::<u32>::new(comptime!(if options.argmax { cube_size } else { 1 }));
+        Shared::<[u32]>::new_slice(comptime!(if options.argmax { cube_size } else { 1 }));
     let mut shared_smooth =
-        SharedMemory::<f32>::new(comptime!(if options.smoothing { cube_size } else { 1 }));
+        Shared::<[f32]>::new_slice(comptime!(if options.smoothing { cube_size } else { 1 }));
     let unit = UNIT_POS as usize;
     shared_max[unit] = state.max;
     shared_others[unit] = state.others;
@@ -554,7 +572,7 @@ pub(crate) fn mean_denominators<I: Int>(
         count += select(counted, f32::new(1.0), f32::new(0.0));
         row += cube_size;
     }
-    let mut shared = SharedMemory::<f32>::new(comptime!(2 * cube_size));
+    let mut shared = Shared::<[f32]>::new_slice(comptime!(2 * cube_size));
     let unit = UNIT_POS as usize;
     shared[unit] = weight_sum;
     shared[cube_size + unit] = count;
@@ -570,7 +588,7 @@ pub(crate) fn mean_denominators<I: Int>(
 /// at `k * cube_size`. Every unit of the cube calls it (it holds the barriers).
 #[cube]
 pub(crate) fn sum_stacked(
-    shared: &mut SharedMemory<f32>,
+    shared: &mut Shared<[f32]>,
     #[comptime] sums: usize,
     #[comptime] cube_size: usize,
 ) {

@@ -56,7 +56,7 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
     label_smoothing: f32,
     z_loss_scale: f32,
     #[comptime] options: ShardRowsOptions,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let row = ABSOLUTE_POS;
     if row >= summed.shape(1) {
@@ -134,13 +134,20 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
     }
 
     let zero = f32::new(0.0);
-    stats[stat_index(stats, row_stat::LOSS, row)] = select(counted, loss, zero);
-    stats[stat_index(stats, row_stat::Z_LOSS, row)] = select(counted, z_loss, zero);
-    stats[stat_index(stats, row_stat::WEIGHT, row)] = select(counted, target_weight, zero);
-    stats[stat_index(stats, row_stat::VALID, row)] = select(counted, f32::new(1.0), zero);
-    stats[stat_index(stats, row_stat::CORRECT, row)] = select(counted, correct, zero);
-    stats[stat_index(stats, row_stat::LSE, row)] = select(counted, lse, zero);
-    stats[stat_index(stats, row_stat::TARGET_GRAD, row)] = select(counted, target_grad, zero);
+    let at = stat_index(&*stats, row_stat::LOSS, row);
+    stats[at] = select(counted, loss, zero);
+    let at = stat_index(&*stats, row_stat::Z_LOSS, row);
+    stats[at] = select(counted, z_loss, zero);
+    let at = stat_index(&*stats, row_stat::WEIGHT, row);
+    stats[at] = select(counted, target_weight, zero);
+    let at = stat_index(&*stats, row_stat::VALID, row);
+    stats[at] = select(counted, f32::new(1.0), zero);
+    let at = stat_index(&*stats, row_stat::CORRECT, row);
+    stats[at] = select(counted, correct, zero);
+    let at = stat_index(&*stats, row_stat::LSE, row);
+    stats[at] = select(counted, lse, zero);
+    let at = stat_index(&*stats, row_stat::TARGET_GRAD, row);
+    stats[at] = select(counted, target_grad, zero);
 }
 
 /// Row `stat` of the exchanged matrix at row `row` of the batch.
@@ -170,7 +177,7 @@ pub fn shard_targets_kernel<I: Int>(
     end: u32,
     ignore_index: i32,
     #[comptime] smoothing: bool,
-    #[define(I)] _dtype: StorageType,
+    #[define(I)] _dtype: ElemType,
 ) {
     let row = ABSOLUTE_POS;
     if row >= local.shape(0) {
@@ -225,7 +232,7 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
     ignore_index: i32,
     softcap: f32,
     #[comptime] options: PackOptions,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let row = ABSOLUTE_POS;
     if row >= packed.shape(1) {
@@ -241,15 +248,17 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
     #[unroll]
     for k in 0..shards {
         let mine = index == comptime!(k as u32);
-        packed[packed_index(packed, k, row)] = select(mine, lse, zero);
+        let at = packed_index(&*packed, k, row);
+        packed[at] = select(mine, lse, zero);
     }
-    packed[packed_index(packed, shards, row)] =
-        select(here, own[stat_index(own, row_stat::LOSS, row)], zero);
-    packed[packed_index(packed, shards + 1, row)] =
-        select(here, own[stat_index(own, row_stat::TARGET_GRAD, row)], zero);
+    let at = packed_index(&*packed, shards, row);
+    packed[at] = select(here, own[stat_index(own, row_stat::LOSS, row)], zero);
+    let at = packed_index(&*packed, shards + 1, row);
+    packed[at] = select(here, own[stat_index(own, row_stat::TARGET_GRAD, row)], zero);
     if comptime!(options.smoothing) {
         let smooth = smoothed[stat_index(smoothed, row_stat::LOSS, row)];
-        packed[packed_index(packed, shards + 2, row)] = smooth * f32::cast_from(width);
+        let at = packed_index(&*packed, shards + 2, row);
+        packed[at] = smooth * f32::cast_from(width);
     }
     if comptime!(options.argmax) {
         let best_at = comptime!(options.shards + 2 + options.smoothing as usize);
@@ -264,9 +273,10 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
         #[unroll]
         for k in 0..shards {
             let mine = counted && index == comptime!(k as u32);
-            packed[packed_index(packed, best_at + k, row)] = select(mine, best, zero);
-            packed[packed_index(packed, best_at + shards + k, row)] =
-                select(mine, whole_column, zero);
+            let at = packed_index(&*packed, best_at + k, row);
+            packed[at] = select(mine, best, zero);
+            let at = packed_index(&*packed, best_at + shards + k, row);
+            packed[at] = select(mine, whole_column, zero);
         }
     }
 }
@@ -330,7 +340,7 @@ pub fn shard_gradient_rows_kernel<F: Float, G: Float, I: Int>(
     z_loss_scale: f32,
     label_smoothing: f32,
     #[comptime] options: ShardGradientOptions,
-    #[define(F, G, I)] _dtypes: [StorageType; 3],
+    #[define(F, G, I)] _dtypes: [ElemType; 3],
 ) {
     let row = ABSOLUTE_POS;
     if row >= local.shape(0) {
@@ -400,6 +410,7 @@ pub fn shard_gradient_rows_kernel<F: Float, G: Float, I: Int>(
         } else {
             value
         };
-        local_stats[stat_index(local_stats, stat, row)] = value;
+        let at = stat_index(&*local_stats, stat, row);
+        local_stats[at] = value;
     }
 }

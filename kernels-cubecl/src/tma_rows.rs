@@ -4,10 +4,9 @@
 //! without padding) sends every matmul that reads it to kernels without TMA.
 
 use cubecl::{
-    Runtime,
-    client::ComputeClient,
+    client::Client,
     features::Tma,
-    ir::StorageType,
+    ir::ElemType,
     prelude::TensorBinding,
     std::tensor::{MatrixBatchLayout, TensorHandle, into_contiguous_pitched, matrix_batch_layout},
 };
@@ -16,14 +15,14 @@ use cubecl::{
 const TMA_ALIGN_BYTES: u64 = 16;
 
 /// Whether the device loads through TMA (Hopper and later).
-pub fn has_tma<R: Runtime>(client: &ComputeClient<R>) -> bool {
+pub fn has_tma(client: &Client) -> bool {
     client.properties().features.tma.contains(Tma::Base)
 }
 
 /// Whether TMA can read `binding` of `dtype`: a matrix or a transposed one, or a batch of
 /// them (`[B, R, C]`, the batch at any stride: slices of one matrix side by side), its
 /// start and its rows 16-byte aligned.
-pub fn tma_readable<R: Runtime>(binding: &TensorBinding<R>, dtype: StorageType) -> bool {
+pub fn tma_readable(binding: &TensorBinding, dtype: ElemType) -> bool {
     let aligned = |bytes: u64| bytes.is_multiple_of(TMA_ALIGN_BYTES);
     let strides = &binding.strides;
     let layout = match strides.len() {
@@ -48,11 +47,11 @@ pub fn tma_readable<R: Runtime>(binding: &TensorBinding<R>, dtype: StorageType) 
 /// A copy of `matrix` whose rows TMA can read (the allocator's pitched layout pads each
 /// row), where the device has TMA and `matrix`'s rows are not readable as they are;
 /// `None` otherwise (also where the copy would not be readable either).
-pub fn tma_readable_copy<R: Runtime>(
-    client: &ComputeClient<R>,
-    matrix: TensorBinding<R>,
-    dtype: StorageType,
-) -> Option<TensorHandle<R>> {
+pub fn tma_readable_copy(
+    client: &Client,
+    matrix: TensorBinding,
+    dtype: ElemType,
+) -> Option<TensorHandle> {
     if !has_tma(client) || matrix.shape.len() != 2 || tma_readable(&matrix, dtype) {
         return None;
     }

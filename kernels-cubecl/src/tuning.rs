@@ -7,8 +7,12 @@ use core::str::FromStr;
 
 use cubecl::prelude::*;
 
-/// The evict-first cache hints of the one-pass kernel (CUDA only; see
-/// `cuda_injection::declare_cache_hints`). Data read or written once no longer evicts
+/// Most chunks per row: the exchange gathers `MAX_CHUNKS * PARTIAL_SLOTS` values in
+/// shared memory.
+pub const MAX_CHUNKS: usize = 64;
+
+/// The evict-first cache hints of the one-pass kernel (inline PTX, so CUDA through its
+/// C++ backend only; see `ptx::load_vector`). Data read or written once no longer evicts
 /// from L2 the part of a chunk that the gradient pass reads again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum CacheHints {
@@ -64,7 +68,8 @@ pub struct KernelTuning {
     /// Narrower vectors for the one-pass kernel than the widest that fits (a power of
     /// two dividing it); `None`: the widest.
     pub one_pass_vector: Option<usize>,
-    /// The one-pass kernel's cache hints (CUDA only; ignored elsewhere).
+    /// The one-pass kernel's cache hints (CUDA through its C++ backend only; ignored
+    /// elsewhere, the LLVM backend included).
     pub cache_hints: CacheHints,
     /// Cut every row into this many chunks, whatever the plan (1 to 64). For tests of the
     /// exchange between the cubes of a row: the device must run that many cubes at once.
@@ -96,13 +101,13 @@ impl KernelTuning {
     }
 
     /// The defaults for the device behind `client`.
-    pub fn for_device<R: Runtime>(client: &ComputeClient<R>) -> Self {
+    pub fn for_device(client: &Client) -> Self {
         let known_device = client
             .properties()
             .hardware
             .num_streaming_multiprocessors
             .is_some();
-        Self::defaults(known_device, R::name(client) == "cuda")
+        Self::defaults(known_device, client.name() == "cuda")
     }
 
     /// Checks every field's range; the error names the first field out of it.
@@ -147,8 +152,7 @@ impl KernelTuning {
             ),
             (
                 "chunks",
-                self.chunks
-                    .is_none_or(|c| (1..=crate::plan::MAX_CHUNKS).contains(&c)),
+                self.chunks.is_none_or(|c| (1..=MAX_CHUNKS).contains(&c)),
                 "1 to 64",
             ),
         ];

@@ -10,5 +10,5 @@ pub mod train;
 
 pub use data::{Corpus, SAMPLE_TEXT, Vocabulary};
 pub use model::{Gpt, GptConfig};
-pub use parallel::{ParallelError, leave_collective, train_data_parallel};
+pub use parallel::{GradientSync, ParallelError, train_data_parallel, train_data_parallel_with};
 pub use train::{LossKind, RunConfig, StepLog, initial_model, sample, train};

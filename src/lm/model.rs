@@ -8,7 +8,7 @@ use burn::{
         attention::generate_autoregressive_mask,
         transformer::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput},
     },
-    tensor::{Int, Tensor, backend::Backend},
+    tensor::{Device, Int, Tensor},
 };
 
 /// The model's sizes.
@@ -32,17 +32,19 @@ impl GptConfig {
 }
 
 #[derive(Module, Debug)]
-pub struct Gpt<B: Backend> {
-    tokens: Embedding<B>,
-    positions: Embedding<B>,
-    blocks: TransformerEncoder<B>,
-    norm: LayerNorm<B>,
+pub struct Gpt {
+    tokens: Embedding,
+    positions: Embedding,
+    blocks: TransformerEncoder,
+    norm: LayerNorm,
     /// `[d_model, vocab]`, no bias (GPT-2's head).
-    pub head: Linear<B>,
+    pub head: Linear,
 }
 
-impl<B: Backend> Gpt<B> {
-    pub fn new(config: &GptConfig, device: &B::Device) -> Self {
+impl Gpt {
+    /// The model with freshly drawn (lazily initialised) parameters on `device`: an
+    /// autodiff device to train it.
+    pub fn new(config: &GptConfig, device: &Device) -> Self {
         Self {
             tokens: EmbeddingConfig::new(config.vocab, config.d_model).init(device),
             positions: EmbeddingConfig::new(config.seq_len, config.d_model).init(device),
@@ -64,14 +66,14 @@ impl<B: Backend> Gpt<B> {
 
     /// The last hidden states `[batch * seq, d_model]` for input tokens `[batch, seq]`:
     /// what the LM head takes.
-    pub fn hidden(&self, input: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+    pub fn hidden(&self, input: Tensor<2, Int>) -> Tensor<2> {
         let [batch, seq] = input.dims();
         let device = input.device();
-        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
+        let positions = Tensor::<1, Int>::arange(0..seq as i64, &device)
             .unsqueeze_dim::<2>(0)
             .expand([batch, seq]);
         let x = self.tokens.forward(input) + self.positions.forward(positions);
-        let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
+        let mask = generate_autoregressive_mask(batch, seq, &device);
         let x = self
             .blocks
             .forward(TransformerEncoderInput::new(x).mask_attn(mask));
@@ -80,7 +82,7 @@ impl<B: Backend> Gpt<B> {
     }
 
     /// Logits `[batch * seq, vocab]` for input tokens `[batch, seq]`.
-    pub fn forward(&self, input: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+    pub fn forward(&self, input: Tensor<2, Int>) -> Tensor<2> {
         self.head.forward(self.hidden(input))
     }
 }

@@ -5,17 +5,16 @@ use std::time::Instant;
 
 use burn::{
     lr_scheduler::{
-        LrScheduler,
-        cosine::{CosineAnnealingLrScheduler, CosineAnnealingLrSchedulerConfig},
+        cosine::CosineAnnealingLrSchedulerConfig, module_lr_scheduler::ModuleLrScheduler,
     },
-    module::Module,
+    module::{Module, ModuleVisitor, Param},
     nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig},
-    optim::{AdamW, AdamWConfig, GradientsParams, Optimizer, adaptor::OptimizerAdaptor},
-    tensor::{ElementConversion, Int, Tensor, TensorData, backend::AutodiffBackend},
+    optim::{AdamWConfig, GradientsParams, ModuleOptimizer},
+    tensor::{Device, Int, Tensor, TensorData},
 };
 use burn_fused_ce::{
-    FusedCrossEntropyBackend, FusedCrossEntropyLoss, FusedCrossEntropyLossConfig,
-    FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig, LinearChunking,
+    FusedCrossEntropyLoss, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLoss,
+    FusedLinearCrossEntropyLossConfig, LinearChunking,
 };
 use rand::{SeedableRng, rngs::SmallRng};
 
@@ -65,33 +64,39 @@ pub struct StepLog {
     pub tokens: usize,
 }
 
-/// The seeded starting model. Runs to compare start from clones of one.
-pub fn initial_model<B: burn::tensor::backend::Backend>(
-    config: &GptConfig,
-    seed: u64,
-    device: &B::Device,
-) -> Gpt<B> {
-    B::seed(device, seed);
+/// The seeded starting model on `device` (an autodiff device to train it). Runs to compare
+/// start from clones of one.
+pub fn initial_model(config: &GptConfig, seed: u64, device: &Device) -> Gpt {
+    device.seed(seed);
     let model = Gpt::new(config, device);
-    // Burn initialises parameters lazily, at first use, and a clone of an uninitialised
-    // model initialises on its own: draw the weights now, so clones share them.
-    let record = model.into_record();
-    Gpt::new(config, device).load_record(record)
+    // Burn initialises parameters lazily, at first use: draw them all now, in the module's
+    // order, so that the draws follow from the seed alone and every clone starts from them.
+    model.visit(&mut DrawParameters);
+    model
+}
+
+/// Initialises every float parameter it visits.
+struct DrawParameters;
+
+impl ModuleVisitor for DrawParameters {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let _ = param.val();
+    }
 }
 
 /// One replica's training state: the optimizer, the learning-rate schedule and the loss
-/// modules (the fused ones remember the incoming gradient they guess).
-pub(crate) struct Trainer<B: AutodiffBackend + FusedCrossEntropyBackend> {
-    optimizer: OptimizerAdaptor<AdamW, Gpt<B>, B>,
-    schedule: CosineAnnealingLrScheduler,
-    stock: CrossEntropyLoss<B>,
-    fused: FusedCrossEntropyLoss<B>,
-    fused_linear: FusedLinearCrossEntropyLoss<B>,
+/// modules (the fused ones remember the incoming gradient they guess, per device).
+pub(crate) struct Trainer {
+    optimizer: ModuleOptimizer,
+    schedule: ModuleLrScheduler,
+    stock: CrossEntropyLoss,
+    fused: FusedCrossEntropyLoss,
+    fused_linear: FusedLinearCrossEntropyLoss,
     kind: LossKind,
 }
 
-impl<B: AutodiffBackend + FusedCrossEntropyBackend> Trainer<B> {
-    pub(crate) fn new(run: &RunConfig, kind: LossKind, device: &B::Device) -> Self {
+impl Trainer {
+    pub(crate) fn new(run: &RunConfig, kind: LossKind, device: &Device) -> Self {
         Self {
             optimizer: AdamWConfig::new().init(),
             schedule: CosineAnnealingLrSchedulerConfig::new(run.lr, run.steps.max(1))
@@ -108,19 +113,18 @@ impl<B: AutodiffBackend + FusedCrossEntropyBackend> Trainer<B> {
     }
 
     /// The mean loss over the tokens of `inputs` and `targets` (`[sequences * seq]` each)
-    /// and its gradients. The loss is not read back.
+    /// and its gradients, on `device` (where `model` is). The loss is not read back.
     pub(crate) fn gradients(
         &self,
-        model: &Gpt<B>,
+        model: &Gpt,
         (inputs, targets): (Vec<i64>, Vec<i64>),
         seq: usize,
-        device: &B::Device,
-    ) -> (GradientsParams, Tensor<B, 1>) {
+        device: &Device,
+    ) -> (GradientsParams, Tensor<1>) {
         let rows = targets.len();
         let sequences = rows / seq;
-        let input =
-            Tensor::<B, 2, Int>::from_data(TensorData::new(inputs, [sequences, seq]), device);
-        let target = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), device);
+        let input = Tensor::<2, Int>::from_data(TensorData::new(inputs, [sequences, seq]), device);
+        let target = Tensor::<1, Int>::from_data(TensorData::new(targets, [rows]), device);
         let loss = match self.kind {
             LossKind::Stock => self.stock.forward(model.forward(input), target),
             LossKind::Fused => self.fused.forward(model.forward(input), target),
@@ -133,26 +137,23 @@ impl<B: AutodiffBackend + FusedCrossEntropyBackend> Trainer<B> {
     }
 
     /// The optimizer's step with `grads` at the schedule's next learning rate.
-    pub(crate) fn apply(&mut self, model: Gpt<B>, grads: GradientsParams) -> Gpt<B> {
+    pub(crate) fn apply(&mut self, model: Gpt, grads: GradientsParams) -> Gpt {
         self.optimizer.step(self.schedule.step(), model, grads)
     }
 }
 
-/// Trains `model` on `corpus` and returns per-step logs and the trained model. Batches are
-/// drawn from `run.seed` on the host, so equal starts see equal data. `on_step` sees each
-/// step's log as it ends.
-pub fn train<B>(
+/// Trains `model` (on the autodiff device `device`) on `corpus` and returns per-step logs
+/// and the trained model. Batches are drawn from `run.seed` on the host, so equal starts
+/// see equal data. `on_step` sees each step's log as it ends.
+pub fn train(
     config: &GptConfig,
     run: &RunConfig,
     kind: LossKind,
-    mut model: Gpt<B>,
+    mut model: Gpt,
     corpus: &Corpus,
-    device: &B::Device,
+    device: &Device,
     mut on_step: impl FnMut(usize, &StepLog),
-) -> (Vec<StepLog>, Gpt<B>)
-where
-    B: AutodiffBackend + FusedCrossEntropyBackend,
-{
+) -> (Vec<StepLog>, Gpt) {
     let mut trainer = Trainer::new(run, kind, device);
     let mut rng = SmallRng::seed_from_u64(run.seed);
     let seq = config.seq_len;
@@ -164,7 +165,7 @@ where
         let (grads, loss) = trainer.gradients(&model, batch, seq, device);
         model = trainer.apply(model, grads);
         let log = StepLog {
-            loss: loss.into_scalar().elem(),
+            loss: loss.into_scalar::<f64>(),
             seconds: started.elapsed().as_secs_f64(),
             tokens: rows,
         };
@@ -174,15 +175,18 @@ where
     (logs, model)
 }
 
-/// Greedy continuation of `prompt` by `len` tokens.
-pub fn sample<B: burn::tensor::backend::Backend>(
-    model: &Gpt<B>,
+/// Greedy continuation of `prompt` by `len` tokens, without autodiff (whatever the device
+/// `model` trained on).
+pub fn sample(
+    model: &Gpt,
     config: &GptConfig,
     corpus: &Corpus,
     prompt: &[u32],
     len: usize,
-    device: &B::Device,
+    device: &Device,
 ) -> String {
+    let model = model.valid();
+    let device = device.clone().without_autodiff();
     let mut tokens = prompt.to_vec();
     // One input shape for every token: the context padded on the right to a fixed window.
     // Causal attention leaves the positions before the padding as they were, and under
@@ -197,13 +201,12 @@ pub fn sample<B: burn::tensor::backend::Backend>(
             .chain(std::iter::repeat(0))
             .take(window)
             .collect();
-        let input = Tensor::<B, 2, Int>::from_data(TensorData::new(input, [1, window]), device);
+        let input = Tensor::<2, Int>::from_data(TensorData::new(input, [1, window]), &device);
         let logits = model.forward(input);
         let next = logits
             .slice([last..last + 1, 0..config.vocab])
             .argmax(1)
-            .into_scalar()
-            .elem::<i64>();
+            .into_scalar::<i64>();
         tokens.push(next as u32);
     }
     corpus.decode(&tokens)

@@ -1,22 +1,23 @@
 //! Bad input: every refusal the spec lists, through every entry point (`try_` functions
 //! return the error, `forward` / `init` panic with its message), non-finite logits (only
-//! their rows are affected) and the empty batch on every backend.
+//! their rows are affected) and the empty batch on every backend. Refusals are the
+//! function layer's (`Tensor<D>`, on a cube device and Flex); the plain cube backend's
+//! part of them, the target check op, runs on its primitives.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use burn::{
-    backend::{Autodiff, NdArray},
-    tensor::{DType, Int, Tensor, TensorData},
-};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyBackend,
     FusedCrossEntropyLossConfig, Reduction, TargetCheck, fused_cross_entropy,
     try_fused_cross_entropy,
 };
-use fused_ce_suite::DefaultBackend;
 
+use crate::call::*;
 use crate::common::*;
-use crate::contract::{REDUCTIONS, check_bad_targets, check_grad, poisoned, short_name};
+use crate::contract::{REDUCTIONS, check_bad_targets, check_grad, poisoned};
+use crate::cube_primitives::{self as cube, C};
+use crate::run_call::tracked_call;
 
 /// Runs `f`, which must panic, and returns its panic message.
 pub(crate) fn panic_message(f: impl FnOnce()) -> String {
@@ -33,10 +34,7 @@ pub(crate) fn panic_message(f: impl FnOnce()) -> String {
     }
 }
 
-fn logits<B: burn::tensor::backend::Backend, const D: usize>(
-    dims: [usize; D],
-    device: &B::Device,
-) -> Tensor<B, D> {
+fn logits<const D: usize>(dims: [usize; D], device: &Device) -> Tensor<D> {
     let len: usize = dims.iter().product();
     let values: Vec<f32> = (0..len)
         .map(|i| ((i * 37) % 23) as f32 * 0.25 - 2.0)
@@ -44,41 +42,33 @@ fn logits<B: burn::tensor::backend::Backend, const D: usize>(
     Tensor::from_data(TensorData::new(values, dims), device)
 }
 
-fn targets<B: burn::tensor::backend::Backend, const D: usize>(
-    values: &[i64],
-    dims: [usize; D],
-    device: &B::Device,
-) -> Tensor<B, D, Int> {
+fn targets<const D: usize>(values: &[i64], dims: [usize; D], device: &Device) -> Tensor<D, Int> {
     Tensor::from_data(TensorData::new(values.to_vec(), dims), device)
 }
 
-/// The error `try_fused_cross_entropy` gives for `[rows, vocab]` logits.
-fn error_2d<B: FusedCrossEntropyBackend>(
+/// The error `try_fused_cross_entropy` gives for `[rows, vocab]` logits on `device`.
+fn error_2d(
+    device: &Device,
     logits_dims: [usize; 2],
     target_values: &[i64],
     weights: Option<&[f32]>,
     options: &CrossEntropyOptions,
-) -> CrossEntropyError
-where
-    B::Device: Default,
-{
-    let device = B::Device::default();
-    let x = logits::<B, 2>(logits_dims, &device);
-    let y = targets::<B, 1>(target_values, [target_values.len()], &device);
-    let w = weights.map(|w| Tensor::<B, 1>::from_floats(w, &device));
+) -> CrossEntropyError {
+    let x = logits::<2>(logits_dims, device);
+    let y = targets::<1>(target_values, [target_values.len()], device);
+    let w = weights.map(|w| Tensor::<1>::from_floats(w, device));
     match try_fused_cross_entropy(x, y, w, options) {
         Ok(_) => panic!(
-            "{}: logits {logits_dims:?}, targets {target_values:?}, weights {weights:?}, {options:?} must be refused",
-            short_name::<B>()
+            "{device:?}: logits {logits_dims:?}, targets {target_values:?}, weights {weights:?}, {options:?} must be refused"
         ),
         Err(e) => e,
     }
 }
 
 /// `fused_cross_entropy` (no weights) panics with exactly `error`'s message.
-fn assert_forward_panics<B: FusedCrossEntropyBackend, const DL: usize, const DT: usize>(
-    x: Tensor<B, DL>,
-    y: Tensor<B, DT, Int>,
+fn assert_forward_panics<const DL: usize, const DT: usize>(
+    x: Tensor<DL>,
+    y: Tensor<DT, Int>,
     options: &CrossEntropyOptions,
     error: &CrossEntropyError,
 ) {
@@ -94,22 +84,15 @@ fn assert_forward_panics<B: FusedCrossEntropyBackend, const DL: usize, const DT:
 
 #[test]
 fn out_of_range_targets_name_row_and_value() {
-    for backend in 0..3 {
-        match backend {
-            0 => check_out_of_range::<CubeBackend>(),
-            1 => check_out_of_range::<DefaultBackend>(),
-            _ => check_out_of_range::<NdArray>(),
-        }
+    for backend in [TestBackend::Cube, TestBackend::Fusion, TestBackend::Flex] {
+        check_out_of_range(backend);
     }
 }
 
-fn check_out_of_range<B: FusedCrossEntropyBackend>()
-where
-    B::Device: Default,
-{
+fn check_out_of_range(backend: TestBackend) {
     let _backward = shared_device();
-    let device = B::Device::default();
-    let name = short_name::<B>();
+    let device = backend.device();
+    let name = backend.name();
     let (rows, vocab) = (8, 10);
     // Reported by the call itself (the deferred default is tested in `defaults.rs`).
     let plain = CrossEntropyOptions {
@@ -164,6 +147,32 @@ where
     ];
     for (values, options, row, value) in cases {
         let context = format!("{name} targets {values:?} {options:?}");
+        if backend == TestBackend::Cube {
+            // The plain backend's part: its target check op, `[first bad row, target]`.
+            let found = cube::read_int(C::first_bad_target(
+                cube::ints(&values, &[rows]),
+                vocab,
+                options.ignore_index,
+            ));
+            assert_eq!(found.values, [row as f64, value as f64], "{context}");
+            let mut good = values.clone();
+            good[row] = 0;
+            let found = cube::read_int(C::first_bad_target(
+                cube::ints(&good, &[rows]),
+                vocab,
+                options.ignore_index,
+            ));
+            if !good
+                .iter()
+                .any(|&y| (y < 0 || y >= vocab as i64) && y != options.ignore_index)
+            {
+                assert_eq!(
+                    found.values[0], rows as f64,
+                    "{context}: no bad target left"
+                );
+            }
+            continue;
+        }
         let expected = CrossEntropyError::TargetOutOfRange {
             row,
             value,
@@ -171,7 +180,13 @@ where
             earlier_call: false,
         };
         for weights in [None, Some(vec![1.5f32; vocab])] {
-            let err = error_2d::<B>([rows, vocab], &values, weights.as_deref(), &options);
+            let err = error_2d(
+                &device,
+                [rows, vocab],
+                &values,
+                weights.as_deref(),
+                &options,
+            );
             assert_eq!(err, expected, "{context} weights={}", weights.is_some());
         }
         let message = expected.to_string();
@@ -180,8 +195,8 @@ where
             "{context}: the message names row and value: {message}"
         );
         assert_forward_panics(
-            logits::<B, 2>([rows, vocab], &device),
-            targets::<B, 1>(&values, [rows], &device),
+            logits::<2>([rows, vocab], &device),
+            targets::<1>(&values, [rows], &device),
             &options,
             &expected,
         );
@@ -191,18 +206,18 @@ where
             .with_ignore_index(options.ignore_index)
             .with_class_weights(Some(vec![0.5; vocab]))
             .with_target_check(TargetCheck::Immediate)
-            .init::<B>(&device);
+            .init(&device);
         let err = module
             .try_forward(
-                logits::<B, 2>([rows, vocab], &device),
-                targets::<B, 1>(&values, [rows], &device),
+                logits::<2>([rows, vocab], &device),
+                targets::<1>(&values, [rows], &device),
             )
             .expect_err("the module refuses too");
         assert_eq!(err, expected, "{context}: module");
         let message = panic_message(|| {
             module.forward(
-                logits::<B, 2>([rows, vocab], &device),
-                targets::<B, 1>(&values, [rows], &device),
+                logits::<2>([rows, vocab], &device),
+                targets::<1>(&values, [rows], &device),
             );
         });
         assert_eq!(
@@ -211,19 +226,16 @@ where
             "{context}: module forward panics"
         );
         // Under autodiff, before anything is recorded.
-        let x = logits::<Autodiff<B>, 2>([rows, vocab], &device).require_grad();
-        let err = try_fused_cross_entropy(
-            x,
-            targets::<Autodiff<B>, 1>(&values, [rows], &device),
-            None,
-            &options,
-        )
-        .err()
-        .unwrap_or_else(|| panic!("{context}: autodiff must refuse"));
+        let ad_device = device.clone().autodiff();
+        let x = logits::<2>([rows, vocab], &ad_device).require_grad();
+        let err =
+            try_fused_cross_entropy(x, targets::<1>(&values, [rows], &ad_device), None, &options)
+                .err()
+                .unwrap_or_else(|| panic!("{context}: autodiff must refuse"));
         assert_eq!(err, expected, "{context}: autodiff");
         // 3-D: the row is counted in row-major order over [B, T].
-        let x = logits::<B, 3>([2, 4, vocab], &device);
-        let y = targets::<B, 2>(&values, [2, 4], &device);
+        let x = logits::<3>([2, 4, vocab], &device);
+        let y = targets::<2>(&values, [2, 4], &device);
         let err = try_fused_cross_entropy(x, y, None, &options)
             .err()
             .unwrap_or_else(|| panic!("{context}: 3-D must refuse"));
@@ -231,41 +243,42 @@ where
     }
 }
 
+/// Host checks of the function layer, before anything runs: on a cube device
+/// (`Fusion<CubeBackend>`; the plain backend has no `Tensor<D>` in this build).
 #[test]
 fn shape_mismatches_are_refused() {
-    let device = Device::default();
-    type B = CubeBackend;
+    let device = device();
     let options = CrossEntropyOptions::default();
     let is_shape = |e: &CrossEntropyError| matches!(e, CrossEntropyError::ShapeMismatch(_));
 
     // Rows differ.
-    let err = error_2d::<B>([5, 9], &[1, 2, 3, 4], None, &options);
+    let err = error_2d(&device, [5, 9], &[1, 2, 3, 4], None, &options);
     assert!(is_shape(&err), "rows differ: {err:?}");
     assert_forward_panics(
-        logits::<B, 2>([5, 9], &device),
-        targets::<B, 1>(&[1, 2, 3, 4], [4], &device),
+        logits::<2>([5, 9], &device),
+        targets::<1>(&[1, 2, 3, 4], [4], &device),
         &options,
         &err,
     );
     // 3-D logits with 1-D targets (rank).
     let err = try_fused_cross_entropy(
-        logits::<B, 3>([2, 3, 9], &device),
-        targets::<B, 1>(&[1, 2, 3, 4, 5, 6], [6], &device),
+        logits::<3>([2, 3, 9], &device),
+        targets::<1>(&[1, 2, 3, 4, 5, 6], [6], &device),
         None,
         &options,
     )
     .expect_err("rank mismatch refused");
     assert!(is_shape(&err), "rank: {err:?}");
     assert_forward_panics(
-        logits::<B, 3>([2, 3, 9], &device),
-        targets::<B, 1>(&[1, 2, 3, 4, 5, 6], [6], &device),
+        logits::<3>([2, 3, 9], &device),
+        targets::<1>(&[1, 2, 3, 4, 5, 6], [6], &device),
         &options,
         &err,
     );
     // 2-D logits with 2-D targets.
     let err = try_fused_cross_entropy(
-        logits::<B, 2>([6, 9], &device),
-        targets::<B, 2>(&[1, 2, 3, 4, 5, 6], [2, 3], &device),
+        logits::<2>([6, 9], &device),
+        targets::<2>(&[1, 2, 3, 4, 5, 6], [2, 3], &device),
         None,
         &options,
     )
@@ -273,8 +286,8 @@ fn shape_mismatches_are_refused() {
     assert!(is_shape(&err), "rank: {err:?}");
     // 3-D with the batch and time swapped.
     let err = try_fused_cross_entropy(
-        logits::<B, 3>([2, 3, 9], &device),
-        targets::<B, 2>(&[1, 2, 3, 4, 5, 6], [3, 2], &device),
+        logits::<3>([2, 3, 9], &device),
+        targets::<2>(&[1, 2, 3, 4, 5, 6], [3, 2], &device),
         None,
         &options,
     )
@@ -282,47 +295,47 @@ fn shape_mismatches_are_refused() {
     assert!(is_shape(&err), "3-D dims: {err:?}");
     // 4-D logits.
     let err = try_fused_cross_entropy(
-        logits::<B, 4>([2, 3, 1, 9], &device),
-        targets::<B, 3>(&[1, 2, 3, 4, 5, 6], [2, 3, 1], &device),
+        logits::<4>([2, 3, 1, 9], &device),
+        targets::<3>(&[1, 2, 3, 4, 5, 6], [2, 3, 1], &device),
         None,
         &options,
     )
     .expect_err("4-D refused");
     assert!(is_shape(&err), "4-D: {err:?}");
     // No classes.
-    let err = error_2d::<B>([3, 0], &[0, 0, 0], None, &options);
+    let err = error_2d(&device, [3, 0], &[0, 0, 0], None, &options);
     assert!(is_shape(&err), "V = 0: {err:?}");
     // Weights of the wrong length, through the function and the module.
     for len in [8, 10, 1] {
         let weights = vec![1.0f32; len];
-        let err = error_2d::<B>([4, 9], &[1, 2, 3, 4], Some(&weights), &options);
+        let err = error_2d(&device, [4, 9], &[1, 2, 3, 4], Some(&weights), &options);
         assert!(is_shape(&err), "weights [{len}] for V = 9: {err:?}");
         assert!(err.to_string().contains(&len.to_string()), "{err}");
         let module = FusedCrossEntropyLossConfig::new()
             .with_class_weights(Some(weights))
-            .init::<B>(&device);
+            .init(&device);
         let err = module
             .try_forward(
-                logits::<B, 2>([4, 9], &device),
-                targets::<B, 1>(&[1, 2, 3, 4], [4], &device),
+                logits::<2>([4, 9], &device),
+                targets::<1>(&[1, 2, 3, 4], [4], &device),
             )
             .expect_err("module refuses weights of the wrong length");
         assert!(is_shape(&err), "module weights [{len}]: {err:?}");
         let message = panic_message(|| {
             module.forward(
-                logits::<B, 2>([4, 9], &device),
-                targets::<B, 1>(&[1, 2, 3, 4], [4], &device),
+                logits::<2>([4, 9], &device),
+                targets::<1>(&[1, 2, 3, 4], [4], &device),
             );
         });
         assert_eq!(message, err.to_string());
     }
 }
 
-/// Every invalid option value, through the function, `try_init`, `init` and `forward`.
+/// Every invalid option value, through the function, `try_init`, `init` and `forward` (on
+/// a cube device, as `shape_mismatches_are_refused`).
 #[test]
 fn invalid_options_are_refused() {
-    let device = Device::default();
-    type B = CubeBackend;
+    let device = device();
     let base = CrossEntropyOptions::default();
     let cases: Vec<(&str, CrossEntropyOptions)> = [-0.1, 1.5, f32::NAN, f32::INFINITY]
         .into_iter()
@@ -364,13 +377,13 @@ fn invalid_options_are_refused() {
         assert!(err.to_string().contains(name), "{context}: {err}");
         // The function, with valid inputs otherwise; also with bad targets (options come
         // first, before anything runs on the device).
-        let got = error_2d::<B>([4, 9], &[1, 2, 3, 4], None, &options);
+        let got = error_2d(&device, [4, 9], &[1, 2, 3, 4], None, &options);
         assert_eq!(got, err, "{context}");
-        let got = error_2d::<B>([4, 9], &[1, 2, 3, 40], None, &options);
+        let got = error_2d(&device, [4, 9], &[1, 2, 3, 40], None, &options);
         assert_eq!(got, err, "{context}: with a bad target too");
         assert_forward_panics(
-            logits::<B, 2>([4, 9], &device),
-            targets::<B, 1>(&[1, 2, 3, 4], [4], &device),
+            logits::<2>([4, 9], &device),
+            targets::<1>(&[1, 2, 3, 4], [4], &device),
             &options,
             &err,
         );
@@ -379,10 +392,10 @@ fn invalid_options_are_refused() {
             .with_label_smoothing(options.label_smoothing)
             .with_softcap(options.softcap)
             .with_z_loss_scale(options.z_loss_scale);
-        let got = config.try_init::<B>(&device).expect_err(&context);
+        let got = config.try_init(&device).expect_err(&context);
         assert_eq!(got, err, "{context}: try_init");
         let message = panic_message(|| {
-            config.init::<B>(&device);
+            config.init(&device);
         });
         assert_eq!(message, err.to_string(), "{context}: init panics");
     }
@@ -404,11 +417,11 @@ fn invalid_options_are_refused() {
 }
 
 /// A negative or non-finite class weight: checked on the device by the function (on
-/// every call, whatever the target check), on the host by `try_init`.
+/// every call, whatever the target check; Burn's tensor ops on a cube device, so
+/// `Fusion<CubeBackend>`), on the host by `try_init`.
 #[test]
 fn invalid_class_weights_are_refused() {
-    let device = Device::default();
-    type B = CubeBackend;
+    let device = device();
     let vocab = 9;
     for (class, bad) in [(0, -1.0f32), (4, -1e-6), (8, f32::NAN), (3, f32::INFINITY)] {
         let mut weights = vec![0.7f32; vocab];
@@ -427,7 +440,7 @@ fn invalid_class_weights_are_refused() {
         for reduction in REDUCTIONS {
             let options = CrossEntropyOptions::new(reduction);
             check(
-                error_2d::<B>([4, vocab], &[1, 2, 3, 4], Some(&weights), &options),
+                error_2d(&device, [4, vocab], &[1, 2, 3, 4], Some(&weights), &options),
                 "function",
             );
         }
@@ -436,17 +449,23 @@ fn invalid_class_weights_are_refused() {
         two[vocab - 1] = -5.0;
         if class != vocab - 1 {
             check(
-                error_2d::<B>([4, vocab], &[1, 2, 3, 4], Some(&two), &Default::default()),
+                error_2d(
+                    &device,
+                    [4, vocab],
+                    &[1, 2, 3, 4],
+                    Some(&two),
+                    &Default::default(),
+                ),
                 "function, first of two",
             );
         }
         let config = FusedCrossEntropyLossConfig::new().with_class_weights(Some(weights.clone()));
-        let err = config.try_init::<B>(&device).expect_err(&context);
+        let err = config.try_init(&device).expect_err(&context);
         let message = err.to_string();
         assert!(message.contains(&class.to_string()), "{context}: {message}");
         check(err.clone(), "try_init");
         let panicked = panic_message(|| {
-            config.init::<B>(&device);
+            config.init(&device);
         });
         assert_eq!(panicked, message, "{context}: init panics");
     }
@@ -455,23 +474,19 @@ fn invalid_class_weights_are_refused() {
     zeros[2] = 0.0;
     FusedCrossEntropyLossConfig::new()
         .with_class_weights(Some(zeros))
-        .try_init::<B>(&device)
+        .try_init(&device)
         .expect("weight 0 is valid");
 }
 
 /// NaN and +inf logits poison only their own rows: the other rows' losses and gradients
 /// match the reference, nothing crashes.
-fn check_non_finite<B: FusedCrossEntropyBackend>(reduction: Reduction, options_on: bool)
-where
-    B::Device: Default,
-{
+fn check_non_finite(backend: TestBackend, reduction: Reduction, options_on: bool) {
     let _backward = shared_device();
     let seed = fresh_seed();
-    let device = B::Device::default();
     let mut rng = rng(seed);
     let context = format!(
         "{} {reduction:?} options={options_on} seed={seed}",
-        short_name::<B>()
+        backend.name()
     );
     let (rows, vocab) = (9, 67);
     let mut values = random_logits(&mut rng, rows, vocab);
@@ -496,21 +511,20 @@ where
     };
     let weights = options_on.then(|| random_class_weights(&mut rng, vocab));
     let reference = RefOptions::new(&options, weights.as_deref());
-    let (logits, seen) = logits_tensor::<Autodiff<B>>(values, rows, vocab, DType::F32, &device);
-    let logits = logits.require_grad();
-    let w = weights
-        .as_ref()
-        .map(|w| Tensor::<Autodiff<B>, 1>::from_floats(w.as_slice(), &device));
-    let loss = try_fused_cross_entropy(
-        logits.clone(),
-        targets_tensor(&targets, &device),
-        w,
+    // Backward from `loss.sum()`.
+    let call = Call::new(
+        values,
+        (rows, vocab),
+        DType::F32,
+        &targets,
+        weights.as_deref(),
         &options,
-    )
-    .unwrap_or_else(|e| panic!("{context}: refused: {e}"))
-    .loss;
-    let losses = to_f64(loss.clone().inner());
-    let ref_rows = reference_rows(&seen, vocab, &targets, &reference);
+    );
+    let tracked =
+        tracked_call(backend, &call).unwrap_or_else(|e| panic!("{context}: refused: {e}"));
+    let seen = &tracked.seen;
+    let losses = &tracked.out.loss.values;
+    let ref_rows = reference_rows(seen, vocab, &targets, &reference);
     match reduction {
         Reduction::None => {
             for row in 0..rows {
@@ -536,10 +550,8 @@ where
             losses[0]
         ),
     }
-    let g: Vec<f64> = vec![1.0; rows];
-    let grads = loss.sum().backward();
-    let grad = to_f64(logits.grad(&grads).expect("gradient"));
-    let ref_grad = reference_grad(&seen, vocab, &targets, &reference, &g);
+    let grad = &tracked.grad.values;
+    let ref_grad = reference_grad(seen, vocab, &targets, &reference, &tracked.g);
     let good = |v: &[f64]| -> Vec<f64> {
         (0..rows)
             .filter(|r| !bad.contains(r))
@@ -547,7 +559,7 @@ where
             .collect()
     };
     check_grad(
-        &good(&grad),
+        &good(grad),
         &good(&ref_grad),
         DType::F32,
         &format!("{context}: finite rows"),
@@ -559,9 +571,9 @@ fn non_finite_logits_poison_only_their_rows() {
     poisoned();
     for reduction in REDUCTIONS {
         for options_on in [false, true] {
-            check_non_finite::<CubeBackend>(reduction, options_on);
-            check_non_finite::<DefaultBackend>(reduction, options_on);
-            check_non_finite::<NdArray>(reduction, options_on);
+            for backend in [TestBackend::Cube, TestBackend::Fusion, TestBackend::Flex] {
+                check_non_finite(backend, reduction, options_on);
+            }
         }
     }
 }
@@ -572,53 +584,58 @@ fn non_finite_logits_poison_only_their_rows() {
 fn negative_infinite_logit_is_a_zero_probability() {
     poisoned();
     let _backward = shared_device();
-    let seed = fresh_seed();
-    let device = Device::default();
-    let mut rng = rng(seed);
-    let (rows, vocab) = (4, 33);
-    let mut values = random_logits(&mut rng, rows, vocab);
-    let targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
-    for row in 0..rows {
-        values[row * vocab + (targets[row] as usize + 1 + row) % vocab] = f32::NEG_INFINITY;
+    for backend in [TestBackend::Cube, TestBackend::Fusion] {
+        let seed = fresh_seed();
+        let context = format!("{} seed={seed}", backend.name());
+        let mut rng = rng(seed);
+        let (rows, vocab) = (4, 33);
+        let mut values = random_logits(&mut rng, rows, vocab);
+        let targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
+        for row in 0..rows {
+            values[row * vocab + (targets[row] as usize + 1 + row) % vocab] = f32::NEG_INFINITY;
+        }
+        let options = CrossEntropyOptions::new(Reduction::None);
+        let reference = RefOptions::new(&options, None);
+        // Backward from `loss.sum()`.
+        let call = Call::new(values, (rows, vocab), DType::F32, &targets, None, &options);
+        let tracked =
+            tracked_call(backend, &call).unwrap_or_else(|e| panic!("{context}: refused: {e}"));
+        let losses = &tracked.out.loss.values;
+        let ref_rows = reference_rows(&tracked.seen, vocab, &targets, &reference);
+        let ref_loss = reference_loss(&ref_rows, Reduction::None);
+        let err = relative_l2(losses, &ref_loss);
+        assert!(
+            err <= 1e-5,
+            "{context}: loss {losses:?} expected {ref_loss:?}"
+        );
+        let ref_grad = reference_grad(&tracked.seen, vocab, &targets, &reference, &tracked.g);
+        check_grad(&tracked.grad.values, &ref_grad, DType::F32, &context);
     }
-    let options = CrossEntropyOptions::new(Reduction::None);
-    let reference = RefOptions::new(&options, None);
-    let (logits, seen) = logits_tensor::<AutodiffCube>(values, rows, vocab, DType::F32, &device);
-    let logits = logits.require_grad();
-    let loss = fused_cross_entropy(logits.clone(), targets_tensor(&targets, &device), &options);
-    let losses = to_f64(loss.clone().inner());
-    let ref_rows = reference_rows(&seen, vocab, &targets, &reference);
-    let ref_loss = reference_loss(&ref_rows, Reduction::None);
-    let err = relative_l2(&losses, &ref_loss);
-    assert!(
-        err <= 1e-5,
-        "seed={seed}: loss {losses:?} expected {ref_loss:?}"
-    );
-    let grads = loss.sum().backward();
-    let grad = to_f64(logits.grad(&grads).expect("gradient"));
-    let ref_grad = reference_grad(&seen, vocab, &targets, &reference, &vec![1.0; rows]);
-    check_grad(&grad, &ref_grad, DType::F32, &format!("seed={seed}"));
+}
+
+/// The empty batch's config: every option and extra output on.
+fn empty_config(reduction: Reduction) -> FusedCrossEntropyLossConfig {
+    FusedCrossEntropyLossConfig::new()
+        .with_reduction(reduction)
+        .with_label_smoothing(0.1)
+        .with_z_loss_scale(1e-4)
+        .with_softcap(Some(30.0))
+        .with_class_weights(Some(vec![0.5; 41]))
+        .with_outputs(ExtraOutputs::all())
 }
 
 /// N = 0 on every backend, every option on: 0 for Mean/Sum (and their gradient runs),
 /// an empty `[0]` for None (not read back: see contract.rs `empty_batch`).
-fn check_empty<B: FusedCrossEntropyBackend>()
-where
-    B::Device: Default,
-{
+fn check_empty(backend: TestBackend) {
     let _backward = shared_device();
-    let device = B::Device::default();
+    if backend == TestBackend::Cube {
+        return check_empty_on_primitives();
+    }
+    let device = backend.device().autodiff();
     for reduction in REDUCTIONS {
-        let context = format!("{} {reduction:?}", short_name::<B>());
-        let config = FusedCrossEntropyLossConfig::new()
-            .with_reduction(reduction)
-            .with_label_smoothing(0.1)
-            .with_z_loss_scale(1e-4)
-            .with_softcap(Some(30.0))
-            .with_class_weights(Some(vec![0.5; 41]))
-            .with_outputs(ExtraOutputs::all());
-        let module = config.init::<Autodiff<B>>(&device);
-        let leaf = Tensor::<Autodiff<B>, 2>::empty([0, 41], &device).require_grad();
+        let context = format!("{} {reduction:?}", backend.name());
+        let module = empty_config(reduction).init(&device);
+        let leaf = Tensor::<2>::empty([0, 41], &device).require_grad();
         let out = module
             .try_forward_with_outputs(leaf.clone(), targets_tensor(&[], &device))
             .unwrap_or_else(|e| panic!("{context}: refused: {e}"));
@@ -641,16 +658,49 @@ where
     }
 }
 
+/// The plain cube backend at N = 0, as `Autodiff` calls it (the two-pass plan: the one
+/// pass needs rows).
+fn check_empty_on_primitives() {
+    for reduction in REDUCTIONS {
+        let context = format!("CubeBackend {reduction:?}");
+        let options = empty_config(reduction).options();
+        let weights = vec![0.5f32; 41];
+        let inputs = cube::inputs(
+            cube::floats(Vec::new(), &[0, 41], DType::F32),
+            cube::ints(&[], &[0]),
+            Some(&weights),
+        );
+        let (parts, pending) = cube::tracked_forward(inputs, &options, cube::first_guess());
+        if reduction == Reduction::None {
+            assert_eq!(
+                cube::dims_of(burn::backend::TensorMetadata::shape(&parts.loss)),
+                [0],
+                "{context}"
+            );
+            continue;
+        }
+        assert_eq!(cube::read(parts.loss).values, vec![0.0], "{context}");
+        let accuracy = parts.accuracy.into_option().expect("accuracy");
+        assert_eq!(cube::read(accuracy).values, vec![0.0], "{context}");
+        let (grad, _) = pending.backward(cube::floats(vec![1.0], &[1], DType::F32));
+        assert_eq!(
+            cube::dims_of(burn::backend::TensorMetadata::shape(&grad)),
+            [0, 41],
+            "{context}"
+        );
+    }
+}
+
 #[test]
 fn empty_batch_on_every_backend() {
     poisoned();
-    check_empty::<CubeBackend>();
-    check_empty::<DefaultBackend>();
-    check_empty::<NdArray>();
+    for backend in [TestBackend::Cube, TestBackend::Fusion, TestBackend::Flex] {
+        check_empty(backend);
+    }
 }
 
-/// `TargetCheck::Off` on the fusion backend and NdArray too: a NaN loss and a zero
-/// gradient row for the bad rows only (the plain backend is in contract.rs).
+/// `TargetCheck::Off` on the fusion backend and Flex too: a NaN loss and a zero gradient
+/// row for the bad rows only (the plain backend is in contract.rs).
 #[test]
 fn unchecked_out_of_range_target_on_other_backends() {
     poisoned();
@@ -660,7 +710,7 @@ fn unchecked_out_of_range_target_on_other_backends() {
             label_smoothing: 0.1,
             ..CrossEntropyOptions::new(reduction)
         };
-        check_bad_targets::<DefaultBackend>(&options, true);
-        check_bad_targets::<NdArray>(&options, true);
+        check_bad_targets(TestBackend::Fusion, &options, true);
+        check_bad_targets(TestBackend::Flex, &options, true);
     }
 }

@@ -1,13 +1,46 @@
-//! Shared test harness: seeded random inputs, the f64 CPU reference from the spec, and
-//! error measures. Every test draws fresh inputs; the seed is printed on failure and can
-//! be pinned with `FUSED_CE_SEED=<u64>`.
+//! Shared test harness: seeded random inputs, the f64 CPU reference from the spec, error
+//! measures, and the backends under test. Every test draws fresh inputs; the seed is
+//! printed on failure and can be pinned with `FUSED_CE_SEED=<u64>`.
 #![allow(dead_code, unused_imports)]
 
-use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_fused_ce::{CrossEntropyOptions, GradientPlan, KernelTuning, Reduction};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
-pub use fused_ce_suite::{AutodiffCube, CubeBackend, Device, SUPPORTS_BF16};
+pub use fused_ce_suite::{CubeBackend, SUPPORTS_BF16, device};
+
+/// Where a test runs the loss. Burn 0.22 picks the backend by the device, and this build
+/// has Burn's fusion on, so a cube device's tensors run on `Fusion<CubeBackend>`: the plain
+/// `CubeBackend` is reached on its primitives, through the extension trait, as
+/// `Autodiff` would call it (`cube_primitives.rs`). `run_call.rs` runs a call on each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestBackend {
+    /// The plain `CubeBackend`, on its primitives.
+    Cube,
+    /// `Tensor<D>` on a cube device: `Fusion<CubeBackend>`, what users have by default.
+    Fusion,
+    /// `Tensor<D>` on Flex, Burn's CPU backend: the portable path.
+    Flex,
+}
+
+impl TestBackend {
+    /// The device of this backend's tensors (the plain cube backend's primitives live on
+    /// the cube device too).
+    pub fn device(self) -> Device {
+        match self {
+            Self::Cube | Self::Fusion => device(),
+            Self::Flex => Device::flex(),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cube => "CubeBackend",
+            Self::Fusion => "Fusion<CubeBackend>",
+            Self::Flex => "Flex",
+        }
+    }
+}
 
 /// A fresh seed per call (or the pinned one), so each run tests new inputs.
 pub fn fresh_seed() -> u64 {
@@ -120,29 +153,36 @@ pub fn make_confident(values: &mut [f32], vocab: usize, targets: &[i64], margin:
     }
 }
 
-/// Logits on the device in `dtype`, and the exact values the kernel will see, in f64.
-pub fn logits_tensor<B: Backend>(
+/// Logits on `device` in `dtype`, and the exact values the kernel will see, in f64.
+pub fn logits_tensor(
     values: Vec<f32>,
     rows: usize,
     vocab: usize,
     dtype: DType,
-    device: &B::Device,
-) -> (Tensor<B, 2>, Vec<f64>) {
-    let tensor =
-        Tensor::<B, 2>::from_data(TensorData::new(values, [rows, vocab]), device).cast(dtype);
+    device: &Device,
+) -> (Tensor<2>, Vec<f64>) {
+    let tensor = Tensor::<2>::from_data(TensorData::new(values, [rows, vocab]), device).cast(dtype);
     let seen = to_f64(tensor.clone());
     (tensor, seen)
 }
 
-pub fn targets_tensor<B: Backend>(targets: &[i64], device: &B::Device) -> Tensor<B, 1, Int> {
-    Tensor::<B, 1, Int>::from_data(TensorData::new(targets.to_vec(), [targets.len()]), device)
+pub fn targets_tensor(targets: &[i64], device: &Device) -> Tensor<1, Int> {
+    Tensor::<1, Int>::from_data(TensorData::new(targets.to_vec(), [targets.len()]), device)
 }
 
-pub fn to_f64<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f64> {
+pub fn to_f64<const D: usize>(tensor: Tensor<D>) -> Vec<f64> {
+    data_to_f64(tensor.into_data())
+}
+
+pub fn int_to_i64<const D: usize>(tensor: Tensor<D, Int>) -> Vec<i64> {
     tensor
         .into_data()
-        .convert::<f64>()
-        .to_vec::<f64>()
+        .try_into_vec_as::<i64>()
+        .expect("tensor data converts to i64")
+}
+
+pub fn data_to_f64(data: TensorData) -> Vec<f64> {
+    data.try_into_vec_as::<f64>()
         .expect("tensor data converts to f64")
 }
 
@@ -227,7 +267,7 @@ pub fn forcing_chunks(chunks: usize, body: impl FnOnce()) {
 /// tuning; unchanged outside it.
 pub fn with_forced_chunks(mut options: CrossEntropyOptions) -> CrossEntropyOptions {
     if let Some(chunks) = FORCED_CHUNKS.with(|cell| cell.get()) {
-        let client = <fused_ce_suite::Runtime as cubecl::Runtime>::client(&Device::default());
+        let client = fused_ce_suite::client(&device());
         options.tuning = Some(KernelTuning {
             chunks: Some(chunks),
             ..KernelTuning::for_device(&client)

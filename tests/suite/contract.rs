@@ -1,19 +1,17 @@
-//! The core contract on the plain cube backend and under autodiff: every reduction with a
-//! non-uniform incoming gradient, ignore patterns none/some/all, the spec's small and odd
-//! shapes plus (512, 32000), every dtype the runtime has. Outputs are poisoned with NaN
-//! before each kernel, so an unwritten element fails.
+//! The core contract on the plain cube backend (its primitives: see
+//! `cube_primitives.rs`) and under autodiff: every reduction with a non-uniform incoming
+//! gradient, ignore patterns none/some/all, the spec's small and odd shapes plus
+//! (512, 32000), every dtype the runtime has. Outputs are poisoned with NaN before each
+//! kernel, so an unwritten element fails.
 
+use crate::call::*;
 use crate::common::*;
-use burn::{
-    backend::Autodiff,
-    tensor::{DType, Int, Tensor, backend::Backend},
-};
+use crate::run_call::{tracked_call, untracked_call};
+use burn::tensor::{DType, Int, Tensor};
 use burn_fused_ce::{
-    CrossEntropyError, CrossEntropyOptions, CrossEntropyOutput, ExtraOutputs,
-    FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, Reduction, TargetCheck,
+    CrossEntropyError, CrossEntropyOptions, ExtraOutputs, Reduction, TargetCheck,
     fused_cross_entropy, test_hooks, try_fused_cross_entropy,
 };
-use rand::Rng;
 
 pub(crate) const REDUCTIONS: [Reduction; 3] = [Reduction::None, Reduction::Mean, Reduction::Sum];
 
@@ -67,96 +65,6 @@ impl Case {
     pub(crate) fn reduction(&self) -> Reduction {
         self.options.reduction
     }
-
-    /// The targets' shape.
-    pub(crate) fn target_dims(&self) -> Vec<usize> {
-        match self.batch {
-            Some(b) => vec![b, self.rows / b],
-            None => vec![self.rows],
-        }
-    }
-
-    /// The shape of reduced outputs: one element, the targets' rank.
-    pub(crate) fn reduced_dims(&self) -> Vec<usize> {
-        vec![1; self.target_dims().len()]
-    }
-}
-
-/// Every output flattened to rank 1, with the shape it came in.
-pub(crate) struct FlatOutput<B: Backend> {
-    pub(crate) loss: Tensor<B, 1>,
-    pub(crate) loss_dims: Vec<usize>,
-    pub(crate) z_loss: Option<(Tensor<B, 1>, Vec<usize>)>,
-    pub(crate) accuracy: Option<(Tensor<B, 1>, Vec<usize>)>,
-    pub(crate) predicted: Option<(Tensor<B, 1, Int>, Vec<usize>)>,
-    pub(crate) lse: Option<(Tensor<B, 1>, Vec<usize>)>,
-}
-
-fn flat<B: Backend, const D: usize>(t: Tensor<B, D>) -> (Tensor<B, 1>, Vec<usize>) {
-    let dims = t.dims().to_vec();
-    (t.reshape([dims.iter().product::<usize>()]), dims)
-}
-
-fn flatten<B: Backend, const D: usize>(out: CrossEntropyOutput<B, D>) -> FlatOutput<B> {
-    let (loss, loss_dims) = flat(out.loss);
-    FlatOutput {
-        loss,
-        loss_dims,
-        z_loss: out.z_loss.map(flat),
-        accuracy: out.accuracy.map(flat),
-        predicted: out.predicted.map(|p| {
-            let dims = p.dims().to_vec();
-            (p.reshape([dims.iter().product::<usize>()]), dims)
-        }),
-        lse: out.lse.map(flat),
-    }
-}
-
-/// Forward through the function or the module, with 2-D or 3-D logits (`batch`); the
-/// outputs flattened.
-pub(crate) fn forward_flat<B: FusedCrossEntropyBackend>(
-    logits: Tensor<B, 2>,
-    targets: Tensor<B, 1, Int>,
-    weights: Option<&[f32]>,
-    options: &CrossEntropyOptions,
-    batch: Option<usize>,
-    via_module: bool,
-) -> Result<FlatOutput<B>, CrossEntropyError> {
-    let device = logits.device();
-    let [rows, vocab] = logits.dims();
-    // The module takes no kernel tuning: a case that forces one runs through the function.
-    if via_module && options.tuning.is_none() {
-        let o = options.clone();
-        let module = FusedCrossEntropyLossConfig::new()
-            .with_reduction(o.reduction)
-            .with_ignore_index(o.ignore_index)
-            .with_label_smoothing(o.label_smoothing)
-            .with_z_loss_scale(o.z_loss_scale)
-            .with_softcap(o.softcap)
-            .with_class_weights(weights.map(|w| w.to_vec()))
-            .with_target_check(o.target_check)
-            .with_gradient_plan(o.gradient_plan)
-            .with_outputs(o.outputs)
-            .try_init::<B>(&device)?;
-        assert_eq!(module.options(), options, "the module keeps its options");
-        return Ok(match batch {
-            None => flatten(module.try_forward_with_outputs(logits, targets)?),
-            Some(b) => flatten(module.try_forward_with_outputs(
-                logits.reshape([b, rows / b, vocab]),
-                targets.reshape([b, rows / b]),
-            )?),
-        });
-    }
-    let weights = weights.map(|w| Tensor::<B, 1>::from_floats(w, &device));
-    Ok(match batch {
-        None => flatten(try_fused_cross_entropy(logits, targets, weights, options)?),
-        Some(b) => flatten(try_fused_cross_entropy(
-            logits.reshape([b, rows / b, vocab]),
-            targets.reshape([b, rows / b]),
-            weights,
-            options,
-        )?),
-    })
 }
 
 /// Whether the kernel's argmax `got` is right against the reference `expected` (first
@@ -173,10 +81,9 @@ pub(crate) fn argmax_ok(capped_row: &[f64], got: i64, expected: i64, softcap: bo
     (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1.0)
 }
 
-/// Checks every output against the f64 reference; `grad_free`: the outputs of an
-/// untracked or a tracked pass (the loss is read through `clone`).
-pub(crate) fn check_outputs<B: Backend>(
-    out: &FlatOutput<B>,
+/// Checks every output against the f64 reference (an untracked or a tracked call's).
+pub(crate) fn check_outputs(
+    out: &HostOutput,
     case: &Case,
     seen: &[f64],
     targets: &[i64],
@@ -187,14 +94,16 @@ pub(crate) fn check_outputs<B: Backend>(
     let rows = reference_rows(seen, case.vocab, targets, reference);
     let reduction = case.reduction();
     let per_row = reduction == Reduction::None;
+    // Through `Tensor<D>` the targets' shape; on primitives `[N]`.
+    let target_dims = out.target_dims.clone();
     let loss_dims = if per_row {
-        case.target_dims()
+        target_dims.clone()
     } else {
-        case.reduced_dims()
+        vec![1; target_dims.len()]
     };
-    assert_eq!(out.loss_dims, loss_dims, "{context}: loss shape");
-    assert_eq!(out.loss.dtype(), case.dtype, "{context}: loss dtype");
-    let loss = to_f64(out.loss.clone());
+    assert_eq!(out.loss.dims, loss_dims, "{context}: loss shape");
+    assert_eq!(out.loss.dtype, case.dtype, "{context}: loss dtype");
+    let loss = out.loss.values.clone();
     let ref_loss = reference_loss(&rows, reduction);
     let err = relative_l2(&loss, &ref_loss);
     assert!(
@@ -227,10 +136,10 @@ pub(crate) fn check_outputs<B: Backend>(
         "{context}: predicted present"
     );
     assert_eq!(out.lse.is_some(), wanted.lse, "{context}: lse present");
-    if let Some((z, dims)) = &out.z_loss {
-        assert_eq!(dims, &loss_dims, "{context}: z_loss shape");
-        assert_eq!(z.dtype(), DType::F32, "{context}: z_loss dtype");
-        let got = to_f64(z.clone());
+    if let Some(z) = &out.z_loss {
+        assert_eq!(z.dims, loss_dims, "{context}: z_loss shape");
+        assert_eq!(z.dtype, DType::F32, "{context}: z_loss dtype");
+        let got = z.values.clone();
         let expected = reference_z_loss(&rows, reduction);
         let err = relative_l2(&got, &expected);
         assert!(
@@ -258,14 +167,9 @@ pub(crate) fn check_outputs<B: Backend>(
             }
         }
     }
-    if let Some((predicted, dims)) = &out.predicted {
-        assert_eq!(dims, &case.target_dims(), "{context}: predicted shape");
-        let got: Vec<i64> = predicted
-            .clone()
-            .into_data()
-            .convert::<i64>()
-            .to_vec::<i64>()
-            .expect("ints");
+    if let Some(predicted) = &out.predicted {
+        assert_eq!(predicted.dims, target_dims, "{context}: predicted shape");
+        let got: Vec<i64> = predicted.values.iter().map(|&v| v as i64).collect();
         for (row, r) in rows.iter().enumerate() {
             if !r.counted {
                 assert_eq!(got[row], -1, "{context}: predicted on ignored row {row}");
@@ -281,10 +185,10 @@ pub(crate) fn check_outputs<B: Backend>(
         }
         near_ties = 0;
     }
-    if let Some((accuracy, dims)) = &out.accuracy {
-        assert_eq!(dims, &vec![1], "{context}: accuracy shape");
-        assert_eq!(accuracy.dtype(), DType::F32, "{context}: accuracy dtype");
-        let got = to_f64(accuracy.clone())[0];
+    if let Some(accuracy) = &out.accuracy {
+        assert_eq!(accuracy.dims, vec![1], "{context}: accuracy shape");
+        assert_eq!(accuracy.dtype, DType::F32, "{context}: accuracy dtype");
+        let got = accuracy.values[0];
         let n = rows.iter().filter(|r| r.counted).count();
         let correct = rows
             .iter()
@@ -307,10 +211,10 @@ pub(crate) fn check_outputs<B: Backend>(
             "{context}: accuracy {got} expected {expected} ({correct}/{n})"
         );
     }
-    if let Some((lse, dims)) = &out.lse {
-        assert_eq!(dims, &case.target_dims(), "{context}: lse shape");
-        assert_eq!(lse.dtype(), DType::F32, "{context}: lse dtype");
-        let got = to_f64(lse.clone());
+    if let Some(lse) = &out.lse {
+        assert_eq!(lse.dims, target_dims, "{context}: lse shape");
+        assert_eq!(lse.dtype, DType::F32, "{context}: lse dtype");
+        let got = lse.values.clone();
         let expected = reference_lse(&rows);
         // Relative to max(|lse|, 1) per element: a log-sum-exp near 0 (one class, small
         // logits) carries the absolute error of the logits' scale, not a relative one
@@ -340,30 +244,6 @@ pub(crate) fn check_outputs<B: Backend>(
             if !r.counted {
                 assert_eq!(got[row], 0.0, "{context}: lse on ignored row {row}");
             }
-        }
-    }
-}
-
-/// The incoming gradient the objective feeds the loss: `(loss * w).sum()` with random
-/// per-row `w` for None, `(loss * 3.7).sum()` otherwise. Returns the objective and `g` as
-/// the loss's dtype rounds it.
-pub(crate) fn objective<B: Backend>(
-    loss: Tensor<B, 1>,
-    reduction: Reduction,
-    dtype: DType,
-    rng: &mut rand::rngs::SmallRng,
-) -> (Tensor<B, 1>, Vec<f64>) {
-    let device = loss.device();
-    match reduction {
-        Reduction::None => {
-            let rows = loss.dims()[0];
-            let weights: Vec<f32> = (0..rows).map(|_| rng.random_range(0.25..4.0)).collect();
-            let (weights, g) = logits_tensor::<B>(weights, 1, rows, dtype, &device);
-            ((loss * weights.reshape([rows])).sum(), g)
-        }
-        _ => {
-            let g = to_f64(Tensor::<B, 1>::from_floats([3.7], &device).cast(dtype));
-            ((loss * 3.7).sum(), g)
         }
     }
 }
@@ -430,18 +310,14 @@ pub(crate) fn describe_grad_error(grad: &[f64], ref_grad: &[f64]) -> String {
 
 /// Runs forward (untracked and tracked) and backward for one case against the f64
 /// reference, every extra output asked for included; panics with the seed on any miss.
-pub(crate) fn check_case<B: FusedCrossEntropyBackend>(case: Case)
-where
-    B::Device: Default,
-{
+pub(crate) fn check_case(backend: TestBackend, case: Case) {
     let _backward = shared_device();
     let seed = fresh_seed();
-    let device = B::Device::default();
     let mut rng = rng(seed);
     let (rows, vocab, dtype) = (case.rows, case.vocab, case.dtype);
     let options = with_forced_chunks(case.options.clone());
     let reduction = options.reduction;
-    let context = format!("{} {case:?} seed={seed}", short_name::<B>());
+    let context = format!("{} {case:?} seed={seed}", backend.name());
 
     let mut values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, case.ignore, options.ignore_index);
@@ -455,19 +331,23 @@ where
         make_confident(&mut values, vocab, &targets, margin);
     }
     let reference = RefOptions::new(&options, weights.as_deref());
-
-    let (logits, seen) = logits_tensor::<B>(values, rows, vocab, dtype, &device);
+    let mut call = Call {
+        exclusive: case.exclusive_logits,
+        batch: case.batch,
+        via_module: case.via_module,
+        ..Call::new(
+            values,
+            (rows, vocab),
+            dtype,
+            &targets,
+            weights.as_deref(),
+            &options,
+        )
+    };
 
     // Forward only, on the backend itself.
-    let out = forward_flat(
-        logits.clone(),
-        targets_tensor::<B>(&targets, &device),
-        weights.as_deref(),
-        &options,
-        case.batch,
-        case.via_module,
-    )
-    .unwrap_or_else(|e| panic!("{context}: refused: {e}"));
+    let (seen, out) =
+        untracked_call(backend, &call).unwrap_or_else(|e| panic!("{context}: refused: {e}"));
     check_outputs(
         &out,
         &case,
@@ -476,71 +356,37 @@ where
         &reference,
         &format!("{context} (untracked)"),
     );
-    drop(out);
 
-    // Forward and backward under autodiff, with a non-uniform incoming gradient.
-    let leaf = Tensor::<Autodiff<B>, 2>::from_inner(logits).require_grad();
-    let logits_ad = if case.exclusive_logits {
-        leaf.clone() * 1.0
-    } else {
-        leaf.clone()
-    };
-    let out = forward_flat(
-        logits_ad,
-        targets_tensor::<Autodiff<B>>(&targets, &device),
-        weights.as_deref(),
-        &options,
-        case.batch,
-        case.via_module,
-    )
-    .unwrap_or_else(|e| panic!("{context}: refused: {e}"));
+    // Forward and backward under autodiff, with a non-uniform incoming gradient (or
+    // `loss.sum()`'s, exactly 1, which the one pass does not rescale).
+    if !case.unit_grad {
+        call.incoming = Incoming::draw(reduction, rows, &mut rng);
+    }
+    let tracked =
+        tracked_call(backend, &call).unwrap_or_else(|e| panic!("{context}: refused: {e}"));
     check_outputs(
-        &out,
+        &tracked.out,
         &case,
-        &seen,
+        &tracked.seen,
         &targets,
         &reference,
         &format!("{context} (tracked)"),
     );
-    let (objective, g) = if case.unit_grad {
-        let len = out.loss.dims()[0];
-        (out.loss.sum(), vec![1.0; len])
-    } else {
-        objective(out.loss, reduction, dtype, &mut rng)
+    // The leaf through `Tensor<D>` is `[N, V]` (3-D logits are its reshape); a primitive's
+    // gradient has the shape of the logits the op was given.
+    let grad_dims = match backend {
+        TestBackend::Cube => call.logits_dims(),
+        _ => vec![rows, vocab],
     };
-    let grads = objective.backward();
-    let grad = leaf.grad(&grads).expect("logits get a gradient");
-    assert_eq!(grad.dtype(), dtype, "{context}: gradient dtype");
-    assert_eq!(grad.dims(), [rows, vocab], "{context}: gradient shape");
-    let grad = to_f64(grad);
-    let ref_grad = reference_grad(&seen, vocab, &targets, &reference, &g);
-    check_grad(&grad, &ref_grad, dtype, &context);
-}
-
-/// The backend's type name without module paths (for messages).
-pub(crate) fn short_name<B>() -> String {
-    let full = std::any::type_name::<B>();
-    let mut out = String::new();
-    let mut word = String::new();
-    for ch in full.chars() {
-        if ch.is_alphanumeric() || ch == '_' || ch == ':' {
-            word.push(ch);
-        } else {
-            out.push_str(word.rsplit("::").next().unwrap_or(""));
-            word.clear();
-            out.push(ch);
-        }
-    }
-    out.push_str(word.rsplit("::").next().unwrap_or(""));
-    out
+    assert_eq!(tracked.grad.dtype, dtype, "{context}: gradient dtype");
+    assert_eq!(tracked.grad.dims, grad_dims, "{context}: gradient shape");
+    let ref_grad = reference_grad(&tracked.seen, vocab, &targets, &reference, &tracked.g);
+    check_grad(&tracked.grad.values, &ref_grad, dtype, &context);
 }
 
 /// Every shape x dtype x reduction x ignore pattern (none, some, all), alternating
 /// between exclusive and held logits, with the given options otherwise.
-pub(crate) fn check_matrix<B: FusedCrossEntropyBackend>(shapes: &[(usize, usize)], dtypes: &[DType])
-where
-    B::Device: Default,
-{
+pub(crate) fn check_matrix(backend: TestBackend, shapes: &[(usize, usize)], dtypes: &[DType]) {
     let mut n = 0;
     for &(rows, vocab) in shapes {
         for &dtype in dtypes {
@@ -555,7 +401,7 @@ where
                     };
                     // Both autodiff plans, each with exclusive and held logits.
                     case.options.gradient_plan = plan((n / 2) % 2 == 0);
-                    check_case::<B>(case);
+                    check_case(backend, case);
                 }
             }
         }
@@ -581,7 +427,7 @@ fn small_and_odd_shapes_every_reduction_ignore_and_dtype() {
         (7, 2000),
         (3, 1531),
     ];
-    check_matrix::<CubeBackend>(&shapes, &float_dtypes());
+    check_matrix(TestBackend::Cube, &shapes, &float_dtypes());
 }
 
 /// An ignore index inside `[0, V)`: that class is ignored as a target, never as a column.
@@ -593,7 +439,7 @@ fn ignore_index_inside_the_vocabulary() {
             let mut case = Case::new(37, 64, DType::F32, reduction);
             case.options.ignore_index = 3;
             case.exclusive_logits = exclusive_logits;
-            check_case::<CubeBackend>(case);
+            check_case(TestBackend::Cube, case);
         }
     }
 }
@@ -616,17 +462,19 @@ fn rows_512_vocab_32000() {
             ..Case::new(512, 32000, dtype, reduction)
         };
         case.options.gradient_plan = plan(one_pass);
-        check_case::<CubeBackend>(case);
+        check_case(TestBackend::Cube, case);
     }
 }
 
 /// N = 0: 0 for Mean and Sum, an empty vector for None, and backward still runs; with
-/// every option and extra output on, and for 3-D logits `[0, T, V]` too.
+/// every option and extra output on, and for 3-D logits `[0, T, V]` too. Through
+/// `Tensor<D>` under autodiff, which in Burn 0.22 runs on `Fusion<CubeBackend>` here (the
+/// plain backend's empty batch is `bad_input.rs`'s `empty_batch_on_every_backend`).
 #[test]
 fn empty_batch() {
     poisoned();
     let _backward = shared_device();
-    let device = Device::default();
+    let device = device().autodiff();
     for all_options in [false, true] {
         for reduction in REDUCTIONS {
             let context = format!("{reduction:?} all_options={all_options}");
@@ -642,14 +490,14 @@ fn empty_batch() {
             } else {
                 CrossEntropyOptions::new(reduction)
             };
-            let weights = all_options
-                .then(|| Tensor::<AutodiffCube, 1>::from_floats([0.5; 41].as_slice(), &device));
-            let leaf = Tensor::<AutodiffCube, 2>::empty([0, 41], &device).require_grad();
-            let targets = targets_tensor::<AutodiffCube>(&[], &device);
+            let weights =
+                all_options.then(|| Tensor::<1>::from_floats([0.5; 41].as_slice(), &device));
+            let leaf = Tensor::<2>::empty([0, 41], &device).require_grad();
+            let targets = targets_tensor(&[], &device);
             let out = try_fused_cross_entropy(leaf.clone(), targets, weights.clone(), &options)
                 .unwrap_or_else(|e| panic!("{context}: refused: {e}"));
             match reduction {
-                // Not read back: Burn 0.21 on CUDA cannot read an empty tensor (alignment).
+                // Not read back: an empty tensor cannot be read on every runtime.
                 Reduction::None => assert_eq!(out.loss.dims(), [0], "{context}"),
                 _ => assert_eq!(to_f64(out.loss.clone().inner()), vec![0.0], "{context}"),
             }
@@ -673,8 +521,8 @@ fn empty_batch() {
             }
 
             // 3-D: [0, 5, 41] logits, [0, 5] targets.
-            let leaf = Tensor::<AutodiffCube, 3>::empty([0, 5, 41], &device).require_grad();
-            let targets = Tensor::<AutodiffCube, 2, Int>::empty([0, 5], &device);
+            let leaf = Tensor::<3>::empty([0, 5, 41], &device).require_grad();
+            let targets = Tensor::<2, Int>::empty([0, 5], &device);
             let out = try_fused_cross_entropy(leaf.clone(), targets, weights, &options)
                 .unwrap_or_else(|e| panic!("{context} 3-D: refused: {e}"));
             match reduction {
@@ -695,52 +543,50 @@ fn empty_batch() {
 /// the target column's gradient keeps its digits in low precision. `Sum`, so the target
 /// column (about -4e-3) stays a normal f16 number: under Mean over 64 rows it would be an
 /// f16 subnormal, imprecise in any implementation.
-pub(crate) fn check_confident<B: FusedCrossEntropyBackend>(
+pub(crate) fn check_confident(
+    backend: TestBackend,
     dtype: DType,
     options: &CrossEntropyOptions,
     class_weights: bool,
-) where
-    B::Device: Default,
-{
+) {
     let _backward = shared_device();
     let seed = fresh_seed();
-    let device = B::Device::default();
     let mut rng = rng(seed);
-    let context = format!("{dtype:?} {options:?} weights={class_weights} seed={seed}");
+    let context = format!(
+        "{} {dtype:?} {options:?} weights={class_weights} seed={seed}",
+        backend.name()
+    );
     let (rows, vocab) = (64, 1000);
     let mut values = random_logits(&mut rng, rows, vocab);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, options.ignore_index);
     let weights = class_weights.then(|| random_class_weights(&mut rng, vocab));
     make_confident(&mut values, vocab, &targets, 10.0);
     let reference = RefOptions::new(options, weights.as_deref());
-    let (logits, seen) = logits_tensor::<Autodiff<B>>(values, rows, vocab, dtype, &device);
-    let logits = logits.require_grad();
-    let weights_t = weights
-        .as_ref()
-        .map(|w| Tensor::<Autodiff<B>, 1>::from_floats(w.as_slice(), &device));
-    let loss = try_fused_cross_entropy(
-        logits.clone(),
-        targets_tensor(&targets, &device),
-        weights_t,
+    // Backward from `loss.sum()`.
+    let call = Call::new(
+        values,
+        (rows, vocab),
+        dtype,
+        &targets,
+        weights.as_deref(),
         options,
-    )
-    .unwrap_or_else(|e| panic!("{context}: refused: {e}"))
-    .loss;
-    let ref_rows = reference_rows(&seen, vocab, &targets, &reference);
+    );
+    let tracked =
+        tracked_call(backend, &call).unwrap_or_else(|e| panic!("{context}: refused: {e}"));
+    let seen = &tracked.seen;
+    let ref_rows = reference_rows(seen, vocab, &targets, &reference);
     let (loss_tol, grad_tol) = tolerance(dtype);
     // The f32 loss of confident rows has its own test
     // (`confident_prediction_f32_loss_meets_the_table`).
     if dtype != DType::F32 {
         let err = relative_l2(
-            &to_f64(loss.clone().inner()),
+            &tracked.out.loss.values,
             &reference_loss(&ref_rows, options.reduction),
         );
         assert!(err <= loss_tol, "{context}: loss error {err:e}");
     }
-    let grads = loss.sum().backward();
-    let grad = to_f64(logits.grad(&grads).expect("gradient"));
-    let ones = vec![1.0; rows];
-    let ref_grad = reference_grad(&seen, vocab, &targets, &reference, &ones);
+    let grad = &tracked.grad.values;
+    let ref_grad = reference_grad(seen, vocab, &targets, &reference, &tracked.g);
     let target_cols = |g: &[f64]| -> Vec<f64> {
         targets
             .iter()
@@ -748,13 +594,13 @@ pub(crate) fn check_confident<B: FusedCrossEntropyBackend>(
             .map(|(r, &y)| g[r * vocab + y as usize])
             .collect()
     };
-    let err = relative_l2(&target_cols(&grad), &target_cols(&ref_grad));
+    let err = relative_l2(&target_cols(grad), &target_cols(&ref_grad));
     assert!(
         err <= grad_tol,
         "{context}: target column error {err:e} > {grad_tol:e}"
     );
     eprintln!("{context}: confident target-column gradient error {err:e}");
-    let err = relative_l2(&grad, &ref_grad);
+    let err = relative_l2(grad, &ref_grad);
     assert!(err <= grad_tol, "{context}: gradient error {err:e}");
 }
 
@@ -762,7 +608,12 @@ pub(crate) fn check_confident<B: FusedCrossEntropyBackend>(
 fn confident_prediction_keeps_target_gradient() {
     poisoned();
     for dtype in float_dtypes() {
-        check_confident::<CubeBackend>(dtype, &CrossEntropyOptions::new(Reduction::Sum), false);
+        check_confident(
+            TestBackend::Cube,
+            dtype,
+            &CrossEntropyOptions::new(Reduction::Sum),
+            false,
+        );
     }
 }
 
@@ -779,7 +630,7 @@ fn unchecked_out_of_range_target_poisons_only_its_row() {
                 target_check: TargetCheck::Off,
                 ..CrossEntropyOptions::new(reduction)
             };
-            check_bad_targets::<CubeBackend>(&options, class_weights);
+            check_bad_targets(TestBackend::Cube, &options, class_weights);
         }
     }
     let all = CrossEntropyOptions {
@@ -789,23 +640,21 @@ fn unchecked_out_of_range_target_poisons_only_its_row() {
         softcap: Some(30.0),
         ..CrossEntropyOptions::new(Reduction::None)
     };
-    check_bad_targets::<CubeBackend>(&all, true);
+    check_bad_targets(TestBackend::Cube, &all, true);
 }
 
 /// Rows 1 and 4 get targets `V + 5` and `-3`.
-pub(crate) fn check_bad_targets<B: FusedCrossEntropyBackend>(
+pub(crate) fn check_bad_targets(
+    backend: TestBackend,
     options: &CrossEntropyOptions,
     class_weights: bool,
-) where
-    B::Device: Default,
-{
+) {
     let _backward = shared_device();
     let seed = fresh_seed();
-    let device = B::Device::default();
     let mut rng = rng(seed);
     let context = format!(
         "{} {options:?} weights={class_weights} seed={seed}",
-        short_name::<B>()
+        backend.name()
     );
     let (rows, vocab) = (6, 50);
     let values = random_logits(&mut rng, rows, vocab);
@@ -814,24 +663,22 @@ pub(crate) fn check_bad_targets<B: FusedCrossEntropyBackend>(
     targets[4] = -3;
     let weights = class_weights.then(|| random_class_weights(&mut rng, vocab));
     let reference = RefOptions::new(options, weights.as_deref());
-    let (logits, seen) = logits_tensor::<Autodiff<B>>(values, rows, vocab, DType::F32, &device);
-    let logits = logits.require_grad();
-    let weights_t = weights
-        .as_ref()
-        .map(|w| Tensor::<Autodiff<B>, 1>::from_floats(w.as_slice(), &device));
-    let loss = try_fused_cross_entropy(
-        logits.clone(),
-        targets_tensor(&targets, &device),
-        weights_t,
+    // Backward from `loss.sum()`.
+    let call = Call::new(
+        values,
+        (rows, vocab),
+        DType::F32,
+        &targets,
+        weights.as_deref(),
         options,
-    )
-    .unwrap_or_else(|e| panic!("{context}: refused with the check off: {e}"))
-    .loss;
-    let losses = to_f64(loss.clone().inner());
-    let grads = loss.sum().backward();
-    let grad = to_f64(logits.grad(&grads).expect("gradient"));
-    let ref_rows = reference_rows(&seen, vocab, &targets, &reference);
-    let ref_grad = reference_grad(&seen, vocab, &targets, &reference, &vec![1.0; rows]);
+    );
+    let tracked = tracked_call(backend, &call)
+        .unwrap_or_else(|e| panic!("{context}: refused with the check off: {e}"));
+    let seen = &tracked.seen;
+    let losses = &tracked.out.loss.values;
+    let grad = &tracked.grad.values;
+    let ref_rows = reference_rows(seen, vocab, &targets, &reference);
+    let ref_grad = reference_grad(seen, vocab, &targets, &reference, &tracked.g);
     if options.reduction != Reduction::None {
         assert!(
             losses[0].is_nan(),
@@ -870,10 +717,12 @@ pub(crate) fn check_bad_targets<B: FusedCrossEntropyBackend>(
 }
 
 /// With `TargetCheck::Immediate`, the same targets are an error of the call itself naming
-/// the first bad row, and `forward` panics with that message.
+/// the first bad row, and `forward` panics with that message. A check of the function
+/// layer (`Tensor<D>`): on a cube device, so `Fusion<CubeBackend>` (the plain backend's
+/// target check is `bad_input.rs`'s `out_of_range_targets_name_row_and_value`).
 #[test]
 fn checked_out_of_range_target_is_an_error() {
-    let device = Device::default();
+    let device = device();
     let (rows, vocab) = (6, 50);
     let seed = fresh_seed();
     let mut rng = rng(seed);
@@ -881,7 +730,7 @@ fn checked_out_of_range_target_is_an_error() {
     let mut targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
     targets[1] = vocab as i64 + 5;
     targets[4] = -3;
-    let (logits, _) = logits_tensor::<CubeBackend>(values, rows, vocab, DType::F32, &device);
+    let (logits, _) = logits_tensor(values, rows, vocab, DType::F32, &device);
     let options = CrossEntropyOptions {
         target_check: TargetCheck::Immediate,
         ..CrossEntropyOptions::new(Reduction::None)
@@ -922,10 +771,13 @@ fn checked_out_of_range_target_is_an_error() {
 fn confident_prediction_f32_loss_meets_the_table() {
     poisoned();
     for reduction in REDUCTIONS {
-        check_case::<CubeBackend>(Case {
-            confident: Some(10.0),
-            ignore: Ignore::NoRows,
-            ..Case::new(64, 1000, DType::F32, reduction)
-        });
+        check_case(
+            TestBackend::Cube,
+            Case {
+                confident: Some(10.0),
+                ignore: Ignore::NoRows,
+                ..Case::new(64, 1000, DType::F32, reduction)
+            },
+        );
     }
 }

@@ -2,19 +2,16 @@
 //! wrong, 0, NaN, changing between steps), and the deferred target check (when its error
 //! surfaces).
 
-use burn::{
-    backend::{Autodiff, NdArray},
-    tensor::{DType, Tensor},
-};
+use burn::tensor::{DType, Device, Tensor};
 use burn_fused_ce::{
-    CrossEntropyError, FusedCrossEntropyBackend, FusedCrossEntropyLossConfig, GradientPlan,
-    Reduction, TargetCheck, wait_for_target_checks,
+    CrossEntropyError, FusedCrossEntropyLossConfig, GradientPlan, Reduction, TargetCheck,
+    wait_for_target_checks,
 };
-use fused_ce_suite::DefaultBackend;
 
 use crate::bad_input::panic_message;
 use crate::common::*;
-use crate::contract::{check_grad, poisoned, short_name};
+use crate::contract::{check_grad, poisoned};
+use crate::cube_primitives as cube;
 
 #[test]
 fn the_default_config_takes_the_one_pass_and_the_deferred_check() {
@@ -33,13 +30,12 @@ fn the_default_config_takes_the_one_pass_and_the_deferred_check() {
 const STEP_SCALES: [f32; 9] = [1.0, 0.25, 0.25, 2.0, 0.0, 2.0, f32::NAN, 2.0, 1.0];
 
 /// Steps of one loss module (default config) under autodiff, each with fresh logits and
-/// `(loss * s).backward()`: every gradient against the f64 reference for its `s`.
-fn check_guessed_scales<B: FusedCrossEntropyBackend>(dtypes: &[DType])
-where
-    B::Device: Default,
-{
+/// `(loss * s).backward()`: every gradient against the f64 reference for its `s`. On the
+/// plain cube backend's primitives, the one pass and its rescale with the guess each
+/// step's rescale gives for the next (what the module remembers).
+fn check_guessed_scales(backend: TestBackend, dtypes: &[DType]) {
     let _backward = shared_device();
-    let device = B::Device::default();
+    let device = backend.device().autodiff();
     let (rows, vocab) = (37, 129);
     for &dtype in dtypes {
         for reduction in [Reduction::Mean, Reduction::Sum] {
@@ -48,12 +44,13 @@ where
             let loss_fn = FusedCrossEntropyLossConfig::new()
                 .with_reduction(reduction)
                 .with_label_smoothing(0.05)
-                .init::<Autodiff<B>>(&device);
+                .init(&device);
             let reference_options = RefOptions::new(loss_fn.options(), None);
+            let mut guess = cube::first_guess();
             for (step, &scale) in STEP_SCALES.iter().enumerate() {
                 let context = format!(
                     "{} {dtype:?} {reduction:?} step {step} scale {scale} seed={seed}",
-                    short_name::<B>()
+                    backend.name()
                 );
                 let values = random_logits(&mut rng, rows, vocab);
                 let ignore = if scale.is_nan() {
@@ -62,11 +59,22 @@ where
                     Ignore::SomeRows
                 };
                 let targets = random_targets(&mut rng, rows, vocab, ignore, -100);
-                let (logits, seen) = logits_tensor::<B>(values, rows, vocab, dtype, &device);
-                let logits = Tensor::<Autodiff<B>, 2>::from_inner(logits).require_grad();
-                let loss = loss_fn.forward(logits.clone(), targets_tensor(&targets, &device));
-                let grads = (loss * scale).backward();
-                let grad = to_f64(logits.grad(&grads).expect("a gradient for the logits"));
+                let (seen, grad) = if backend == TestBackend::Cube {
+                    let logits = cube::floats(values, &[rows, vocab], dtype);
+                    let seen = cube::read(logits.clone()).values;
+                    let inputs = cube::inputs(logits, cube::ints(&targets, &[rows]), None);
+                    let (_, pending) = cube::tracked_forward(inputs, loss_fn.options(), guess);
+                    let (grad, next) = pending.backward(cube::floats(vec![scale], &[1], dtype));
+                    guess = next.expect("the one pass gives the next guess");
+                    (seen, cube::read(grad).values)
+                } else {
+                    let (logits, seen) = logits_tensor(values, rows, vocab, dtype, &device);
+                    let logits = logits.require_grad();
+                    let loss = loss_fn.forward(logits.clone(), targets_tensor(&targets, &device));
+                    let grads = (loss * scale).backward();
+                    let grad = to_f64(logits.grad(&grads).expect("a gradient for the logits"));
+                    (seen, grad)
+                };
                 if scale.is_nan() {
                     assert!(
                         grad.iter().all(|v| v.is_nan()),
@@ -85,43 +93,41 @@ where
 #[test]
 fn guessed_incoming_gradient_on_the_cube_backend() {
     poisoned();
-    check_guessed_scales::<CubeBackend>(&float_dtypes());
+    check_guessed_scales(TestBackend::Cube, &float_dtypes());
 }
 
 #[test]
 fn guessed_incoming_gradient_on_the_default_fusion_backend() {
     poisoned();
-    check_guessed_scales::<DefaultBackend>(&float_dtypes());
+    check_guessed_scales(TestBackend::Fusion, &float_dtypes());
 }
 
 #[test]
-fn guessed_incoming_gradient_on_ndarray_through_the_portable_path() {
-    check_guessed_scales::<NdArray>(&[DType::F32]);
+fn guessed_incoming_gradient_on_flex_through_the_portable_path() {
+    check_guessed_scales(TestBackend::Flex, &[DType::F32]);
 }
 
 /// A loss of the default config on `[rows, vocab]` logits: one call's result.
-fn call<B: FusedCrossEntropyBackend>(
-    loss_fn: &burn_fused_ce::FusedCrossEntropyLoss<B>,
+fn call(
+    loss_fn: &burn_fused_ce::FusedCrossEntropyLoss,
     targets: &[i64],
     vocab: usize,
-    device: &B::Device,
-) -> Result<Tensor<B, 1>, CrossEntropyError> {
+    device: &Device,
+) -> Result<Tensor<1>, CrossEntropyError> {
     let rows = targets.len();
     let values: Vec<f32> = (0..rows * vocab).map(|i| (i % 7) as f32 * 0.5).collect();
-    let (logits, _) = logits_tensor::<B>(values, rows, vocab, DType::F32, device);
+    let (logits, _) = logits_tensor(values, rows, vocab, DType::F32, device);
     loss_fn.try_forward(logits, targets_tensor(targets, device))
 }
 
 /// The deferred check: the call with a bad target runs (its loss is NaN); the error
 /// surfaces at the second call after it, or at `wait_for_target_checks`, naming the
-/// earlier call's row.
-fn check_deferred_check<B: FusedCrossEntropyBackend>()
-where
-    B::Device: Default,
-{
+/// earlier call's row. The function layer's (`Tensor<D>`): on a cube device and Flex
+/// (the plain cube backend's part, its target check op, is in `bad_input.rs`).
+fn check_deferred_check(backend: TestBackend) {
     let _backward = shared_device();
-    let device = B::Device::default();
-    let name = short_name::<B>();
+    let device = backend.device();
+    let name = backend.name();
     let vocab = 50;
     let good: Vec<i64> = (0..8).map(|i| (i * 7) % vocab as i64).collect();
     let mut bad = good.clone();
@@ -132,7 +138,7 @@ where
         vocab,
         earlier_call: true,
     };
-    let loss_fn = FusedCrossEntropyLossConfig::new().init::<B>(&device);
+    let loss_fn = FusedCrossEntropyLossConfig::new().init(&device);
     assert_eq!(wait_for_target_checks(), Ok(()), "{name}: nothing pending");
 
     // Waiting surfaces it at once.
@@ -149,7 +155,7 @@ where
     // The second call after it surfaces it, before computing anything: the first one
     // runs, even with a device that has long run the check.
     call(&loss_fn, &bad, vocab, &device).expect("the bad call itself runs");
-    B::sync(&device).expect("device sync");
+    device.sync().expect("device sync");
     call(&loss_fn, &good, vocab, &device).expect("the next call runs");
     let error = call(&loss_fn, &good, vocab, &device).expect_err("the second call reports");
     assert_eq!(error, expected, "{name}");
@@ -159,7 +165,7 @@ where
     call(&loss_fn, &good, vocab, &device).expect("the next call runs");
     let message = panic_message(|| {
         let values = vec![0.5f32; good.len() * vocab];
-        let (logits, _) = logits_tensor::<B>(values, good.len(), vocab, DType::F32, &device);
+        let (logits, _) = logits_tensor(values, good.len(), vocab, DType::F32, &device);
         loss_fn.forward(logits, targets_tensor(&good, &device));
     });
     assert_eq!(message, expected.to_string(), "{name}: forward panics");
@@ -168,36 +174,31 @@ where
 }
 
 #[test]
-fn deferred_target_check_on_the_cube_backend() {
-    check_deferred_check::<CubeBackend>();
-}
-
-#[test]
 fn deferred_target_check_on_the_default_fusion_backend() {
-    check_deferred_check::<DefaultBackend>();
+    check_deferred_check(TestBackend::Fusion);
 }
 
 #[test]
-fn deferred_target_check_on_ndarray() {
-    check_deferred_check::<NdArray>();
+fn deferred_target_check_on_flex() {
+    check_deferred_check(TestBackend::Flex);
 }
 
 /// Under autodiff the check is the same, and the gradient of the bad call is still
-/// formed (zero on the bad row).
+/// formed (zero on the bad row). On a cube device under autodiff:
+/// `Autodiff<Fusion<CubeBackend>>` in this build.
 #[test]
 fn deferred_target_check_under_autodiff() {
-    type B = Autodiff<CubeBackend>;
     let _backward = shared_device();
-    let device = Device::default();
+    let device = device().autodiff();
     let vocab = 40;
     let mut targets: Vec<i64> = (0..6).map(|i| i * 5).collect();
     targets[2] = -7;
     let loss_fn = FusedCrossEntropyLossConfig::new()
         .with_reduction(Reduction::Sum)
-        .init::<B>(&device);
+        .init(&device);
     let values: Vec<f32> = (0..6 * vocab).map(|i| (i % 11) as f32 * 0.3).collect();
-    let (logits, _) = logits_tensor::<CubeBackend>(values, 6, vocab, DType::F32, &device);
-    let logits = Tensor::<B, 2>::from_inner(logits).require_grad();
+    let (logits, _) = logits_tensor(values, 6, vocab, DType::F32, &device);
+    let logits = logits.require_grad();
     let loss = loss_fn
         .try_forward(logits.clone(), targets_tensor(&targets, &device))
         .expect("the bad call itself runs");

@@ -1,10 +1,13 @@
 //! LLM-sized shapes on a GPU (CUDA builds only; lavapipe is too small and too slow).
 //! The f64 reference is computed for a random sample of rows read back from the device,
 //! so the check stays cheap while the kernels run over the whole (8192, 128256) tensor.
+//! Through `Tensor<D>` on the GPU (`Fusion<CubeBackend>`, `Autodiff` of it when tracked):
+//! the plain cube backend has no `Tensor<D>` in a fusion build, and these shapes are
+//! about the kernels' indexing, which both reach alike.
 #![cfg(feature = "cuda")]
 
 use crate::common::*;
-use burn::tensor::{DType, Distribution, Tensor, backend::Backend};
+use burn::tensor::{DType, Distribution, Tensor};
 use burn_fused_ce::{CrossEntropyOptions, Reduction, fused_cross_entropy, test_hooks};
 use rand::Rng;
 
@@ -12,19 +15,18 @@ fn check_llm_shape(rows: usize, vocab: usize, dtype: DType, reduction: Reduction
     test_hooks::set_poison_outputs(true);
     let _backward = shared_device();
     let seed = fresh_seed();
-    let device = Device::default();
+    let device = device();
     let mut rng = rng(seed);
     let context = format!("{rows}x{vocab} {dtype:?} {reduction:?} one_pass={one_pass} seed={seed}");
-    CubeBackend::seed(&device, seed);
+    device.seed(seed);
     let inner =
-        Tensor::<CubeBackend, 2>::random([rows, vocab], Distribution::Uniform(-6.0, 6.0), &device)
-            .cast(dtype);
+        Tensor::<2>::random([rows, vocab], Distribution::Uniform(-6.0, 6.0), &device).cast(dtype);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
     let sample: Vec<usize> = (0..48)
         .map(|_| rng.random_range(0..rows))
         .chain([0, rows - 1])
         .collect();
-    let sample_rows = |t: &Tensor<CubeBackend, 2>| -> Vec<Vec<f64>> {
+    let sample_rows = |t: &Tensor<2>| -> Vec<Vec<f64>> {
         sample
             .iter()
             .map(|&r| to_f64(t.clone().slice([r..r + 1, 0..vocab])))
@@ -32,7 +34,7 @@ fn check_llm_shape(rows: usize, vocab: usize, dtype: DType, reduction: Reduction
     };
     let seen = sample_rows(&inner);
 
-    let leaf = Tensor::<AutodiffCube, 2>::from_inner(inner).require_grad();
+    let leaf = inner.autodiff().require_grad();
     let options = CrossEntropyOptions {
         gradient_plan: plan(one_pass),
         ..CrossEntropyOptions::new(reduction)
@@ -40,18 +42,18 @@ fn check_llm_shape(rows: usize, vocab: usize, dtype: DType, reduction: Reduction
     // `leaf * 1.0` is an intermediate nobody holds: backward writes over it in place.
     let loss = fused_cross_entropy(
         leaf.clone() * 1.0,
-        targets_tensor(&targets, &device),
+        targets_tensor(&targets, &device.clone().autodiff()),
         &options,
     );
     let weights: Vec<f32> = (0..rows).map(|_| rng.random_range(0.25..4.0)).collect();
     let (objective, g) = match reduction {
         Reduction::None => {
-            let (w, g) = logits_tensor::<AutodiffCube>(weights, 1, rows, dtype, &device);
+            let (w, g) = logits_tensor(weights, 1, rows, dtype, &device.clone().autodiff());
             (loss.clone() * w.reshape([rows]), g)
         }
         _ => (
             loss.clone() * 3.7,
-            to_f64(Tensor::<CubeBackend, 1>::from_floats([3.7], &device).cast(dtype)),
+            to_f64(Tensor::<1>::from_floats([3.7], &device).cast(dtype)),
         ),
     };
     let losses = to_f64(loss.inner());
@@ -140,7 +142,7 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, one_pass: bo
     // Up to 67 GB at the peak: alone on the device.
     let _only_us = exclusive_device();
     let seed = fresh_seed();
-    let device = Device::default();
+    let device = device();
     let mut rng = rng(seed);
     let dtype = DType::BF16;
     let context = format!("{rows}x{vocab} {dtype:?} {reduction:?} one_pass={one_pass} seed={seed}");
@@ -148,14 +150,13 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, one_pass: bo
         rows * vocab > 1 << 31,
         "{context}: the shape must pass 2^31 elements"
     );
-    CubeBackend::seed(&device, seed);
+    device.seed(seed);
     // Drawn in f32 (33.6 GB at most), then cast: the f32 draw is freed before the loss.
     let inner =
-        Tensor::<CubeBackend, 2>::random([rows, vocab], Distribution::Uniform(-6.0, 6.0), &device)
-            .cast(dtype);
+        Tensor::<2>::random([rows, vocab], Distribution::Uniform(-6.0, 6.0), &device).cast(dtype);
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
     let sample: Vec<usize> = (0..16).chain(rows - 16..rows).collect();
-    let sample_rows = |t: &Tensor<CubeBackend, 2>| -> Vec<Vec<f64>> {
+    let sample_rows = |t: &Tensor<2>| -> Vec<Vec<f64>> {
         let head = to_f64(t.clone().slice([0..16, 0..vocab]));
         let tail = to_f64(t.clone().slice([rows - 16..rows, 0..vocab]));
         head.chunks(vocab)
@@ -170,7 +171,7 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, one_pass: bo
     // Per-row losses, untracked: the sampled rows against the reference.
     let per_row = to_f64(fused_cross_entropy(
         inner.clone(),
-        targets_tensor::<CubeBackend>(&targets, &device),
+        targets_tensor(&targets, &device),
         &CrossEntropyOptions::new(Reduction::None),
     ));
     assert_eq!(per_row.len(), rows, "{context}");
@@ -190,10 +191,10 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, one_pass: bo
     let count = targets.iter().filter(|&&y| y != -100).count() as f64;
 
     // Tracked: `leaf * 1.0` is an intermediate nobody holds, so backward writes over it.
-    let leaf = Tensor::<AutodiffCube, 2>::from_inner(inner).require_grad();
+    let leaf = inner.autodiff().require_grad();
     let loss = fused_cross_entropy(
         leaf.clone() * 1.0,
-        targets_tensor(&targets, &device),
+        targets_tensor(&targets, &device.clone().autodiff()),
         &CrossEntropyOptions {
             gradient_plan: plan(one_pass),
             ..CrossEntropyOptions::new(reduction)
@@ -202,12 +203,12 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, one_pass: bo
     let (objective, g) = match reduction {
         Reduction::None => {
             let weights: Vec<f32> = (0..rows).map(|_| rng.random_range(0.25..4.0)).collect();
-            let (w, g) = logits_tensor::<AutodiffCube>(weights, 1, rows, dtype, &device);
+            let (w, g) = logits_tensor(weights, 1, rows, dtype, &device.clone().autodiff());
             (loss.clone() * w.reshape([rows]), g)
         }
         _ => (
             loss.clone() * 3.7,
-            to_f64(Tensor::<CubeBackend, 1>::from_floats([3.7], &device).cast(dtype)),
+            to_f64(Tensor::<1>::from_floats([3.7], &device).cast(dtype)),
         ),
     };
     let losses = to_f64(loss.inner());
@@ -237,7 +238,7 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, one_pass: bo
     drop(grad);
     // Give the pool's tens of GB back before the next test allocates (later LLM-shape
     // tests failed on the H200 after this one without it).
-    <fused_ce_suite::Runtime as cubecl::Runtime>::client(&device).memory_cleanup();
+    device.memory_cleanup();
     for (k, &row) in sample.iter().enumerate() {
         let y = targets[row];
         if y == -100 {

@@ -1,22 +1,18 @@
 //! The language-model example's training loop on real text with GPT-2's vocabulary: Burn's
 //! stock loss, our fused loss and the fused linear cross-entropy give the same loss curve,
 //! step by step, from the same seeded start; and data-parallel training (two replicas on
-//! one device, and one replica per GPU where there are several, through burn-collective)
-//! follows the one-device curve, and ends at its weights, with the fused loss and with
-//! the fused linear cross-entropy.
+//! one device, and one replica per GPU where there are several, through Burn's
+//! all-reduce) follows the one-device curve, and ends at its weights, with the fused loss
+//! and with the fused linear cross-entropy.
 
 use burn::{
-    backend::Autodiff,
     module::{Module, ModuleVisitor, Param},
-    tensor::Tensor,
+    tensor::{Device, Int, Tensor, TensorData},
 };
 use burn_fused_ce::LinearChunking;
-use fused_ce_suite::{
-    AutodiffCube, DefaultBackend,
-    lm::{
-        Corpus, Gpt, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, Vocabulary, initial_model,
-        sample, train, train_data_parallel,
-    },
+use fused_ce_suite::lm::{
+    Corpus, Gpt, GptConfig, LossKind, RunConfig, SAMPLE_TEXT, Vocabulary, initial_model, sample,
+    train, train_data_parallel,
 };
 
 use crate::common::*;
@@ -42,18 +38,20 @@ fn tiny_run(seed: u64, steps: usize) -> (Corpus, GptConfig, RunConfig) {
     (corpus, config, run)
 }
 
-/// Each step's loss of `run` on one device from `start`.
-fn loss_curve<B>(
+/// The cube device of this build, recording gradients (what the example trains on).
+fn training_device() -> Device {
+    device().autodiff()
+}
+
+/// Each step's loss of `run` on one (autodiff) device from `start`.
+fn loss_curve(
     corpus: &Corpus,
     config: &GptConfig,
     run: &RunConfig,
     kind: LossKind,
-    start: &Gpt<B>,
-    device: &B::Device,
-) -> Vec<f64>
-where
-    B: burn::tensor::backend::AutodiffBackend + burn_fused_ce::FusedCrossEntropyBackend,
-{
+    start: &Gpt,
+    device: &Device,
+) -> Vec<f64> {
     let (logs, _) = train(config, run, kind, start.clone(), corpus, device, |_, _| {});
     logs.iter().map(|l| l.loss).collect()
 }
@@ -63,17 +61,17 @@ fn the_three_losses_train_alike_step_by_step() {
     let _backward = shared_device();
     let seed = fresh_seed();
     let (corpus, config, run) = tiny_run(seed, 4);
-    let device = Default::default();
-    let start = initial_model::<Autodiff<DefaultBackend>>(&config, seed, &device);
+    let device = training_device();
+    let start = initial_model(&config, seed, &device);
     let curves: Vec<Vec<f64>> = LossKind::ALL
         .iter()
         .map(|&kind| loss_curve(&corpus, &config, &run, kind, &start, &device))
         .collect();
     // AdamW's first steps move a weight by about the learning rate whatever its
     // gradient's size, so rounding differences between the losses' gradients (the fused
-    // linear cross-entropy sums its matmuls by chunks) reach the loss: one full-suite run
-    // saw 2.0e-4 at step 1 where the same seed alone gave less than 1e-4.
+    // linear cross-entropy sums its matmuls by chunks) reach the loss.
     for (kind, curve) in LossKind::ALL.iter().zip(&curves).skip(1) {
+        assert_eq!(curve.len(), run.steps, "seed={seed}: one loss per step");
         for (step, (a, b)) in curves[0].iter().zip(curve).enumerate() {
             let diff = (a - b).abs() / a.abs();
             assert!(
@@ -90,19 +88,18 @@ fn the_three_losses_train_alike_step_by_step() {
     );
 }
 
-/// Another thread's backward during training leaves the curve as it is. burn-autodiff
+/// Another thread's backward during training leaves the curve as it is. Burn's autodiff
 /// frees unreferenced steps of every graph whenever any thread's backward ends: an op
 /// that lets go of its inputs before registering its own node can lose the graph above
-/// it, and the model then trains its head alone (a full-suite run saw the fused linear
-/// cross-entropy's step 1 move so, on one device beside other tests).
+/// it, and the model then trains its head alone.
 #[test]
 fn another_threads_backward_leaves_the_curve() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let _backward = shared_device();
     let seed = fresh_seed();
     let (corpus, config, run) = tiny_run(seed, 2);
-    let device = Default::default();
-    let start = initial_model::<AutodiffCube>(&config, seed, &device);
+    let device = training_device();
+    let start = initial_model(&config, seed, &device);
     for kind in LossKind::ALL {
         let curve = || loss_curve(&corpus, &config, &run, kind, &start, &device);
         let alone = curve();
@@ -111,10 +108,9 @@ fn another_threads_backward_leaves_the_curve() {
             let stop = AtomicBool::new(false);
             let beside = std::thread::scope(|scope| {
                 scope.spawn(|| {
-                    let device = Default::default();
+                    let device = training_device();
                     while !stop.load(Ordering::Relaxed) {
-                        let x = burn::tensor::Tensor::<AutodiffCube, 1>::ones([4], &device)
-                            .require_grad();
+                        let x = Tensor::<1>::ones([4], &device).require_grad();
                         let _ = (x * 2.0).sum().backward();
                     }
                 });
@@ -138,9 +134,8 @@ fn two_replicas_train_the_one_device_curve() {
     let _peers = collective_peers();
     let seed = fresh_seed();
     let (corpus, config, run) = tiny_run(seed, 3);
-    let device = Default::default();
-    // The plain cube backend, as the example trains replicas.
-    let start = initial_model::<AutodiffCube>(&config, seed, &device);
+    let device = training_device();
+    let start = initial_model(&config, seed, &device);
     let devices = [device.clone(), device.clone()];
     for kind in [LossKind::Fused, LossKind::FusedLinear] {
         // Same device, same batches: only the gradients' summation order differs, and
@@ -175,8 +170,8 @@ fn two_replicas_train_the_one_device_curve() {
     );
 }
 
-/// One replica per GPU where the machine has several (CUDA), on the plain cube backend as
-/// the example trains them; on one device the test above covers the loop.
+/// One replica per GPU where the machine has several (CUDA: Burn's all-reduce of the
+/// gradients); on one device the test above covers the loop.
 #[test]
 fn one_replica_per_device_trains_the_one_device_curve() {
     let count = fused_ce_suite::device_count();
@@ -191,8 +186,11 @@ fn one_replica_per_device_trains_the_one_device_curve() {
         batch: 2 * count,
         ..run
     };
-    let devices = fused_ce_suite::devices(count);
-    let start = initial_model::<AutodiffCube>(&config, seed, &devices[0]);
+    let devices: Vec<Device> = fused_ce_suite::devices(count)
+        .into_iter()
+        .map(Device::autodiff)
+        .collect();
+    let start = initial_model(&config, seed, &devices[0]);
     let setup = Setup {
         corpus: &corpus,
         config: &config,
@@ -209,24 +207,22 @@ fn one_replica_per_device_trains_the_one_device_curve() {
 }
 
 /// What a data-parallel test trains: the corpus, the model, the run and its seeded start.
-struct Setup<'a, B: burn::tensor::backend::AutodiffBackend> {
+struct Setup<'a> {
     corpus: &'a Corpus,
     config: &'a GptConfig,
     run: &'a RunConfig,
-    start: &'a Gpt<B>,
+    start: &'a Gpt,
     seed: u64,
 }
 
 /// Trains `setup` on the first device alone and data-parallel over `devices`, and checks
 /// that every step's loss agrees to `tolerance` (relative) and counts the global batch.
-fn check_replicas_follow_one_device<B>(
-    setup: &Setup<'_, B>,
+fn check_replicas_follow_one_device(
+    setup: &Setup<'_>,
     kind: LossKind,
-    devices: &[B::Device],
+    devices: &[Device],
     tolerance: f64,
-) where
-    B: burn::tensor::backend::AutodiffBackend + burn_fused_ce::FusedCrossEntropyBackend,
-{
+) {
     let Setup {
         corpus,
         config,
@@ -276,10 +272,11 @@ fn check_replicas_follow_one_device<B>(
     // half of the batch end far from the one device's weights; replicas that average
     // right differ only where a gradient is near 0.
     let (start, one, many) = (
-        parameters(*start),
+        parameters(start),
         parameters(&one_model),
         parameters(&many_model),
     );
+    assert_eq!(one.len(), many.len(), "seed={seed}: the same parameters");
     let moved: Vec<f64> = one.iter().zip(&start).map(|(a, s)| a - s).collect();
     let apart: Vec<f64> = one.iter().zip(&many).map(|(a, b)| a - b).collect();
     let ratio = norm(&apart) / norm(&moved);
@@ -291,10 +288,10 @@ fn check_replicas_follow_one_device<B>(
 }
 
 /// Every float parameter of `model`, in the order the module visits them.
-fn parameters<B: burn::tensor::backend::Backend>(model: &Gpt<B>) -> Vec<f64> {
+fn parameters(model: &Gpt) -> Vec<f64> {
     struct Collect(Vec<f64>);
-    impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             self.0.extend(to_f64(param.val()));
         }
     }
@@ -312,11 +309,10 @@ fn norm(values: &[f64]) -> f64 {
 /// once the context slides past the model's sequence length.
 #[test]
 fn sampling_through_a_padded_window_continues_as_exact_contexts_do() {
-    use burn::tensor::{ElementConversion, Int, TensorData};
     let seed = fresh_seed();
     let (corpus, config, _) = tiny_run(seed, 1);
-    let device = Default::default();
-    let model = initial_model::<DefaultBackend>(&config, seed, &device);
+    let device = device();
+    let model = initial_model(&config, seed, &device);
     // 12 + 8 tokens: past the 16-token sequence length.
     let (prompt, len) = (&corpus.tokens[..12], 8);
     let mut tokens = prompt.to_vec();
@@ -326,16 +322,12 @@ fn sampling_through_a_padded_window_continues_as_exact_contexts_do() {
             .map(|&t| i64::from(t))
             .collect();
         let seq = context.len();
-        let input = Tensor::<DefaultBackend, 2, Int>::from_data(
-            TensorData::new(context, [1, seq]),
-            &device,
-        );
+        let input = Tensor::<2, Int>::from_data(TensorData::new(context, [1, seq]), &device);
         let next = model
             .forward(input)
             .slice([seq - 1..seq, 0..config.vocab])
             .argmax(1)
-            .into_scalar()
-            .elem::<i64>();
+            .into_scalar::<i64>();
         tokens.push(next as u32);
     }
     assert_eq!(

@@ -1,10 +1,13 @@
 //! The whole test suite as one executable (one link instead of several: a faster CI build
-//! and a smaller GPU bundle). Runtime: Vulkan by default, CUDA with `--features cuda`.
+//! and a smaller GPU bundle). Runtime: Vulkan by default, CUDA with `--features cuda`, wgpu from WGSL
+//! with `--features wgpu`.
 
 mod backends;
 mod bad_input;
+mod call;
 mod common;
 mod contract;
+mod cube_primitives;
 mod defaults;
 mod in_place;
 mod linear;
@@ -12,5 +15,6 @@ mod llm_shapes;
 mod lm;
 mod options;
 mod ownership_and_autodiff;
+mod run_call;
 mod shapes;
 mod vocab_parallel;

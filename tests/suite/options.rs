@@ -1,12 +1,12 @@
 //! The spec's option matrix: label smoothing, z-loss, softcap, class weights, an ignore
 //! index inside `[0, V)` and the extra outputs, each alone and all together, x every
 //! reduction x every dtype x exclusive/held logits (x 2-D/3-D, x function/module), against
-//! the f64 reference with the spec's tolerances. On the plain cube backend, on Burn's
-//! default fusion backend, and (smaller) on NdArray through the portable path.
+//! the f64 reference with the spec's tolerances. On the plain cube backend (its
+//! primitives), on Burn's default fusion backend (a cube device's `Tensor<D>`), and
+//! (smaller) on Flex through the portable path.
 
-use burn::{backend::NdArray, tensor::DType};
-use burn_fused_ce::{CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyBackend, Reduction};
-use fused_ce_suite::DefaultBackend;
+use burn::tensor::DType;
+use burn_fused_ce::{CrossEntropyOptions, ExtraOutputs, Reduction};
 
 use crate::common::*;
 use crate::contract::{Case, REDUCTIONS, check_case, check_confident, poisoned};
@@ -160,28 +160,28 @@ pub(crate) fn plans(reduction: Reduction) -> Vec<bool> {
 
 /// Each option alone x reduction x dtype, on one shape, alternating exclusive/held logits
 /// and function/module.
-fn check_singles<B: FusedCrossEntropyBackend>(rows: usize, vocab: usize, dtypes: &[DType])
-where
-    B::Device: Default,
-{
+fn check_singles(backend: TestBackend, rows: usize, vocab: usize, dtypes: &[DType]) {
     let mut n = 0;
     for (_name, options, class_weights) in single_options(vocab) {
         for &dtype in dtypes {
             for reduction in REDUCTIONS {
                 for one_pass in plans(reduction) {
                     n += 1;
-                    check_case::<B>(Case {
-                        options: CrossEntropyOptions {
-                            reduction,
-                            gradient_plan: plan(one_pass),
-                            ..options.clone()
+                    check_case(
+                        backend,
+                        Case {
+                            options: CrossEntropyOptions {
+                                reduction,
+                                gradient_plan: plan(one_pass),
+                                ..options.clone()
+                            },
+                            class_weights,
+                            exclusive_logits: n % 2 == 0,
+                            via_module: n % 3 == 0,
+                            unit_grad: n % 5 == 0,
+                            ..Case::new(rows, vocab, dtype, reduction)
                         },
-                        class_weights,
-                        exclusive_logits: n % 2 == 0,
-                        via_module: n % 3 == 0,
-                        unit_grad: n % 5 == 0,
-                        ..Case::new(rows, vocab, dtype, reduction)
-                    });
+                    );
                 }
             }
         }
@@ -190,12 +190,11 @@ where
 
 /// Every option on: shapes (2-D, or 3-D `(batch, rows, vocab)`) x reduction x dtype x
 /// exclusive/held logits; the module path on every other case.
-fn check_combined<B: FusedCrossEntropyBackend>(
+fn check_combined(
+    backend: TestBackend,
     shapes: &[(Option<usize>, usize, usize)],
     dtypes: &[DType],
-) where
-    B::Device: Default,
-{
+) {
     let mut n = 0;
     for &(batch, rows, vocab) in shapes {
         for &dtype in dtypes {
@@ -211,15 +210,18 @@ fn check_combined<B: FusedCrossEntropyBackend>(
                         gradient_plan: plan(one_pass),
                         ..all_options(reduction, vocab)
                     };
-                    check_case::<B>(Case {
-                        options,
-                        class_weights: true,
-                        exclusive_logits,
-                        batch,
-                        via_module: n % 2 == 0,
-                        unit_grad: n % 3 == 0,
-                        ..Case::new(rows, vocab, dtype, reduction)
-                    });
+                    check_case(
+                        backend,
+                        Case {
+                            options,
+                            class_weights: true,
+                            exclusive_logits,
+                            batch,
+                            via_module: n % 2 == 0,
+                            unit_grad: n % 3 == 0,
+                            ..Case::new(rows, vocab, dtype, reduction)
+                        },
+                    );
                 }
             }
         }
@@ -232,22 +234,28 @@ fn check_combined<B: FusedCrossEntropyBackend>(
             };
             // Every row ignored, every option on: 0 loss, 0 gradient for Mean (no NaN).
             for exclusive_logits in [false, true] {
-                check_case::<B>(Case {
-                    options: options.clone(),
-                    class_weights: true,
-                    ignore: Ignore::AllRows,
-                    exclusive_logits,
-                    unit_grad: exclusive_logits,
-                    ..Case::new(37, 129, DType::F32, reduction)
-                });
+                check_case(
+                    backend,
+                    Case {
+                        options: options.clone(),
+                        class_weights: true,
+                        ignore: Ignore::AllRows,
+                        exclusive_logits,
+                        unit_grad: exclusive_logits,
+                        ..Case::new(37, 129, DType::F32, reduction)
+                    },
+                );
             }
             // No row ignored.
-            check_case::<B>(Case {
-                options,
-                class_weights: true,
-                ignore: Ignore::NoRows,
-                ..Case::new(37, 129, DType::F32, reduction)
-            });
+            check_case(
+                backend,
+                Case {
+                    options,
+                    class_weights: true,
+                    ignore: Ignore::NoRows,
+                    ..Case::new(37, 129, DType::F32, reduction)
+                },
+            );
         }
     }
 }
@@ -265,39 +273,40 @@ const COMBINED_SHAPES: [(Option<usize>, usize, usize); 5] = [
 #[test]
 fn each_option_alone_on_the_cube_backend() {
     poisoned();
-    check_singles::<CubeBackend>(37, 129, &float_dtypes());
+    check_singles(TestBackend::Cube, 37, 129, &float_dtypes());
 }
 
 #[test]
 fn all_options_together_on_the_cube_backend() {
     poisoned();
-    check_combined::<CubeBackend>(&COMBINED_SHAPES, &float_dtypes());
+    check_combined(TestBackend::Cube, &COMBINED_SHAPES, &float_dtypes());
 }
 
 #[test]
 fn each_option_alone_on_the_default_fusion_backend() {
     poisoned();
-    check_singles::<DefaultBackend>(37, 129, &float_dtypes());
+    check_singles(TestBackend::Fusion, 37, 129, &float_dtypes());
 }
 
 #[test]
 fn all_options_together_on_the_default_fusion_backend() {
     poisoned();
-    check_combined::<DefaultBackend>(&COMBINED_SHAPES, &float_dtypes());
+    check_combined(TestBackend::Fusion, &COMBINED_SHAPES, &float_dtypes());
 }
 
 #[test]
-fn options_on_ndarray_through_the_portable_path() {
-    check_singles::<NdArray>(37, 129, &[DType::F32]);
-    check_combined::<NdArray>(&[(None, 37, 129), (Some(3), 3 * 4, 41)], &[DType::F32]);
+fn options_on_flex_through_the_portable_path() {
+    check_singles(TestBackend::Flex, 37, 129, &[DType::F32]);
+    check_combined(
+        TestBackend::Flex,
+        &[(None, 37, 129), (Some(3), 3 * 4, 41)],
+        &[DType::F32],
+    );
 }
 
 /// Each extra output alone (the others absent) x reduction, with logits rounded to
 /// integers so rows have exact ties (argmax: the first of them).
-fn check_extra_outputs<B: FusedCrossEntropyBackend>(dtypes: &[DType], one_pass: bool)
-where
-    B::Device: Default,
-{
+fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
     let singles = [
         ExtraOutputs {
             z_loss: true,
@@ -323,21 +332,24 @@ where
             for reduction in REDUCTIONS {
                 for ties in [false, true] {
                     n += 1;
-                    check_case::<B>(Case {
-                        options: CrossEntropyOptions {
-                            outputs,
-                            z_loss_scale: if n % 2 == 0 { 1e-3 } else { 0.0 },
-                            softcap: (n % 3 == 0).then_some(10.0),
-                            gradient_plan: plan(one_pass),
-                            ..CrossEntropyOptions::new(reduction)
+                    check_case(
+                        backend,
+                        Case {
+                            options: CrossEntropyOptions {
+                                outputs,
+                                z_loss_scale: if n % 2 == 0 { 1e-3 } else { 0.0 },
+                                softcap: (n % 3 == 0).then_some(10.0),
+                                gradient_plan: plan(one_pass),
+                                ..CrossEntropyOptions::new(reduction)
+                            },
+                            ties,
+                            exclusive_logits: n % 2 == 1,
+                            // With class weights the mean divides by their sum, the accuracy
+                            // still by the row count.
+                            class_weights: n % 4 < 2,
+                            ..Case::new(37, 129, dtype, reduction)
                         },
-                        ties,
-                        exclusive_logits: n % 2 == 1,
-                        // With class weights the mean divides by their sum, the accuracy
-                        // still by the row count.
-                        class_weights: n % 4 < 2,
-                        ..Case::new(37, 129, dtype, reduction)
-                    });
+                    );
                 }
             }
         }
@@ -345,25 +357,31 @@ where
     // Accuracy of a batch where every prediction is right (target = row max + 1), and of
     // one with every row ignored (0).
     for reduction in REDUCTIONS {
-        check_case::<B>(Case {
-            options: CrossEntropyOptions {
-                outputs: ExtraOutputs::all(),
-                gradient_plan: plan(one_pass),
-                ..CrossEntropyOptions::new(reduction)
+        check_case(
+            backend,
+            Case {
+                options: CrossEntropyOptions {
+                    outputs: ExtraOutputs::all(),
+                    gradient_plan: plan(one_pass),
+                    ..CrossEntropyOptions::new(reduction)
+                },
+                confident: Some(1.0),
+                ..Case::new(37, 129, DType::F32, reduction)
             },
-            confident: Some(1.0),
-            ..Case::new(37, 129, DType::F32, reduction)
-        });
-        check_case::<B>(Case {
-            options: CrossEntropyOptions {
-                outputs: ExtraOutputs::all(),
-                z_loss_scale: 1e-3,
-                gradient_plan: plan(one_pass),
-                ..CrossEntropyOptions::new(reduction)
+        );
+        check_case(
+            backend,
+            Case {
+                options: CrossEntropyOptions {
+                    outputs: ExtraOutputs::all(),
+                    z_loss_scale: 1e-3,
+                    gradient_plan: plan(one_pass),
+                    ..CrossEntropyOptions::new(reduction)
+                },
+                ignore: Ignore::AllRows,
+                ..Case::new(37, 129, DType::F32, reduction)
             },
-            ignore: Ignore::AllRows,
-            ..Case::new(37, 129, DType::F32, reduction)
-        });
+        );
     }
 }
 
@@ -371,27 +389,24 @@ where
 fn extra_outputs_on_the_cube_backend() {
     poisoned();
     for one_pass in [false, true] {
-        check_extra_outputs::<CubeBackend>(&float_dtypes(), one_pass);
+        check_extra_outputs(TestBackend::Cube, &float_dtypes(), one_pass);
     }
 }
 
 #[test]
 fn extra_outputs_on_the_default_fusion_backend() {
     poisoned();
-    check_extra_outputs::<DefaultBackend>(&[DType::F32], true);
+    check_extra_outputs(TestBackend::Fusion, &[DType::F32], true);
 }
 
 #[test]
-fn extra_outputs_on_ndarray() {
-    check_extra_outputs::<NdArray>(&[DType::F32], false);
+fn extra_outputs_on_flex() {
+    check_extra_outputs(TestBackend::Flex, &[DType::F32], false);
 }
 
 /// Confident predictions (target = row max + 10) in f16 (and bf16 where the runtime has
 /// it) with every option on: the target column's gradient within the precision table.
-fn check_confident_with_options<B: FusedCrossEntropyBackend>()
-where
-    B::Device: Default,
-{
+fn check_confident_with_options(backend: TestBackend) {
     for dtype in float_dtypes()
         .into_iter()
         .filter(|&dtype| dtype != DType::F32)
@@ -400,7 +415,7 @@ where
             outputs: ExtraOutputs::default(),
             ..all_options(Reduction::Sum, 1000)
         };
-        check_confident::<B>(dtype, &all, true);
+        check_confident(backend, dtype, &all, true);
         // One option at a time as well: smoothing and weights otherwise dominate the
         // target column, hiding the `p_y - 1` cancellation.
         for options in [
@@ -413,22 +428,27 @@ where
                 ..CrossEntropyOptions::new(Reduction::Sum)
             },
         ] {
-            check_confident::<B>(dtype, &options, false);
+            check_confident(backend, dtype, &options, false);
         }
-        check_confident::<B>(dtype, &CrossEntropyOptions::new(Reduction::Sum), true);
+        check_confident(
+            backend,
+            dtype,
+            &CrossEntropyOptions::new(Reduction::Sum),
+            true,
+        );
     }
 }
 
 #[test]
 fn confident_prediction_with_options_on_the_cube_backend() {
     poisoned();
-    check_confident_with_options::<CubeBackend>();
+    check_confident_with_options(TestBackend::Cube);
 }
 
 #[test]
 fn confident_prediction_with_options_on_the_default_fusion_backend() {
     poisoned();
-    check_confident_with_options::<DefaultBackend>();
+    check_confident_with_options(TestBackend::Fusion);
 }
 
 /// The one-pass kernel with rows cut into several chunks whose cubes exchange their
@@ -443,7 +463,8 @@ fn rows_cut_into_exchanging_chunks() {
     poisoned();
     for chunks in [2, 3, 7] {
         forcing_chunks(chunks, || {
-            check_combined::<CubeBackend>(
+            check_combined(
+                TestBackend::Cube,
                 &[
                     (None, 37, 129),
                     (Some(3), 3 * 4, 41),
@@ -452,7 +473,7 @@ fn rows_cut_into_exchanging_chunks() {
                 ],
                 &float_dtypes(),
             );
-            check_extra_outputs::<CubeBackend>(&float_dtypes(), true);
+            check_extra_outputs(TestBackend::Cube, &float_dtypes(), true);
         });
     }
 }

@@ -1,25 +1,24 @@
-//! The vocabulary-parallel loss: the logits' classes cut into shards, one peer of Burn's
-//! collective (burn-collective) per shard, here all on one device (logical shards, one
-//! thread each), compared with the f64 reference of the whole vocabulary and with the
+//! The vocabulary-parallel loss: the logits' classes cut into shards, one thread per
+//! shard, the shards summing their statistics through an exchange: [`InProcessExchange`]
+//! for logical shards on one device (and for one shard per device in one process), Burn's
+//! all-reduce ([`DistributedExchange`]) for one shard per GPU on CUDA with several GPUs.
+//! Each shard is compared with the f64 reference of the whole vocabulary and with the
 //! single-device loss: every reduction with non-uniform incoming gradients, every option,
-//! class weights, ignored and all-ignored rows, uneven shards, 3-D logits. On CUDA with
-//! two GPUs the same test also runs one shard per GPU.
+//! class weights, ignored and all-ignored rows, uneven shards, 3-D logits, f16, outputs
+//! poisoned before the kernels run.
 
-use burn::{
-    backend::{Autodiff, NdArray},
-    collective::{self, AllReduceStrategy, CollectiveConfig, PeerId},
-    tensor::{DType, Tensor, TensorData, TensorPrimitive, backend::Backend, ops::FloatTensor},
+use burn::tensor::{
+    DType, Device, Int, Tensor, TensorData,
+    distributed::{DistributedConfig, DistributedContext, ReduceOperation},
 };
 use burn_fused_ce::{
-    CollectiveExchange, CrossEntropyError, CrossEntropyOptions, ExtraOutputs,
-    FusedCrossEntropyBackend, Reduction, ShardExchange, VocabShard, try_fused_cross_entropy,
-    try_vocab_parallel_cross_entropy,
+    CrossEntropyOptions, DistributedExchange, ExtraOutputs, InProcessExchange, Reduction,
+    ShardExchange, VocabShard, try_fused_cross_entropy, try_vocab_parallel_cross_entropy,
 };
-use fused_ce_suite::DefaultBackend;
 use rand::Rng;
 
 use crate::common::*;
-use crate::contract::{describe_grad_error, short_name};
+use crate::contract::{describe_grad_error, poisoned};
 
 #[derive(Debug, Clone)]
 struct ShardCase {
@@ -49,6 +48,15 @@ impl ShardCase {
     }
 }
 
+/// How the shards of a case sum their statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exchange {
+    /// [`InProcessExchange`]: the shards' threads meet in this process.
+    InProcess,
+    /// [`DistributedExchange`]: Burn's all-reduce over the shards' devices (distinct GPUs).
+    Distributed,
+}
+
 /// What one shard computed, in f64.
 struct ShardResult {
     loss: Vec<f64>,
@@ -68,9 +76,46 @@ fn columns(values: &[f32], vocab: usize, range: std::ops::Range<usize>) -> Vec<f
         .collect()
 }
 
-/// One shard's loss and gradient on `device` (its thread is peer `shard.index()`).
+/// The outputs of one call, flattened to rank 1.
+struct Flat {
+    loss: Tensor<1>,
+    z_loss: Option<Tensor<1>>,
+    accuracy: Option<Tensor<1>>,
+    predicted: Option<Tensor<1, Int>>,
+    lse: Option<Tensor<1>>,
+}
+
+fn shard_call<E: ShardExchange + ?Sized, const DL: usize, const DT: usize>(
+    logits: Tensor<DL>,
+    targets: Tensor<DT, Int>,
+    weights: Option<Tensor<1>>,
+    shard: &VocabShard,
+    options: &CrossEntropyOptions,
+    exchange: &E,
+) -> Flat {
+    let output =
+        try_vocab_parallel_cross_entropy(logits, targets, weights, shard, options, exchange)
+            .unwrap_or_else(|error| panic!("shard {}: {error}", shard.index()));
+    let flat = |tensor: Tensor<DT>| {
+        let elements = tensor.dims().iter().product::<usize>();
+        tensor.reshape([elements])
+    };
+    Flat {
+        loss: flat(output.loss),
+        z_loss: output.z_loss.map(flat),
+        accuracy: output.accuracy,
+        predicted: output.predicted.map(|predicted| {
+            let elements = predicted.dims().iter().product::<usize>();
+            predicted.reshape([elements])
+        }),
+        lse: output.lse.map(flat),
+    }
+}
+
+/// One shard's loss and gradient on `device` (under autodiff), its thread one of the
+/// case's.
 #[allow(clippy::too_many_arguments)]
-fn run_shard<B: Backend + FusedCrossEntropyBackend, E: ShardExchange>(
+fn run_shard<E: ShardExchange + ?Sized>(
     case: &ShardCase,
     exchange: &E,
     shard: VocabShard,
@@ -78,140 +123,67 @@ fn run_shard<B: Backend + FusedCrossEntropyBackend, E: ShardExchange>(
     targets: &[i64],
     weights: Option<&[f32]>,
     incoming: &[f32],
-    device: &B::Device,
+    device: &Device,
 ) -> ShardResult {
-    type A<B> = Autodiff<B>;
+    let device = device.clone().autodiff();
     let width = shard.classes().len();
-    let logits = Tensor::<A<B>, 2>::from_data(TensorData::new(logits, [case.rows, width]), device)
+    let leaf = Tensor::<2>::from_data(TensorData::new(logits, [case.rows, width]), &device)
         .cast(case.dtype)
         .require_grad();
-    let weights = weights
-        .map(|w| Tensor::<A<B>, 1>::from_data(TensorData::new(w.to_vec(), [w.len()]), device));
-    let targets = targets_tensor::<A<B>>(targets, device);
-    let (output, loss_rows) = if case.three_d {
-        let output = try_vocab_parallel_cross_entropy(
-            logits.clone().reshape([2, case.rows / 2, width]),
+    let weights =
+        weights.map(|w| Tensor::<1>::from_data(TensorData::new(w.to_vec(), [w.len()]), &device));
+    let targets = targets_tensor(targets, &device);
+    let output = if case.three_d {
+        shard_call(
+            leaf.clone().reshape([2, case.rows / 2, width]),
             targets.reshape([2, case.rows / 2]),
             weights,
             &shard,
             &case.options,
             exchange,
         )
-        .unwrap_or_else(|error| panic!("shard {}: {error}", shard.index()));
-        let rows = output.loss.dims().iter().product::<usize>();
-        (
-            (
-                output.loss.reshape([rows]),
-                output.z_loss.map(|z| z.reshape([rows])),
-                output.accuracy,
-                output.predicted.map(|p| p.reshape([case.rows])),
-                output.lse.map(|l| l.reshape([case.rows])),
-            ),
-            rows,
-        )
     } else {
-        let output = try_vocab_parallel_cross_entropy(
-            logits.clone(),
+        shard_call(
+            leaf.clone(),
             targets,
             weights,
             &shard,
             &case.options,
             exchange,
         )
-        .unwrap_or_else(|error| panic!("shard {}: {error}", shard.index()));
-        let rows = output.loss.dims()[0];
-        (
-            (
-                output.loss,
-                output.z_loss,
-                output.accuracy,
-                output.predicted,
-                output.lse,
-            ),
-            rows,
-        )
     };
-    let (loss, z_loss, accuracy, predicted, lse) = output;
-    let incoming =
-        Tensor::<A<B>, 1>::from_data(TensorData::new(incoming.to_vec(), [loss_rows]), device);
-    let grads = (loss.clone().cast(DType::F32) * incoming).sum().backward();
-    let grad = logits
+    let loss_rows = output.loss.dims()[0];
+    assert_eq!(
+        loss_rows,
+        incoming.len(),
+        "one incoming gradient per loss element"
+    );
+    let incoming = Tensor::<1>::from_data(TensorData::new(incoming.to_vec(), [loss_rows]), &device);
+    let grads = (output.loss.clone().cast(DType::F32) * incoming)
+        .sum()
+        .backward();
+    let grad = leaf
         .grad(&grads)
         .expect("the shard's logits get a gradient");
     ShardResult {
-        loss: to_f64(loss.inner()),
-        z_loss: z_loss.map(|z| to_f64(z.inner())),
-        accuracy: accuracy.map(|a| to_f64(a.inner())[0]),
-        predicted: predicted.map(|p| {
-            p.inner()
-                .into_data()
-                .convert::<i64>()
-                .to_vec::<i64>()
-                .expect("ints")
-        }),
-        lse: lse.map(|l| to_f64(l.inner())),
+        loss: to_f64(output.loss),
+        z_loss: output.z_loss.map(to_f64),
+        accuracy: output.accuracy.map(|a| to_f64(a)[0]),
+        predicted: output.predicted.map(int_to_i64),
+        lse: output.lse.map(to_f64),
         grad: to_f64(grad),
     }
 }
 
-/// The logical shards' exchange: each shard's statistics read to the host, summed there,
-/// and the sum sent back to every shard (threads meet at barriers). burn-collective's
-/// all-reduce between peers that share one device failed under Burn's fusion backend (a
-/// stream lost a tensor), so shards on one device sum this way.
-struct HostSum {
-    sum: std::sync::Mutex<Vec<f32>>,
-    barrier: std::sync::Barrier,
-}
-
-impl HostSum {
-    fn new(shards: usize) -> Self {
-        Self {
-            sum: std::sync::Mutex::new(Vec::new()),
-            barrier: std::sync::Barrier::new(shards),
-        }
-    }
-}
-
-impl ShardExchange for HostSum {
-    fn sum<B: Backend>(&self, stats: FloatTensor<B>) -> Result<FloatTensor<B>, CrossEntropyError> {
-        let stats = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(stats));
-        let (shape, device) = (stats.dims(), stats.device());
-        let values = stats
-            .into_data()
-            .convert::<f32>()
-            .to_vec::<f32>()
-            .map_err(|error| CrossEntropyError::Exchange(format!("{error:?}")))?;
-        {
-            let mut sum = self.sum.lock().unwrap_or_else(|e| e.into_inner());
-            if sum.is_empty() {
-                *sum = values;
-            } else {
-                sum.iter_mut().zip(&values).for_each(|(s, v)| *s += v);
-            }
-        }
-        self.barrier.wait();
-        let total = self.sum.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        // Every shard has read the sum before it is cleared for the next call.
-        if self.barrier.wait().is_leader() {
-            self.sum.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        }
-        self.barrier.wait();
-        let sum = Tensor::<B, 2>::from_data(TensorData::new(total, shape), &device);
-        Ok(sum.into_primitive().tensor())
-    }
-}
-
 /// Runs every shard of `case` on `devices[k % devices.len()]`, one thread each, summing
-/// through burn-collective (one peer per shard) when `across_devices`, else on the host,
-/// and checks each shard's outputs against the f64 reference and the single-device loss.
-fn check_case<B: Backend + FusedCrossEntropyBackend>(
-    case: &ShardCase,
-    devices: &[B::Device],
-    across_devices: bool,
-) {
+/// through `exchange`, and checks each shard's outputs against the f64 reference and the
+/// single-device loss on `devices[0]`.
+fn check_case(case: &ShardCase, backend: &str, devices: &[Device], exchange: Exchange) {
     let seed = fresh_seed();
     let mut rng = rng(seed);
-    let context = format!("{} {case:?} seed {seed}", short_name::<B>());
+    let context = format!("{backend} {exchange:?} {case:?} seed {seed}");
+    // Shown when a shard's thread fails, whatever panics.
+    eprintln!("running {context}");
     let ignore_index = case.options.ignore_index;
     let values = random_logits(&mut rng, case.rows, case.vocab);
     let targets = random_targets(&mut rng, case.rows, case.vocab, case.ignore, ignore_index);
@@ -225,12 +197,12 @@ fn check_case<B: Backend + FusedCrossEntropyBackend>(
         vec![rng.random_range(0.2..2.0)]
     };
     // The values the kernels see (rounded to the case's dtype).
-    let seen = to_f64(
-        Tensor::<B, 2>::from_data(
-            TensorData::new(values.clone(), [case.rows, case.vocab]),
-            &devices[0],
-        )
-        .cast(case.dtype),
+    let (_, seen) = logits_tensor(
+        values.clone(),
+        case.rows,
+        case.vocab,
+        case.dtype,
+        &devices[0],
     );
     let reference = RefOptions::new(&case.options, weights.as_deref());
     let rows = reference_rows(&seen, case.vocab, &targets, &reference);
@@ -239,70 +211,51 @@ fn check_case<B: Backend + FusedCrossEntropyBackend>(
     let ref_loss = reference_loss(&rows, case.options.reduction);
     let (loss_tol, grad_tol) = tolerance(case.dtype);
 
-    let host_sum = HostSum::new(case.shards);
-    if across_devices {
-        // A fresh collective for this case's peers (an earlier case may have had another
-        // number of them).
-        collective::reset_collective::<B>();
-    }
-    let config = CollectiveConfig::default()
-        .with_num_devices(case.shards)
-        .with_local_all_reduce_strategy(AllReduceStrategy::Tree(2));
+    let in_process = InProcessExchange::new(case.shards);
+    // Burn's communication between the devices, kept while the shards run.
+    let (distributed, _communication) = match exchange {
+        Exchange::InProcess => (None, None),
+        Exchange::Distributed => {
+            let devices: Vec<Device> = devices.to_vec();
+            let communication = DistributedContext::init(
+                devices.clone(),
+                DistributedConfig {
+                    all_reduce_op: ReduceOperation::Sum,
+                },
+            );
+            (Some(DistributedExchange::new(devices)), Some(communication))
+        }
+    };
     let results: Vec<ShardResult> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..case.shards)
             .map(|k| {
                 let shard = VocabShard::new(k, case.shards, case.vocab).expect("a valid shard");
                 let device = devices[k % devices.len()].clone();
                 let logits = columns(&values, case.vocab, shard.classes());
-                let (config, targets, weights, incoming, host_sum) = (
-                    config.clone(),
+                let (targets, weights, incoming, in_process, distributed) = (
                     &targets,
                     weights.as_deref(),
                     &incoming,
-                    &host_sum,
+                    &in_process,
+                    &distributed,
                 );
                 scope.spawn(move || {
-                    let run = |exchange: &dyn Fn() -> ShardResult| {
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(exchange))
-                            .unwrap_or_else(|_| {
-                                // The other shards would wait for this one forever.
-                                eprintln!("shard {k} of {case:?} panicked (message above)");
-                                std::process::exit(101)
-                            })
+                    let exchange: &dyn ShardExchange = match distributed {
+                        Some(distributed) => distributed,
+                        None => in_process,
                     };
-                    if !across_devices {
-                        return run(&|| {
-                            run_shard::<B, _>(
-                                case,
-                                host_sum,
-                                shard,
-                                logits.clone(),
-                                targets,
-                                weights,
-                                incoming,
-                                &device,
-                            )
-                        });
-                    }
-                    let peer = PeerId::from(k);
-                    collective::register::<B>(peer, device.clone(), config)
-                        .expect("registers with the collective");
-                    let exchange = CollectiveExchange { peer };
-                    let result = run(&|| {
-                        run_shard::<B, _>(
-                            case,
-                            &exchange,
-                            shard,
-                            logits.clone(),
-                            targets,
-                            weights,
-                            incoming,
-                            &device,
+                    let run = || {
+                        run_shard(
+                            case, exchange, shard, logits, targets, weights, incoming, &device,
                         )
-                    });
-                    fused_ce_suite::lm::leave_collective::<B>(peer, &device)
-                        .expect("leaves the collective");
-                    result
+                    };
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(
+                        |_| {
+                            // The other shards would wait for this one forever.
+                            eprintln!("shard {k} of {case:?} panicked (message above)");
+                            std::process::exit(101)
+                        },
+                    )
                 })
             })
             .collect();
@@ -317,16 +270,19 @@ fn check_case<B: Backend + FusedCrossEntropyBackend>(
     });
 
     // The single-device loss of the whole vocabulary, for the loss value.
+    let (whole_logits, _) = logits_tensor(
+        values.clone(),
+        case.rows,
+        case.vocab,
+        case.dtype,
+        &devices[0],
+    );
     let whole = try_fused_cross_entropy(
-        Tensor::<B, 2>::from_data(
-            TensorData::new(values.clone(), [case.rows, case.vocab]),
-            &devices[0],
-        )
-        .cast(case.dtype),
-        targets_tensor::<B>(&targets, &devices[0]),
+        whole_logits,
+        targets_tensor(&targets, &devices[0]),
         weights
             .as_ref()
-            .map(|w| Tensor::<B, 1>::from_data(TensorData::new(w.clone(), [w.len()]), &devices[0])),
+            .map(|w| Tensor::<1>::from_data(TensorData::new(w.clone(), [w.len()]), &devices[0])),
         &case.options,
     )
     .unwrap_or_else(|error| panic!("{context}: single device: {error}"));
@@ -338,6 +294,11 @@ fn check_case<B: Backend + FusedCrossEntropyBackend>(
     };
     for (k, result) in results.iter().enumerate() {
         let shard = VocabShard::new(k, case.shards, case.vocab).expect("a valid shard");
+        assert_eq!(
+            result.loss.len(),
+            ref_loss.len(),
+            "{context}: shard {k} loss elements"
+        );
         for (row, (&actual, &expected)) in result.loss.iter().zip(&ref_loss).enumerate() {
             assert!(
                 close(actual, expected, loss_tol) && close(actual, whole_loss[row], loss_tol),
@@ -349,6 +310,11 @@ fn check_case<B: Backend + FusedCrossEntropyBackend>(
         if wanted.z_loss {
             let expected = reference_z_loss(&rows, case.options.reduction);
             let actual = result.z_loss.as_ref().expect("z-loss asked for");
+            assert_eq!(
+                actual.len(),
+                expected.len(),
+                "{context}: shard {k} z-loss elements"
+            );
             for (a, e) in actual.iter().zip(&expected) {
                 assert!(
                     close(*a, *e, loss_tol),
@@ -374,6 +340,11 @@ fn check_case<B: Backend + FusedCrossEntropyBackend>(
         if wanted.lse {
             let expected = reference_lse(&rows);
             let actual = result.lse.as_ref().expect("lse asked for");
+            assert_eq!(
+                actual.len(),
+                expected.len(),
+                "{context}: shard {k} lse elements"
+            );
             for (a, e) in actual.iter().zip(&expected) {
                 assert!(
                     close(*a, *e, loss_tol),
@@ -438,43 +409,57 @@ fn cases() -> Vec<ShardCase> {
 
 #[test]
 fn logical_shards_match_the_whole_vocabulary() {
+    poisoned();
     let _backward = shared_device();
-    let device = Default::default();
+    let device = TestBackend::Fusion.device();
     for case in cases() {
-        check_case::<DefaultBackend>(&case, std::slice::from_ref(&device), false);
+        check_case(
+            &case,
+            TestBackend::Fusion.name(),
+            std::slice::from_ref(&device),
+            Exchange::InProcess,
+        );
     }
-    // The plain cube backend and the portable path on the CPU, once each.
+    // The portable path on the CPU, once.
     let mut case = ShardCase::new(20, 301, 3, Reduction::Mean);
     case.options.label_smoothing = 0.1;
     case.options.outputs = ExtraOutputs::all();
     case.class_weights = true;
-    check_case::<CubeBackend>(&case, std::slice::from_ref(&device), false);
-    check_case::<NdArray>(&case, &[Default::default()], false);
+    let flex = TestBackend::Flex.device();
+    check_case(
+        &case,
+        TestBackend::Flex.name(),
+        std::slice::from_ref(&flex),
+        Exchange::InProcess,
+    );
 }
 
-/// Logical shards on one device summing through burn-collective, as on several devices:
-/// its tree all-reduce hands every peer of one device the same tensor.
+/// The shards' devices as the runtime lists them (on wgpu: replicas of the one device;
+/// on CUDA: one GPU each), summing in this process: each shard moves the others'
+/// statistics to its own device.
 #[test]
-fn logical_shards_through_burn_collective() {
+fn shards_on_the_runtimes_devices_through_the_in_process_exchange() {
+    poisoned();
     let _backward = shared_device();
-    let _peers = collective_peers();
-    let device: fused_ce_suite::Device = Default::default();
-    let devices = [device.clone(), device];
-    let mut case = ShardCase::new(24, 300, 2, Reduction::Mean);
+    let count = fused_ce_suite::device_count().max(2);
+    let devices = fused_ce_suite::devices(count);
+    let name = TestBackend::Fusion.name();
+    let mut case = ShardCase::new(24, 300, count, Reduction::Mean);
     case.options.label_smoothing = 0.1;
     case.options.z_loss_scale = 1e-3;
     case.options.outputs = ExtraOutputs::all();
-    check_case::<DefaultBackend>(&case, &devices, true);
-    let mut case = ShardCase::new(17, 301, 3, Reduction::None);
+    check_case(&case, name, &devices, Exchange::InProcess);
+    let mut case = ShardCase::new(17, 301, count + 1, Reduction::None);
     case.options.softcap = Some(8.0);
     case.options.z_loss_scale = 1e-3;
-    check_case::<DefaultBackend>(&case, &devices, true);
+    check_case(&case, name, &devices, Exchange::InProcess);
 }
 
-/// One shard per device when the machine has several (CUDA); on one device it is the
-/// test above.
+/// One shard per GPU through Burn's all-reduce when the machine has several (CUDA); on
+/// one device the tests above cover the loss.
 #[test]
-fn one_shard_per_device() {
+fn one_shard_per_device_through_burn_all_reduce() {
+    poisoned();
     let count = fused_ce_suite::device_count();
     if count < 2 {
         return;
@@ -482,12 +467,13 @@ fn one_shard_per_device() {
     let devices = fused_ce_suite::devices(count);
     let _backward = shared_device();
     let _peers = collective_peers();
+    let name = TestBackend::Fusion.name();
     let mut case = ShardCase::new(64, 4096, devices.len(), Reduction::Mean);
     case.options.label_smoothing = 0.1;
     case.options.z_loss_scale = 1e-4;
     case.options.outputs = ExtraOutputs::all();
     case.class_weights = true;
-    check_case::<DefaultBackend>(&case, &devices, true);
+    check_case(&case, name, &devices, Exchange::Distributed);
     let mut case = ShardCase::new(64, 4096, devices.len(), Reduction::None);
     case.dtype = if SUPPORTS_BF16 {
         DType::BF16
@@ -495,5 +481,5 @@ fn one_shard_per_device() {
         DType::F16
     };
     case.options.softcap = Some(30.0);
-    check_case::<DefaultBackend>(&case, &devices, true);
+    check_case(&case, name, &devices, Exchange::Distributed);
 }

@@ -3,45 +3,45 @@
 //! Forward and backward are CubeCL kernels that read each row of logits in place: no
 //! N x V temporary, and the gradient goes over the logits when nothing else holds them.
 //! Swap Burn's `CrossEntropyLoss` for [`FusedCrossEntropyLoss`], built from
-//! [`FusedCrossEntropyLossConfig`]:
+//! [`FusedCrossEntropyLossConfig`], with the same runtime feature turned on in this crate
+//! as in Burn (`wgpu`, `vulkan`, `cuda`, or `flex` for Burn's CPU backend):
 //!
 //! ```
-//! use burn::backend::{Autodiff, Wgpu};
-//! use burn::tensor::{Distribution, Int, Tensor};
+//! use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
 //! use burn_fused_ce::FusedCrossEntropyLossConfig;
 //!
-//! type B = Autodiff<Wgpu>;
-//! let device = Default::default();
-//! let logits = Tensor::<B, 2>::random([8, 1000], Distribution::Default, &device).require_grad();
-//! let targets = Tensor::<B, 1, Int>::from_ints([1, 2, 3, -100, 5, 6, 7, 8], &device);
+//! // Or Device::cuda(0), Device::vulkan(..), Device::flex(), as the features say.
+//! let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
+//! let logits = Tensor::<2>::random([8, 1000], Distribution::Default, &device).require_grad();
+//! let targets = Tensor::<1, Int>::from_ints([1, 2, 3, -100, 5, 6, 7, 8], &device);
 //!
 //! // let loss_fn = burn::nn::loss::CrossEntropyLossConfig::new().init(&device);
 //! let loss_fn = FusedCrossEntropyLossConfig::new().init(&device);
 //! let loss = loss_fn.forward(logits.clone(), targets); // [1]: the mean over 7 rows
 //! let grads = loss.backward();
 //! let grad = logits.grad(&grads).expect("logits require grad"); // [8, 1000]
+//! assert_eq!(grad.dims(), [8, 1000]);
 //! ```
 //!
 //! Options (reduction, ignore index, label smoothing, z-loss, softcap, class weights, the
 //! [`TargetCheck`], the [`GradientPlan`], [`ExtraOutputs`], [`FastMath`]) are the config's
-//! fields; [`fused_cross_entropy`] is the same loss without a module. Other backends:
-//! [`FusedCrossEntropyBackend`] and [`portable`].
+//! fields; [`fused_cross_entropy`] is the same loss without a module.
+//! [`FusedLinearCrossEntropyLoss`] computes the LM head and the loss in chunks of rows,
+//! never holding the N x V logits whole, and [`try_vocab_parallel_cross_entropy`] the
+//! loss of logits whose classes are split over devices. The ops plug into Burn as the
+//! backend extensions [`FusedCrossEntropyBackend`], [`LinearCrossEntropyBackend`] and
+//! [`VocabParallelBackend`]. The user's guide is `docs/usage.md` in the repository.
+#![allow(clippy::clone_on_copy)]
 
-mod api;
-mod autodiff;
-mod autodiff_linear;
-mod autodiff_vocab_parallel;
-mod backend;
-mod cube;
-#[cfg(feature = "fusion")]
-mod fusion;
-mod incoming_guess;
+mod autodiff_conversions;
+mod checks;
+#[cfg(feature = "cube")]
+mod cube_tensors;
 mod linear;
-mod linear_loss;
 mod loss;
 mod options;
-pub mod portable;
-mod target_check;
+mod output;
+mod primitive;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 #[cfg(not(feature = "test-hooks"))]
@@ -49,30 +49,35 @@ pub mod test_hooks;
 mod test_hooks;
 mod vocab_parallel;
 
-pub use api::{
-    CrossEntropyOutput, fused_cross_entropy, try_fused_cross_entropy,
-    try_fused_linear_cross_entropy, try_vocab_parallel_cross_entropy,
-};
-pub use backend::{
-    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, LossParts, OnePassScale, Reduced,
-    RowStats, TwoPassBackward, row_stat,
-};
 #[doc(hidden)]
 pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
-pub use incoming_guess::IncomingGuess;
-pub use linear::{LinearChunking, LinearGradients, LinearHead, LinearInputs};
-pub use linear_loss::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
-pub use loss::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
+pub use linear::api::try_fused_linear_cross_entropy;
+pub use linear::buffer_limit::max_buffer_bytes;
+pub use linear::chunking::LinearChunking;
+pub use linear::extension::LinearCrossEntropyBackend;
+pub use linear::gradients::LinearGradients;
+pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
+pub use linear::types::{LinearHead, LinearInputs};
+pub use loss::api::{fused_cross_entropy, try_fused_cross_entropy};
+pub use loss::extension::FusedCrossEntropyBackend;
+pub use loss::incoming_guess::IncomingGuess;
+pub use loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
+pub use loss::portable;
+pub use loss::target_check::{PendingRead, wait_for_target_checks};
+pub use loss::types::{
+    ClassWeights, CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat,
+    OptionalInt, Reduced, RowStats, TwoPassBackward, row_stat,
+};
 pub use options::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
     TargetCheck,
 };
-pub use target_check::{PendingRead, wait_for_target_checks};
-#[cfg(feature = "collective")]
-pub use vocab_parallel::CollectiveExchange;
-pub use vocab_parallel::{
-    ExchangedRows, KernelBackwardRows, ShardBackwardRows, ShardExchange, VocabShard,
-};
+pub use output::CrossEntropyOutput;
+pub use vocab_parallel::api::try_vocab_parallel_cross_entropy;
+pub use vocab_parallel::exchange::{DistributedExchange, InProcessExchange, ShardExchange};
+pub use vocab_parallel::extension::VocabParallelBackend;
+pub use vocab_parallel::extension_types::{ExchangedRows, KernelBackwardRows, ShardBackwardRows};
+pub use vocab_parallel::shard::VocabShard;
 
 /// docs/usage.md's examples, compiled and run as doctests.
 #[cfg(doctest)]
