@@ -196,6 +196,17 @@ mod tests {
     }
 
     #[test]
+    fn softcap_takes_the_hardware_tanh_for_bf16() {
+        let mut capped = shape(true, CacheHints::LoadsAndStores);
+        capped.settings.softcap = Some(30.0);
+        capped.settings.approximate_tanh = true;
+        assert!(one_pass_kernel_source(capped, true, true).contains("tanh.approx.f32"));
+        assert!(forward_kernel_source(capped).contains("tanh.approx.f32"));
+        capped.settings.approximate_tanh = false;
+        assert!(!forward_kernel_source(capped).contains("tanh.approx.f32"));
+    }
+
+    #[test]
     fn without_the_options_the_source_has_no_inline_ptx() {
         // (cubecl's own atomics are inline PTX too: look for ours.)
         let ours = |source: String| source.contains("ex2.approx") || source.contains(".cs.");

@@ -161,7 +161,7 @@ impl RowLaunch {
             argmax: settings.argmax,
             cube_size,
             exp_flush_to_zero: target.inline_ptx && settings.exp_flush_to_zero,
-            approximate_tanh: target.cuda
+            approximate_tanh: target.inline_ptx
                 && settings.softcap.is_some()
                 && bf16
                 && settings.approximate_tanh,

@@ -10,7 +10,7 @@
 
 use cubecl::prelude::*;
 
-use crate::ptx::{exp_flush_to_zero, exp_flush_to_zero_lanes};
+use crate::ptx::{exp_flush_to_zero, exp_flush_to_zero_lanes, tanh_approx_lanes};
 
 /// Start value of a running maximum. Finite on purpose: `exp(m_old - m_new)` with both at
 /// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
@@ -181,10 +181,10 @@ pub(crate) fn soft_cap<N: Size>(
     Vector::new(cap) * capped
 }
 
-/// `tanh` as the hardware's approximation where there is one (see `soft_cap`).
-#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+/// `tanh` as the hardware's approximation (`tanh.approx.f32`, see `soft_cap`).
+#[cube]
 fn fast_tanh<N: Size>(values: Vector<f32, N>) -> Vector<f32, N> {
-    Vector::tanh(values)
+    tanh_approx_lanes::<N>(values)
 }
 
 /// The class weights of one vector's columns.

@@ -129,10 +129,12 @@ fn training_loop_on_fusion_matches_flex() {
 
         // Not the spec's table (that is against f64): two backends whose elementwise
         // kernels (gelu, tanh) and matmuls round differently, amplified by five Adam steps
-        // at lr 1e-2.
+        // at lr 1e-2. CUDA's f32 matmuls take TF32 operands (relative error near 3e-4),
+        // Flex's f32 ones.
+        let bound = if cfg!(feature = "cuda") { 1e-3 } else { 1e-4 };
         for (step, (a, b)) in plain_curve.iter().zip(&fusion_curve).enumerate() {
             assert!(
-                (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+                (a - b).abs() <= bound * a.abs().max(1.0),
                 "seed={seed} {reduction:?} step {step}: {a} vs {b}"
             );
         }
@@ -142,7 +144,7 @@ fn training_loop_on_fusion_matches_flex() {
         );
         let err = relative_l2(&fusion_weights, &plain_weights);
         assert!(
-            err <= 1e-4,
+            err <= bound,
             "seed={seed} {reduction:?}: weights differ by {err:e}"
         );
     }

@@ -147,7 +147,8 @@ pub(crate) enum Pending {
     OnePass { grad: Float, guess: Float },
     /// The inputs, forward's statistics and the mean's denominators.
     TwoPass {
-        inputs: CrossEntropyInputs<C>,
+        /// Boxed: the inputs dwarf the one pass's two tensors.
+        inputs: Box<CrossEntropyInputs<C>>,
         stats: Float,
         denominators: OptionalFloat<C>,
         options: CrossEntropyOptions,
@@ -187,7 +188,7 @@ pub(crate) fn tracked_forward(
         let stats = rows.stats.clone();
         let reduced = C::reduce_row_stats(rows, options.clone(), dtype, true);
         let pending = Pending::TwoPass {
-            inputs,
+            inputs: Box::new(inputs),
             stats,
             denominators: reduced.denominators,
             options: options.clone(),
@@ -217,7 +218,7 @@ impl Pending {
                     grad_output,
                     denominators,
                 };
-                (C::cross_entropy_backward(inputs, backward, options), None)
+                (C::cross_entropy_backward(*inputs, backward, options), None)
             }
         }
     }

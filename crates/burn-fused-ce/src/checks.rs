@@ -6,7 +6,8 @@ use burn::backend::Dispatch;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
 use crate::loss::extension::FusedCrossEntropyBackend;
-use crate::loss::target_check::{self, PendingRead, PendingTargetCheck};
+use crate::loss::target_check::{self, PendingTargetCheck};
+use crate::loss::target_read;
 use crate::loss::types::ClassWeights;
 use crate::options::{CrossEntropyError, CrossEntropyOptions, TargetCheck};
 
@@ -24,10 +25,11 @@ pub(crate) fn checked_values<const DT: usize>(
         // Earlier calls' checks, as far as the device has run them.
         target_check::surface_finished()?;
         if rows > 0 {
-            let read = PendingRead::start(
-                first_bad_target(targets.clone().reshape([rows]), vocab, options.ignore_index)
-                    .into_data_async(),
-            );
+            let read = target_read::start_read(first_bad_target(
+                targets.clone().reshape([rows]),
+                vocab,
+                options.ignore_index,
+            ));
             target_check::defer(PendingTargetCheck { read, rows, vocab });
         }
     }

@@ -40,6 +40,16 @@ impl PendingRead {
         Self { state }
     }
 
+    /// A read already queued on the device: `future` only waits for it, and is not
+    /// polled until then.
+    pub(crate) fn queued(
+        future: impl Future<Output = Result<TensorData, ExecutionError>> + Send + 'static,
+    ) -> Self {
+        Self {
+            state: ReadState::Waiting(Box::pin(future)),
+        }
+    }
+
     /// Waits for the result.
     fn wait(self) -> Result<TensorData, ExecutionError> {
         match self.state {
