@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::task::{Context, Poll, Waker};
 
 use burn::backend::ExecutionError;
@@ -22,6 +23,7 @@ pub struct PendingRead {
 
 enum ReadState {
     Waiting(Pin<Box<dyn Future<Output = Result<TensorData, ExecutionError>> + Send>>),
+    Receiving(Receiver<Result<TensorData, ExecutionError>>),
     Done(Option<Result<TensorData, ExecutionError>>),
 }
 
@@ -40,13 +42,10 @@ impl PendingRead {
         Self { state }
     }
 
-    /// A read already queued on the device: `future` only waits for it, and is not
-    /// polled until then.
-    pub(crate) fn queued(
-        future: impl Future<Output = Result<TensorData, ExecutionError>> + Send + 'static,
-    ) -> Self {
+    /// A read another thread runs, its result coming through `result`.
+    pub(crate) fn received(result: Receiver<Result<TensorData, ExecutionError>>) -> Self {
         Self {
-            state: ReadState::Waiting(Box::pin(future)),
+            state: ReadState::Receiving(result),
         }
     }
 
@@ -54,6 +53,7 @@ impl PendingRead {
     fn wait(self) -> Result<TensorData, ExecutionError> {
         match self.state {
             ReadState::Waiting(future) => cubecl::future::block_on(future),
+            ReadState::Receiving(result) => result.recv().unwrap_or_else(|_| Err(reader_gone())),
             ReadState::Done(result) => result.unwrap_or_else(|| {
                 Err(ExecutionError::WithContext {
                     reason: "the read was taken already".into(),
@@ -69,11 +69,27 @@ impl Future for PendingRead {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.state {
             ReadState::Waiting(future) => future.as_mut().poll(cx),
+            ReadState::Receiving(result) => match result.try_recv() {
+                Ok(read) => Poll::Ready(read),
+                Err(TryRecvError::Disconnected) => Poll::Ready(Err(reader_gone())),
+                Err(TryRecvError::Empty) => {
+                    // The reader thread does not know this task: ask to be polled again.
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            },
             ReadState::Done(result) => match result.take() {
                 Some(result) => Poll::Ready(result),
                 None => Poll::Pending,
             },
         }
+    }
+}
+
+/// The error of a read whose reader thread ended without an answer.
+fn reader_gone() -> ExecutionError {
+    ExecutionError::WithContext {
+        reason: "the target check's reader thread ended".into(),
     }
 }
 

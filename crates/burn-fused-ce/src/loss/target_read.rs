@@ -1,79 +1,69 @@
-//! Starting a deferred target check's read. Burn's `into_data_async` on a cube device
-//! returns bytes that copy on first access: looked at two calls later, that copy would
-//! queue behind everything sent since and wait for all of it, stalling the loop once a
-//! step. On cube devices the read is queued at once instead, with a fence right behind
-//! it, so waiting for it later waits for that call's check only.
+//! Starting a deferred target check's read. Every way Burn reads a device tensor blocks
+//! the calling thread somewhere: the fusion stream's drain and cubecl's read are
+//! requests the caller waits for, and a cube device's `into_data_async` returns bytes
+//! that copy on first access, waiting then for everything queued since. Once a step,
+//! any of these stalls a training loop's queue. So the read runs on a thread of its own,
+//! which waits for the device in the loop's place; the loop's thread only looks at the
+//! result, calls later.
 
-use burn::tensor::{Int, Tensor};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use burn::backend::ExecutionError;
+use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::loss::target_check::PendingRead;
 
+/// A read for the reader thread: the tensor, and where its values go.
+type ReadJob = (
+    Tensor<1, Int>,
+    SyncSender<Result<TensorData, ExecutionError>>,
+);
+
 /// Starts reading `tensor` (a few integers) without waiting for it.
 pub(crate) fn start_read(tensor: Tensor<1, Int>) -> PendingRead {
-    #[cfg(feature = "cube")]
-    if let Some(read) = cube::start_read(&tensor) {
-        return read;
+    let (result_sender, result) = mpsc::sync_channel(1);
+    match reader().send((tensor, result_sender)) {
+        Ok(()) => PendingRead::received(result),
+        // No reader thread (it could not be started): read here, later.
+        Err(mpsc::SendError((tensor, _))) => PendingRead::start(tensor.into_data_async()),
     }
-    PendingRead::start(tensor.into_data_async())
 }
 
-#[cfg(feature = "cube")]
-mod cube {
-    use std::sync::{Mutex, PoisonError};
+/// The process's reader thread, started on first use.
+fn reader() -> SyncSender<ReadJob> {
+    static READER: OnceLock<Mutex<SyncSender<ReadJob>>> = OnceLock::new();
+    READER
+        .get_or_init(|| {
+            // Room for many calls' checks: a loop never waits to hand one over.
+            let (jobs, queue) = mpsc::sync_channel::<ReadJob>(1024);
+            let started = std::thread::Builder::new()
+                .name("fused-ce-target-check".into())
+                .spawn(move || read_all(queue));
+            if started.is_err() {
+                // `jobs` is returned with its receiver dropped: sending fails, and the
+                // caller reads on its own thread.
+            }
+            Mutex::new(jobs)
+        })
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
 
-    use burn::backend::Cube;
-    use burn::tensor::{Int, Tensor, TensorData};
-    use burn_cubecl::{CubeDevice, kernel::into_contiguous, tensor::CubeTensor};
-    use cubecl::prelude::Client;
-    use cubecl::server::CopyDescriptor;
-
-    use crate::loss::target_check::PendingRead;
-
-    /// The read queued on the tensor's cube stream, or `None` off cube devices.
-    pub(super) fn start_read(tensor: &Tensor<1, Int>) -> Option<PendingRead> {
-        let primitive = tensor.clone().try_into_primitive::<Cube>().ok()?;
-        let tensor = into_contiguous(resolve(primitive));
-        let (shape, dtype) = (tensor.meta.shape().clone(), tensor.dtype);
-        let descriptor = CopyDescriptor::new(
-            tensor.handle.clone().binding(),
-            shape.clone(),
-            tensor.meta.strides().clone(),
-            tensor.elem_size(),
-        );
-        // Queues the copy and its fence now; the future only waits for them.
-        let read = device_client(&tensor).read_one_tensor_async(descriptor);
-        Some(PendingRead::queued(async move {
-            let bytes = read
-                .await
-                .map_err(|error| burn::backend::ExecutionError::with_context(format!("{error}")))?;
-            Ok(TensorData::from_bytes(bytes, shape, dtype))
-        }))
-    }
-
-    /// The tensor's device's client, kept for the process (one per device, as cubecl
-    /// keeps its own): the read's future borrows the client it was started on.
-    fn device_client(tensor: &CubeTensor) -> &'static Client {
-        static CLIENTS: Mutex<Vec<(CubeDevice, &'static Client)>> = Mutex::new(Vec::new());
-        let mut clients = CLIENTS.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, client)) = clients.iter().find(|(device, _)| *device == tensor.device) {
-            return client;
-        }
-        let client: &'static Client = Box::leak(Box::new(tensor.client.clone()));
-        clients.push((tensor.device.clone(), client));
-        client
-    }
-
-    /// The cube tensor behind a fusion handle, once the work that writes it has run.
-    #[cfg(feature = "fusion")]
-    fn resolve(tensor: burn::backend::tensor::IntTensor<Cube>) -> CubeTensor {
-        tensor
-            .client
-            .clone()
-            .resolve_tensor_int::<burn_cubecl::CubeBackend>(tensor)
-    }
-
-    #[cfg(not(feature = "fusion"))]
-    fn resolve(tensor: CubeTensor) -> CubeTensor {
-        tensor
+/// The reader thread's loop: each read to the end, its values materialized here (a
+/// cube device's bytes copy on first access).
+fn read_all(queue: Receiver<ReadJob>) {
+    for (tensor, result) in queue {
+        let read = cubecl::future::block_on(tensor.into_data_async()).and_then(|data| {
+            let shape = data.shape().clone();
+            data.try_into_vec_as::<i64>()
+                .map(|values| TensorData::new(values, shape))
+                .map_err(|error| ExecutionError::WithContext {
+                    reason: format!("the target check's result: {error:?}"),
+                })
+        });
+        // The loss may have stopped waiting (its thread ended): nothing to tell.
+        let _ = result.send(read);
     }
 }
