@@ -1379,8 +1379,9 @@ fn empty_batch_on_the_cube_backend_primitives() {
 }
 
 /// Bad input is an error, never a panic or a silent result: a head whose width is not
-/// the hidden states', a bias or class weights of the wrong length, targets of another
-/// row count, an out-of-range target (at once under the immediate check, when waited
+/// the hidden states', a bias or class weights of the wrong length, a head with no
+/// classes, chunk budgets below one row of logits or one column of the weight gradient,
+/// targets of another row count, an out-of-range target (at once under the immediate check, when waited
 /// for under the default deferred one), and an invalid option.
 #[test]
 fn linear_bad_input_is_an_error() {
@@ -1446,6 +1447,49 @@ fn linear_bad_input_is_an_error() {
             ),
             "class weights of another length",
         );
+        refused(
+            try_fused_linear_cross_entropy(
+                hidden.clone(),
+                floats(&mut rng, vec![width, 0]),
+                None,
+                targets_t.clone(),
+                None,
+                &options,
+                &chunking,
+            ),
+            "a head with no classes",
+        );
+        // One row of f32 logits is `vocab * 4` bytes, one column of the weight gradient
+        // `width * 4`.
+        for (small, what) in [
+            (
+                LinearChunking {
+                    logits_bytes: Some(vocab * 4 - 1),
+                    ..chunking
+                },
+                "a logits budget below one row",
+            ),
+            (
+                LinearChunking {
+                    weight_gradient_block_bytes: Some(width * 4 - 1),
+                    ..chunking
+                },
+                "a weight-gradient block below one column",
+            ),
+        ] {
+            refused(
+                try_fused_linear_cross_entropy(
+                    hidden.clone(),
+                    weight.clone(),
+                    None,
+                    targets_t.clone(),
+                    None,
+                    &options,
+                    &small,
+                ),
+                what,
+            );
+        }
         refused(
             try_fused_linear_cross_entropy(
                 hidden.clone(),

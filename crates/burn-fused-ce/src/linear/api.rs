@@ -86,6 +86,8 @@ pub(crate) fn linear_cross_entropy_checked<const DH: usize, const DT: usize>(
         &targets,
         class_weights.as_ref(),
     )?;
+    let width = weight.dims()[0];
+    chunking.validate(width, vocab, hidden.dtype())?;
     let class_weights = checked_values(
         &targets,
         class_weights,
@@ -95,7 +97,6 @@ pub(crate) fn linear_cross_entropy_checked<const DH: usize, const DT: usize>(
         check_weight_values,
     )?;
     let target_dims = targets.dims();
-    let width = weight.dims()[0];
     let chunking = chunking.within(max_buffer_bytes(&hidden.device()));
     let inputs = LinearInputs {
         hidden: hidden.reshape([rows, width]).into_dispatch(),

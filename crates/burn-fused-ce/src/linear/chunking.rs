@@ -5,6 +5,8 @@
 use burn::tensor::DType;
 use serde::{Deserialize, Serialize};
 
+use crate::options::CrossEntropyError;
+
 /// How the fused linear cross-entropy cuts its work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LinearChunking {
@@ -12,7 +14,8 @@ pub struct LinearChunking {
     /// rows are spread evenly over as few chunks as the budget allows, at least 16 rows a
     /// chunk ([`LinearChunking::rows_per_chunk`]). `None`:
     /// [`LinearChunking::DEFAULT_LOGITS_BYTES`]. Given or default, at most the device's
-    /// largest buffer ([`LinearChunking::within`]).
+    /// largest buffer ([`LinearChunking::within`]). A budget below one row of logits is
+    /// an error ([`LinearChunking::validate`]).
     pub logits_bytes: Option<usize>,
     /// Accumulate the weight gradient over the chunks in f32 (Liger-Kernel's
     /// `accum_dtype`), cast to the weight's dtype at the end. Off: in the weight's dtype,
@@ -23,7 +26,8 @@ pub struct LinearChunking {
     /// each block into the sum in place
     /// ([`LinearCrossEntropyBackend::add_into_columns`](crate::LinearCrossEntropyBackend::add_into_columns)). `None`: the whole `[H, V]`
     /// product of a chunk at once, added to the sum (under Burn's fusion backend as the
-    /// matmul's epilogue), which holds a second `[H, V]` buffer while it is summed.
+    /// matmul's epilogue), which holds a second `[H, V]` buffer while it is summed. A
+    /// block below one column of the sum is an error ([`LinearChunking::validate`]).
     pub weight_gradient_block_bytes: Option<usize>,
     /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
     /// adds the sum as it writes ([`LinearCrossEntropyBackend::accumulate_product`](crate::LinearCrossEntropyBackend::accumulate_product)):
@@ -114,6 +118,47 @@ impl LinearChunking {
         even.next_multiple_of(step).min(fit)
     }
 
+    /// Refuses budgets that cannot cut a step of `vocab` classes over `width` hidden units
+    /// in `dtype`: a given logits budget below one row of logits, a given weight-gradient
+    /// block below one column of the sum (in f32 with [`Self::f32_weight_gradient`]).
+    pub fn validate(
+        &self,
+        width: usize,
+        vocab: usize,
+        dtype: DType,
+    ) -> Result<(), CrossEntropyError> {
+        let row_bytes = vocab * dtype.size();
+        if let Some(bytes) = self.logits_bytes
+            && bytes < row_bytes
+        {
+            return Err(CrossEntropyError::InvalidOption {
+                name: "LinearChunking::logits_bytes",
+                value: format!(
+                    "{bytes} bytes, below one row of {vocab} {dtype:?} logits ({row_bytes} bytes)"
+                ),
+                expected: "at least one row of logits",
+            });
+        }
+        let sum_dtype = if self.f32_weight_gradient {
+            DType::F32
+        } else {
+            dtype
+        };
+        let column_bytes = width * sum_dtype.size();
+        if let Some(bytes) = self.weight_gradient_block_bytes
+            && bytes < column_bytes
+        {
+            return Err(CrossEntropyError::InvalidOption {
+                name: "LinearChunking::weight_gradient_block_bytes",
+                value: format!(
+                    "{bytes} bytes, below one column of a {width}-row {sum_dtype:?} weight gradient ({column_bytes} bytes)"
+                ),
+                expected: "at least one column of the weight gradient",
+            });
+        }
+        Ok(())
+    }
+
     /// This chunking with its logits budget (given or default) at most `max_buffer_bytes`
     /// (a device's largest buffer, [`crate::max_buffer_bytes`]), so that a chunk's logits
     /// can be allocated. The typed functions and the module apply it before the op runs.
@@ -142,5 +187,44 @@ impl LinearChunking {
             fit.max(1)
         };
         (columns < vocab).then_some(columns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_below_one_row_or_column_are_refused() {
+        let (width, vocab) = (64, 1000);
+        let one_row = LinearChunking {
+            logits_bytes: Some(vocab * 2),
+            weight_gradient_block_bytes: Some(width * 2),
+            ..LinearChunking::default()
+        };
+        assert_eq!(one_row.validate(width, vocab, DType::BF16), Ok(()));
+        let name =
+            |chunking: LinearChunking, dtype: DType| match chunking.validate(width, vocab, dtype) {
+                Err(CrossEntropyError::InvalidOption { name, .. }) => name,
+                other => panic!("expected an invalid option, got {other:?}"),
+            };
+        // The same budgets hold less than a row or a column of f32.
+        assert_eq!(name(one_row, DType::F32), "LinearChunking::logits_bytes");
+        let wide_enough_rows = LinearChunking {
+            logits_bytes: None,
+            ..one_row
+        };
+        assert_eq!(
+            name(wide_enough_rows, DType::F32),
+            "LinearChunking::weight_gradient_block_bytes"
+        );
+        let f32_sum = LinearChunking {
+            f32_weight_gradient: true,
+            ..wide_enough_rows
+        };
+        assert_eq!(
+            name(f32_sum, DType::BF16),
+            "LinearChunking::weight_gradient_block_bytes"
+        );
     }
 }
