@@ -32,35 +32,41 @@ use crate::cube_primitives::{self as prim, C};
 
 /// One case: shapes, options and how the rows are cut.
 #[derive(Debug, Clone)]
-struct LinearCase {
-    rows: usize,
-    width: usize,
-    vocab: usize,
-    dtype: DType,
-    options: CrossEntropyOptions,
-    class_weights: bool,
-    bias: bool,
-    ignore: Ignore,
+pub(crate) struct LinearCase {
+    pub(crate) rows: usize,
+    pub(crate) width: usize,
+    pub(crate) vocab: usize,
+    pub(crate) dtype: DType,
+    pub(crate) options: CrossEntropyOptions,
+    pub(crate) class_weights: bool,
+    pub(crate) bias: bool,
+    pub(crate) ignore: Ignore,
     /// Rows per chunk (the budget is set to hold exactly that many rows of logits).
-    chunk_rows: usize,
+    pub(crate) chunk_rows: usize,
     /// Columns per block of the weight-gradient product, else the whole product.
-    block_columns: Option<usize>,
+    pub(crate) block_columns: Option<usize>,
     /// The weight gradient summed in place over the chunks
     /// (`LinearChunking::weight_gradient_in_place`).
-    in_place: bool,
+    pub(crate) in_place: bool,
     /// Each chunk's hidden-state gradient split along the vocabulary where that fills
     /// more of the device (`LinearChunking::hidden_gradient_split_k`).
-    split_k: bool,
+    pub(crate) split_k: bool,
     /// The weight gradient summed in f32 (`LinearChunking::f32_weight_gradient`).
-    f32_weight_gradient: bool,
+    pub(crate) f32_weight_gradient: bool,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
-    three_d: bool,
+    pub(crate) three_d: bool,
     /// Through the module with an `nn::Linear`, else the function.
-    via_module: bool,
+    pub(crate) via_module: bool,
 }
 
 impl LinearCase {
-    fn new(rows: usize, width: usize, vocab: usize, dtype: DType, reduction: Reduction) -> Self {
+    pub(crate) fn new(
+        rows: usize,
+        width: usize,
+        vocab: usize,
+        dtype: DType,
+        reduction: Reduction,
+    ) -> Self {
         Self {
             rows,
             width,
@@ -80,7 +86,7 @@ impl LinearCase {
         }
     }
 
-    fn chunking(&self) -> LinearChunking {
+    pub(crate) fn chunking(&self) -> LinearChunking {
         LinearChunking {
             logits_bytes: Some(self.chunk_rows * self.vocab * self.dtype.size()),
             f32_weight_gradient: self.f32_weight_gradient,
@@ -117,7 +123,7 @@ fn transpose_f64(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
 }
 
 /// Relative L2 within `bound`, with the failure described.
-fn check_close(got: &[f64], expected: &[f64], bound: f64, context: &str) {
+pub(crate) fn check_close(got: &[f64], expected: &[f64], bound: f64, context: &str) {
     let err = relative_l2(got, expected);
     assert!(
         err <= bound,
@@ -129,7 +135,7 @@ fn check_close(got: &[f64], expected: &[f64], bound: f64, context: &str) {
 /// The bound for values that went through one matmul rounded to `dtype` on top of the
 /// loss's own: the loss's table bound twice for half types; for f32, a matmul on tensor
 /// cores (TF32 operands, relative error near 3e-4) as CUDA runs it.
-fn bound(dtype: DType) -> f64 {
+pub(crate) fn bound(dtype: DType) -> f64 {
     let (_, grad) = tolerance(dtype);
     if dtype == DType::F32 {
         1e-3
@@ -147,20 +153,20 @@ fn loss_len(reduction: Reduction, rows: usize) -> usize {
 }
 
 /// A case's fresh inputs (f32 on the host, before the cast to the case's dtype).
-struct LinearValues {
-    hidden: Vec<f32>,
-    weight: Vec<f32>,
-    bias: Vec<f32>,
-    targets: Vec<i64>,
-    class_weights: Option<Vec<f32>>,
+pub(crate) struct LinearValues {
+    pub(crate) hidden: Vec<f32>,
+    pub(crate) weight: Vec<f32>,
+    pub(crate) bias: Vec<f32>,
+    pub(crate) targets: Vec<i64>,
+    pub(crate) class_weights: Option<Vec<f32>>,
     /// The incoming gradient per row of `None`.
-    row_grad: Vec<f32>,
+    pub(crate) row_grad: Vec<f32>,
     /// The incoming gradient of `Mean` and `Sum`.
-    loss_scale: f32,
+    pub(crate) loss_scale: f32,
 }
 
 impl LinearValues {
-    fn draw(case: &LinearCase, rng: &mut SmallRng) -> Self {
+    pub(crate) fn draw(case: &LinearCase, rng: &mut SmallRng) -> Self {
         let LinearCase {
             rows, width, vocab, ..
         } = *case;
@@ -190,14 +196,14 @@ impl LinearValues {
 
 /// The f64 reference of one case from the inputs as the kernels see them (`h`, `w`, `b`
 /// read back after the cast): the loss and the three gradients.
-struct LinearReference {
-    loss: Vec<f64>,
-    hidden: Vec<f64>,
-    weight: Vec<f64>,
-    bias: Vec<f64>,
+pub(crate) struct LinearReference {
+    pub(crate) loss: Vec<f64>,
+    pub(crate) hidden: Vec<f64>,
+    pub(crate) weight: Vec<f64>,
+    pub(crate) bias: Vec<f64>,
 }
 
-fn linear_reference(
+pub(crate) fn linear_reference(
     case: &LinearCase,
     values: &LinearValues,
     (h64, w64, b64): (&[f64], &[f64], &[f64]),
@@ -417,7 +423,12 @@ fn check_linear_case(backend: TestBackend, case: LinearCase) {
 
 /// The training objective: `sum(loss * g)` with a non-uniform `g` per row for `None`,
 /// `loss * s` otherwise.
-fn objective_of(loss: Tensor<1>, reduction: Reduction, row_grad: &[f32], scale: f32) -> Tensor<1> {
+pub(crate) fn objective_of(
+    loss: Tensor<1>,
+    reduction: Reduction,
+    row_grad: &[f32],
+    scale: f32,
+) -> Tensor<1> {
     match reduction {
         Reduction::None => {
             let g = Tensor::<1>::from_floats(row_grad, &loss.device()).cast(loss.dtype());
