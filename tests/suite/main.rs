@@ -19,3 +19,4 @@ mod ownership_and_autodiff;
 mod run_call;
 mod shapes;
 mod vocab_parallel;
+mod vocab_parallel_non_finite;

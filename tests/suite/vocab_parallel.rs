@@ -21,20 +21,20 @@ use crate::common::*;
 use crate::contract::{describe_grad_error, poisoned};
 
 #[derive(Debug, Clone)]
-struct ShardCase {
-    rows: usize,
-    vocab: usize,
-    shards: usize,
-    dtype: DType,
-    options: CrossEntropyOptions,
-    class_weights: bool,
-    ignore: Ignore,
+pub(crate) struct ShardCase {
+    pub(crate) rows: usize,
+    pub(crate) vocab: usize,
+    pub(crate) shards: usize,
+    pub(crate) dtype: DType,
+    pub(crate) options: CrossEntropyOptions,
+    pub(crate) class_weights: bool,
+    pub(crate) ignore: Ignore,
     /// `[2, rows / 2, V_s]` logits.
-    three_d: bool,
+    pub(crate) three_d: bool,
 }
 
 impl ShardCase {
-    fn new(rows: usize, vocab: usize, shards: usize, reduction: Reduction) -> Self {
+    pub(crate) fn new(rows: usize, vocab: usize, shards: usize, reduction: Reduction) -> Self {
         Self {
             rows,
             vocab,
@@ -58,18 +58,18 @@ enum Exchange {
 }
 
 /// What one shard computed, in f64.
-struct ShardResult {
-    loss: Vec<f64>,
-    z_loss: Option<Vec<f64>>,
-    accuracy: Option<f64>,
-    predicted: Option<Vec<i64>>,
-    lse: Option<Vec<f64>>,
+pub(crate) struct ShardResult {
+    pub(crate) loss: Vec<f64>,
+    pub(crate) z_loss: Option<Vec<f64>>,
+    pub(crate) accuracy: Option<f64>,
+    pub(crate) predicted: Option<Vec<i64>>,
+    pub(crate) lse: Option<Vec<f64>>,
     /// `[N, V_s]`, row-major.
-    grad: Vec<f64>,
+    pub(crate) grad: Vec<f64>,
 }
 
 /// The columns `range` of a row-major `[rows, vocab]` matrix.
-fn columns(values: &[f32], vocab: usize, range: std::ops::Range<usize>) -> Vec<f32> {
+pub(crate) fn columns(values: &[f32], vocab: usize, range: std::ops::Range<usize>) -> Vec<f32> {
     values
         .chunks(vocab)
         .flat_map(|row| row[range.clone()].to_vec())
@@ -115,7 +115,7 @@ fn shard_call<E: ShardExchange + ?Sized, const DL: usize, const DT: usize>(
 /// One shard's loss and gradient on `device` (under autodiff), its thread one of the
 /// case's.
 #[allow(clippy::too_many_arguments)]
-fn run_shard<E: ShardExchange + ?Sized>(
+pub(crate) fn run_shard<E: ShardExchange + ?Sized>(
     case: &ShardCase,
     exchange: &E,
     shard: VocabShard,
