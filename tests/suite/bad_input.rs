@@ -9,13 +9,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyBackend,
-    FusedCrossEntropyLossConfig, Reduction, TargetCheck, fused_cross_entropy,
+    FusedCrossEntropyLossConfig, GradientPlan, Reduction, TargetCheck, fused_cross_entropy,
     try_fused_cross_entropy,
 };
 
 use crate::call::*;
 use crate::common::*;
-use crate::contract::{REDUCTIONS, check_bad_targets, check_grad, poisoned};
+use crate::contract::{Case, REDUCTIONS, check_bad_targets, check_case, check_grad, poisoned};
 use crate::cube_primitives::{self as cube, C};
 use crate::run_call::tracked_call;
 
@@ -712,5 +712,34 @@ fn unchecked_out_of_range_target_on_other_backends() {
         };
         check_bad_targets(TestBackend::Fusion, &options, true);
         check_bad_targets(TestBackend::Flex, &options, true);
+    }
+}
+
+/// Logits far from the few units models produce: f32 of up to 100 (beyond, the f32
+/// gradient's error grows with the logits' scale: spec.md, "Precision"), f16 of up to
+/// 3e4 and bf16 of up to 1e38 (CUDA), per row and both gradient plans. Where PyTorch's
+/// loss is finite (each row's loss, up to twice the largest logit, fits the dtype), ours
+/// is, within the spec's precision table.
+#[test]
+fn extreme_logits_stay_finite_and_precise() {
+    poisoned();
+    let mut cases = vec![
+        (DType::F32, 100.0, Reduction::None, GradientPlan::TwoPass),
+        (DType::F32, 100.0, Reduction::Mean, GradientPlan::OnePass),
+        (DType::F16, 3e4, Reduction::None, GradientPlan::TwoPass),
+        (DType::F16, 3e4, Reduction::Mean, GradientPlan::OnePass),
+    ];
+    if SUPPORTS_BF16 {
+        // A row sum of such losses would overflow f32, PyTorch's too: per row only.
+        cases.push((DType::BF16, 1e38, Reduction::None, GradientPlan::TwoPass));
+    }
+    for (dtype, magnitude, reduction, plan) in cases {
+        let mut case = Case {
+            magnitude: Some(magnitude),
+            exclusive_logits: true,
+            ..Case::new(64, 1000, dtype, reduction)
+        };
+        case.options.gradient_plan = plan;
+        check_case(TestBackend::Fusion, case);
     }
 }

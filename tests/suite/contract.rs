@@ -12,6 +12,7 @@ use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, Reduction, TargetCheck,
     fused_cross_entropy, test_hooks, try_fused_cross_entropy,
 };
+use rand::Rng;
 
 pub(crate) const REDUCTIONS: [Reduction; 3] = [Reduction::None, Reduction::Mean, Reduction::Sum];
 
@@ -41,6 +42,8 @@ pub(crate) struct Case {
     /// Backward from `loss.sum()` (an incoming gradient of exactly 1, which the
     /// forward-formed plan does not rescale) instead of a non-uniform one.
     pub(crate) unit_grad: bool,
+    /// `Some(m)`: logits uniform in `[-m, m)` instead of a few units.
+    pub(crate) magnitude: Option<f32>,
 }
 
 impl Case {
@@ -59,6 +62,7 @@ impl Case {
             confident: None,
             ties: false,
             unit_grad: false,
+            magnitude: None,
         }
     }
 
@@ -326,6 +330,9 @@ pub(crate) fn check_case(backend: TestBackend, case: Case) {
         .then(|| random_class_weights(&mut rng, vocab));
     if case.ties {
         values.iter_mut().for_each(|v| *v = v.round());
+    }
+    if let Some(m) = case.magnitude {
+        values.iter_mut().for_each(|v| *v = rng.random_range(-m..m));
     }
     if let Some(margin) = case.confident {
         make_confident(&mut values, vocab, &targets, margin);
