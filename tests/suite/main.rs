@@ -11,6 +11,7 @@ mod cube_primitives;
 mod defaults;
 mod in_place;
 mod linear;
+mod linear_concurrency;
 mod linear_non_finite;
 mod llm_shapes;
 mod lm;
