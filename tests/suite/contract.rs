@@ -315,8 +315,12 @@ pub(crate) fn describe_grad_error(grad: &[f64], ref_grad: &[f64]) -> String {
 /// Runs forward (untracked and tracked) and backward for one case against the f64
 /// reference, every extra output asked for included; panics with the seed on any miss.
 pub(crate) fn check_case(backend: TestBackend, case: Case) {
+    check_case_seeded(backend, case, fresh_seed());
+}
+
+/// [`check_case`] on the inputs `seed` draws.
+pub(crate) fn check_case_seeded(backend: TestBackend, case: Case, seed: u64) {
     let _backward = shared_device();
-    let seed = fresh_seed();
     let mut rng = rng(seed);
     let (rows, vocab, dtype) = (case.rows, case.vocab, case.dtype);
     let options = with_forced_chunks(case.options.clone());

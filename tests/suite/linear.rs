@@ -257,13 +257,17 @@ pub(crate) fn linear_reference(
 /// the loss and the gradients of the hidden states, the weight and the bias against the
 /// f64 reference, and the loss against the unfused composition.
 fn check_linear_case(backend: TestBackend, case: LinearCase) {
+    check_linear_case_seeded(backend, case, fresh_seed());
+}
+
+/// [`check_linear_case`] on the inputs `seed` draws.
+pub(crate) fn check_linear_case_seeded(backend: TestBackend, case: LinearCase, seed: u64) {
     assert_ne!(
         backend,
         TestBackend::Cube,
         "the plain backend runs on primitives"
     );
     let _backward = shared_device();
-    let seed = fresh_seed();
     let mut rng = rng(seed);
     let plain = backend.device();
     let device = plain.clone().autodiff();

@@ -17,6 +17,7 @@ mod llm_shapes;
 mod lm;
 mod options;
 mod ownership_and_autodiff;
+mod properties;
 mod run_call;
 mod shapes;
 mod vocab_parallel;
