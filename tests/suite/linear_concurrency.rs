@@ -56,7 +56,8 @@ fn step(case: &LinearCase, values: &LinearValues, device: &Device) -> StepBits {
 
 #[test]
 fn threads_get_their_first_result_every_time() {
-    let _backward = shared_device();
+    // Alone on the device: the pool's size counts every test's buffers.
+    let _alone = exclusive_device();
     let device = TestBackend::Fusion.device();
     let seed = fresh_seed();
     let mut case = LinearCase::new(40, 16, 67, DType::F32, Reduction::Mean);
