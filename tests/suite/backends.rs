@@ -128,10 +128,12 @@ fn training_loop_on_fusion_matches_flex() {
             train(TestBackend::Fusion, seed, x.clone(), &targets, reduction);
 
         // Not the spec's table (that is against f64): two backends whose elementwise
-        // kernels (gelu, tanh) and matmuls round differently, amplified by five Adam steps
-        // at lr 1e-2. CUDA's f32 matmuls take TF32 operands (relative error near 3e-4),
-        // Flex's f32 ones.
-        let bound = if cfg!(feature = "cuda") { 1e-3 } else { 1e-4 };
+        // kernels (gelu, tanh) and matmuls round differently (CUDA's f32 matmuls take
+        // TF32 operands), amplified by five Adam steps at lr 1e-2: Adam's step is about
+        // lr for a component whose gradient is near 0, whatever its rounding, so some
+        // seeds drift by a few 1e-4 (seen on lavapipe). A wrong gradient drifts by far
+        // more; the gradients themselves are checked against f64 elsewhere.
+        let bound = 1e-3;
         for (step, (a, b)) in plain_curve.iter().zip(&fusion_curve).enumerate() {
             assert!(
                 (a - b).abs() <= bound * a.abs().max(1.0),
