@@ -6,8 +6,8 @@
 //! which waits for the device in the loop's place; the loop's thread only looks at the
 //! result, calls later.
 
+use std::sync::OnceLock;
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Mutex, OnceLock, PoisonError};
 
 use burn::backend::ExecutionError;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -30,24 +30,20 @@ pub(crate) fn start_read(tensor: Tensor<1, Int>) -> PendingRead {
     }
 }
 
-/// The process's reader thread, started on first use.
+/// The process's reader thread, started on first use. Where it cannot start, its end of
+/// the channel is dropped with the failed spawn: sending fails, and the caller reads on
+/// its own thread.
 fn reader() -> SyncSender<ReadJob> {
-    static READER: OnceLock<Mutex<SyncSender<ReadJob>>> = OnceLock::new();
+    static READER: OnceLock<SyncSender<ReadJob>> = OnceLock::new();
     READER
         .get_or_init(|| {
             // Room for many calls' checks: a loop never waits to hand one over.
             let (jobs, queue) = mpsc::sync_channel::<ReadJob>(1024);
-            let started = std::thread::Builder::new()
+            let _ = std::thread::Builder::new()
                 .name("fused-ce-target-check".into())
                 .spawn(move || read_all(queue));
-            if started.is_err() {
-                // `jobs` is returned with its receiver dropped: sending fails, and the
-                // caller reads on its own thread.
-            }
-            Mutex::new(jobs)
+            jobs
         })
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
         .clone()
 }
 
