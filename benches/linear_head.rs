@@ -24,7 +24,9 @@
 //! on by default), and `splitk=0` or `splitk=1` the hidden-state gradient by the library's
 //! own kernel, split along the vocabulary where that fills more of the device
 //! (`LinearChunking::hidden_gradient_split_k`, on by default):
-//! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`.
+//! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`. `ways=fused,linear`
+//! runs only the ways named (`stock`, `fused`, `linear`), `breakdown=0` leaves out the
+//! matmuls alone.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -200,6 +202,23 @@ fn main() {
             _ => None,
         })
     };
+    // `ways=fused,linear` runs only those ways (`stock`, `fused`, `linear`; all by
+    // default), and `breakdown=0` leaves out the matmul breakdown: for chunk-budget sweeps.
+    let ways: Vec<Way> = std::env::args()
+        .find_map(|arg| arg.strip_prefix("ways=").map(str::to_owned))
+        .map_or_else(
+            || vec![Way::Fused, Way::FusedLinear, Way::Stock],
+            |list| {
+                list.split(',')
+                    .filter_map(|name| match name {
+                        "stock" => Some(Way::Stock),
+                        "fused" => Some(Way::Fused),
+                        "linear" => Some(Way::FusedLinear),
+                        _ => None,
+                    })
+                    .collect()
+            },
+        );
     let defaults = LinearChunking::default();
     let chunking = LinearChunking {
         logits_bytes: mib_arg("logits"),
@@ -250,7 +269,10 @@ fn main() {
             .init(&autodiff);
         head.weight = burn::module::Param::from_tensor(weight.clone());
         let mut fused_ms = None;
-        for way in [Way::Fused, Way::FusedLinear, Way::Stock] {
+        for way in [Way::Fused, Way::FusedLinear, Way::Stock]
+            .into_iter()
+            .filter(|way| ways.contains(way))
+        {
             let step = || {
                 let loss = match way {
                     Way::Stock => {
@@ -311,8 +333,9 @@ fn main() {
             device.memory_cleanup();
         }
     }
-    let matmul_table = matmul_breakdown(&cases, &chunking, warmup, reps, &device);
-    table += &matmul_table;
+    if on_off_arg("breakdown") != Some(false) {
+        table += &matmul_breakdown(&cases, &chunking, warmup, reps, &device);
+    }
     let out =
         std::env::var("FUSED_CE_BENCH_OUT").unwrap_or_else(|_| "target/fused-ce-bench".into());
     let written = std::fs::create_dir_all(&out)

@@ -6,10 +6,12 @@ use burn::backend::Dispatch;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
 use crate::loss::extension::FusedCrossEntropyBackend;
-use crate::loss::target_check::{self, PendingTargetCheck};
+use crate::loss::check_read::TargetCheckRead;
+use crate::loss::target_check::{self, CheckResult, PendingTargetCheck};
 use crate::loss::target_read;
 use crate::loss::types::ClassWeights;
 use crate::options::{CrossEntropyError, CrossEntropyOptions, TargetCheck};
+use crate::test_hooks;
 
 /// The target and class-weight checks the options ask for (a deferred target check is
 /// started here, earlier calls' are looked at), then the weights as the op takes them.
@@ -25,11 +27,25 @@ pub(crate) fn checked_values<const DT: usize>(
         // Earlier calls' checks, as far as the device has run them.
         target_check::surface_finished()?;
         if rows > 0 {
-            let read = target_read::start_read(first_bad_target(
-                targets.clone().reshape([rows]),
-                vocab,
-                options.ignore_index,
-            ));
+            let targets = targets.clone().reshape([rows]);
+            let read = if test_hooks::target_read_on_thread() {
+                CheckResult::Read(target_read::start_read(first_bad_target(
+                    targets,
+                    vocab,
+                    options.ignore_index,
+                )))
+            } else {
+                let slot = TargetCheckRead::new();
+                let found = Tensor::from_dispatch(
+                    <Dispatch as FusedCrossEntropyBackend>::start_target_check(
+                        targets.into_dispatch(),
+                        vocab,
+                        options.ignore_index,
+                        slot.clone(),
+                    ),
+                );
+                CheckResult::FromOp { slot, found }
+            };
             target_check::defer(PendingTargetCheck { read, rows, vocab });
         }
     }

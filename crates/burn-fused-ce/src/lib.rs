@@ -63,6 +63,7 @@ pub use loss::extension::FusedCrossEntropyBackend;
 pub use loss::incoming_guess::IncomingGuess;
 pub use loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
 pub use loss::portable;
+pub use loss::check_read::TargetCheckRead;
 pub use loss::target_check::{PendingRead, wait_for_target_checks};
 pub use loss::types::{
     ClassWeights, CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat,

@@ -23,6 +23,7 @@ use burn::tensor::DType;
 use crate::autodiff_conversions::{
     inner_inputs, inner_optional, inner_weights, outer_optional, outer_parts,
 };
+use crate::loss::check_read::TargetCheckRead;
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
 use crate::loss::types::{
@@ -194,6 +195,15 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
         ignore_index: i64,
     ) -> IntTensor<Self> {
         B::first_bad_target(targets, vocab, ignore_index)
+    }
+
+    fn start_target_check(
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: i64,
+        read: TargetCheckRead,
+    ) -> IntTensor<Self> {
+        B::start_target_check(targets, vocab, ignore_index, read)
     }
 
     fn reduce_row_stats(

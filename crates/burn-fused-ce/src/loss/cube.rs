@@ -13,6 +13,7 @@ use crate::cube_tensors::{
     contiguous_buffer, elem, f32_buffer, gradient_buffer, poison, predictions, reshaped, rows_view,
     vector_size, weight_args, with_leading_one,
 };
+use crate::loss::check_read::{TargetCheckRead, queued_cube_read};
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::next_guess;
 use crate::loss::reduce::{lse_row, reduce_stats};
@@ -278,6 +279,17 @@ impl FusedCrossEntropyBackend for CubeBackend {
             i32::try_from(ignore_index).unwrap_or(i32::MIN),
         );
         result
+    }
+
+    fn start_target_check(
+        targets: CubeTensor,
+        vocab: usize,
+        ignore_index: i64,
+        read: TargetCheckRead,
+    ) -> CubeTensor {
+        let found = Self::first_bad_target(targets, vocab, ignore_index);
+        read.start(queued_cube_read(&found));
+        found
     }
 
     fn reduce_row_stats(

@@ -11,6 +11,7 @@ use burn::backend::{
 };
 use burn::tensor::DType;
 
+use crate::loss::check_read::TargetCheckRead;
 use crate::loss::incoming_guess::{IncomingGuess, next_guess};
 use crate::loss::reduce::{mean_denominators, reduce_stats};
 use crate::loss::types::{
@@ -125,6 +126,24 @@ pub trait FusedCrossEntropyBackend: Backend {
         let at = first.clone().clamp_max(rows as i64 - 1);
         let value = targets.gather(0, at);
         IntOf::cat(vec![first, value], 0).into_primitive()
+    }
+
+    /// A deferred target check: [`Self::first_bad_target`], whose result's read starts as
+    /// the check runs and is handed to `read`. The default reads through Burn's
+    /// `int_into_data`; cube backends queue the copy on the check's stream, so that nothing
+    /// waits for the device until the host looks at the read.
+    #[fusion(meta = start_target_check_meta)]
+    fn start_target_check(
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: i64,
+        read: TargetCheckRead,
+    ) -> IntTensor<Self> {
+        let found = Self::first_bad_target(targets, vocab, ignore_index);
+        read.start(crate::loss::target_check::PendingRead::start(
+            Self::int_into_data(found.clone()),
+        ));
+        found
     }
 
     /// The loss and extra outputs from forward's statistics (see [`Reduced`]), on the

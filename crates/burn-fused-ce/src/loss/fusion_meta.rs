@@ -5,6 +5,7 @@
 use burn::backend::fusion::custom::TensorSpec;
 use burn::tensor::{DType, Shape};
 
+use crate::loss::check_read::TargetCheckRead;
 use crate::loss::types::{
     ClassWeightsMetadata, CrossEntropyInputsMetadata, LossPartsMetadata, OnePassOutputMetadata,
     OnePassScaleMetadata, OptionalFloatMetadata, OptionalIntMetadata, ReducedMetadata,
@@ -75,6 +76,15 @@ pub(crate) fn first_bad_target_meta(
     targets: &TensorSpec,
     _vocab: &usize,
     _ignore_index: &i64,
+) -> TensorSpec {
+    spec([2], targets.dtype)
+}
+
+pub(crate) fn start_target_check_meta(
+    targets: &TensorSpec,
+    _vocab: &usize,
+    _ignore_index: &i64,
+    _read: &TargetCheckRead,
 ) -> TensorSpec {
     spec([2], targets.dtype)
 }

@@ -3,6 +3,7 @@
 
 pub(crate) mod api;
 mod autodiff;
+pub(crate) mod check_read;
 #[cfg(feature = "cube")]
 mod cube;
 pub(crate) mod extension;

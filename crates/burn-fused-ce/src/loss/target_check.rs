@@ -10,8 +10,9 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::task::{Context, Poll, Waker};
 
 use burn::backend::ExecutionError;
-use burn::tensor::TensorData;
+use burn::tensor::{Int, Tensor, TensorData};
 
+use crate::loss::check_read::TargetCheckRead;
 use crate::options::CrossEntropyError;
 #[cfg(doc)]
 use crate::options::TargetCheck;
@@ -21,8 +22,13 @@ pub struct PendingRead {
     state: ReadState,
 }
 
+type ReadFuture = Pin<Box<dyn Future<Output = Result<TensorData, ExecutionError>> + Send>>;
+
 enum ReadState {
-    Waiting(Pin<Box<dyn Future<Output = Result<TensorData, ExecutionError>> + Send>>),
+    Waiting(ReadFuture),
+    /// A copy already queued on the device into host memory the future owns: waited for
+    /// even when dropped, so the memory is never handed back while the copy may run.
+    Queued(ReadFuture),
     Receiving(Receiver<Result<TensorData, ExecutionError>>),
     Done(Option<Result<TensorData, ExecutionError>>),
 }
@@ -42,6 +48,16 @@ impl PendingRead {
         Self { state }
     }
 
+    /// A read already queued on the device: `future` only waits for it, and is not
+    /// polled before the host looks at the read.
+    pub(crate) fn queued(
+        future: impl Future<Output = Result<TensorData, ExecutionError>> + Send + 'static,
+    ) -> Self {
+        Self {
+            state: ReadState::Queued(Box::pin(future)),
+        }
+    }
+
     /// A read another thread runs, its result coming through `result`.
     pub(crate) fn received(result: Receiver<Result<TensorData, ExecutionError>>) -> Self {
         Self {
@@ -50,9 +66,11 @@ impl PendingRead {
     }
 
     /// Waits for the result.
-    fn wait(self) -> Result<TensorData, ExecutionError> {
-        match self.state {
-            ReadState::Waiting(future) => cubecl::future::block_on(future),
+    fn wait(mut self) -> Result<TensorData, ExecutionError> {
+        match core::mem::replace(&mut self.state, ReadState::Done(None)) {
+            ReadState::Waiting(future) | ReadState::Queued(future) => {
+                cubecl::future::block_on(future)
+            }
             ReadState::Receiving(result) => result.recv().unwrap_or_else(|_| Err(reader_gone())),
             ReadState::Done(result) => result.unwrap_or_else(|| {
                 Err(ExecutionError::WithContext {
@@ -68,7 +86,7 @@ impl Future for PendingRead {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.state {
-            ReadState::Waiting(future) => future.as_mut().poll(cx),
+            ReadState::Waiting(future) | ReadState::Queued(future) => future.as_mut().poll(cx),
             ReadState::Receiving(result) => match result.try_recv() {
                 Ok(read) => Poll::Ready(read),
                 Err(TryRecvError::Disconnected) => Poll::Ready(Err(reader_gone())),
@@ -86,6 +104,15 @@ impl Future for PendingRead {
     }
 }
 
+impl Drop for PendingRead {
+    fn drop(&mut self) {
+        if let ReadState::Queued(future) = core::mem::replace(&mut self.state, ReadState::Done(None))
+        {
+            let _ = cubecl::future::block_on(future);
+        }
+    }
+}
+
 /// The error of a read whose reader thread ended without an answer.
 fn reader_gone() -> ExecutionError {
     ExecutionError::WithContext {
@@ -96,9 +123,39 @@ fn reader_gone() -> ExecutionError {
 /// A call's target check whose result the host has not looked at yet: the read of
 /// `[first bad row, its target]` and the call's row count and vocabulary.
 pub struct PendingTargetCheck {
-    pub read: PendingRead,
+    pub read: CheckResult,
     pub rows: usize,
     pub vocab: usize,
+}
+
+/// Where a pending check's result comes from.
+pub enum CheckResult {
+    /// The check's op hands its read to `slot` as it runs; `found` is its result tensor,
+    /// read through Burn if the op has not run when the host waits (under Fusion that
+    /// runs the thread's queued operations first).
+    FromOp {
+        slot: TargetCheckRead,
+        found: Tensor<1, Int>,
+    },
+    /// A read started otherwise.
+    Read(PendingRead),
+}
+
+impl CheckResult {
+    fn wait(self) -> Result<TensorData, ExecutionError> {
+        match self {
+            Self::Read(read) => read.wait(),
+            Self::FromOp { slot, found } => match slot.take() {
+                Some(read) => read.wait(),
+                None => {
+                    let result = cubecl::future::block_on(found.into_data_async());
+                    // The op ran on the way: let its read finish too.
+                    drop(slot.take());
+                    result
+                }
+            },
+        }
+    }
 }
 
 /// Checks a call leaves pending: those of the calls just before it. Waiting for the
