@@ -21,10 +21,13 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${1:?usage: run.sh LOGDIR [test-filter]}"; mkdir -p "$logs"
 filter="${2:-}"
-# The bundle carries gzipped executables.
-for packed in "$here"/*.gz; do
+# The bundle carries compressed executables (xz; gzip in older bundles).
+for packed in "$here"/*.xz "$here"/*.gz; do
   [ -e "$packed" ] || continue
-  gunzip -f "$packed" && chmod +x "${packed%.gz}"
+  case "$packed" in
+    *.xz) xz -d -f "$packed" ;;
+    *) gunzip -f "$packed" ;;
+  esac && chmod +x "${packed%.*}"
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$logs/gpu.txt" 2>&1
 cat "$logs/gpu.txt"
@@ -37,7 +40,7 @@ fi
 if [ -z "${SKIP_SUITE:-}" ]; then
   for test in "$here"/*; do
     name="$(basename "$test")"
-    case "$name" in logs|throughput|linear_head|vocab_parallel|torch_oracle|train_lm|train_lm_untuned|host_overhead|*.sh|*.py|*.txt|*.gz|*.toml) continue ;; esac
+    case "$name" in logs|throughput|linear_head|vocab_parallel|torch_oracle|train_lm|train_lm_untuned|host_overhead|*.sh|*.py|*.txt|*.gz|*.xz|*.toml) continue ;; esac
     echo "== test $name"
     "$test" --test-threads="${TEST_THREADS:-1}" $filter > "$logs/test-$name.log" 2>&1
     rc=$?; [ $rc -eq 0 ] || status=$rc

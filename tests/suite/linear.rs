@@ -1130,15 +1130,15 @@ fn linear_extra_outputs() {
 #[test]
 fn chunk_rows_follow_the_budget() {
     let chunking = LinearChunking::default();
-    // 640 MiB of bf16 logits of 128256 classes hold 2616 rows, 2560 in whole stages of
-    // 256: 8192 rows take 4 chunks, of 2048 rows each.
-    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 2048);
-    // 151936 classes: 2208 rows fit, 2048 is the multiple of 256 below; 16384 rows take
-    // 8 chunks of 2048.
-    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 2048);
-    assert_eq!(chunking.rows_per_chunk(2000, 128_256, DType::BF16), 2000);
-    // 3000 rows: two chunks, of 1536 (1500 rounded up to a multiple of 256) and 1464.
-    assert_eq!(chunking.rows_per_chunk(3000, 128_256, DType::BF16), 1536);
+    // 1 GiB of bf16 logits of 128256 classes holds 4185 rows, 4096 in whole stages of
+    // 256: 8192 rows take 2 chunks, of 4096 rows each.
+    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 4096);
+    // 151936 classes: 3533 rows fit, 3328 is the multiple of 256 below; 16384 rows take
+    // 5 chunks: 3277 rounded up to 3328, the last of 3072.
+    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 3328);
+    assert_eq!(chunking.rows_per_chunk(4000, 128_256, DType::BF16), 4000);
+    // 5000 rows: two chunks, of 2560 (2500 rounded up to a multiple of 256) and 2440.
+    assert_eq!(chunking.rows_per_chunk(5000, 128_256, DType::BF16), 2560);
     // 200 rows a chunk fit: a multiple of 128 below 256 rows.
     let small_budget = LinearChunking {
         logits_bytes: Some(200 * 1000 * 4),

@@ -5,8 +5,8 @@
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
-use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::check_read::TargetCheckRead;
+use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::target_check::{self, CheckResult, PendingTargetCheck};
 use crate::loss::target_read;
 use crate::loss::types::ClassWeights;

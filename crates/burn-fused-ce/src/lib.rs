@@ -59,11 +59,11 @@ pub use linear::gradients::LinearGradients;
 pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
 pub use linear::types::{LinearHead, LinearInputs};
 pub use loss::api::{fused_cross_entropy, try_fused_cross_entropy};
+pub use loss::check_read::TargetCheckRead;
 pub use loss::extension::FusedCrossEntropyBackend;
 pub use loss::incoming_guess::IncomingGuess;
 pub use loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
 pub use loss::portable;
-pub use loss::check_read::TargetCheckRead;
 pub use loss::target_check::{PendingRead, wait_for_target_checks};
 pub use loss::types::{
     ClassWeights, CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat,

@@ -85,11 +85,11 @@ const TILE_ROWS: usize = 128;
 const STAGE_ROWS: usize = 256;
 
 impl LinearChunking {
-    /// The budget of one chunk's logits when none is given: 640 MiB, 2048 rows of bf16
-    /// logits of up to 163840 classes (Llama 3's 128256, Qwen's 151936), rows enough for
-    /// the chunks' matmuls to run close to the whole batch's rate. A smaller budget saves
-    /// memory and costs time (docs/performance.md).
-    pub const DEFAULT_LOGITS_BYTES: usize = 640 << 20;
+    /// The budget of one chunk's logits when none is given: 1 GiB, 4096 rows of bf16
+    /// logits of up to 131072 classes (Llama 3's 128256), 3328 of Qwen's 151936: rows
+    /// enough for the chunks' matmuls to run at the whole batch's rate. A smaller budget
+    /// saves memory and costs time (docs/performance.md).
+    pub const DEFAULT_LOGITS_BYTES: usize = 1 << 30;
 
     /// The budget of one chunk's logits: the given one, or the default.
     fn logits_budget(&self) -> usize {

@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::task::{Context, Poll, Waker};
@@ -106,7 +107,8 @@ impl Future for PendingRead {
 
 impl Drop for PendingRead {
     fn drop(&mut self) {
-        if let ReadState::Queued(future) = core::mem::replace(&mut self.state, ReadState::Done(None))
+        if let ReadState::Queued(future) =
+            core::mem::replace(&mut self.state, ReadState::Done(None))
         {
             let _ = cubecl::future::block_on(future);
         }
@@ -166,7 +168,11 @@ impl CheckResult {
 const LEFT_PENDING: usize = 1;
 
 thread_local! {
-    static PENDING: RefCell<VecDeque<PendingTargetCheck>> = const { RefCell::new(VecDeque::new()) };
+    // Left undropped when the thread ends: waiting for a device read then would use other
+    // thread-locals (the stream's) already gone, and the process ends or the thread is
+    // done with the device.
+    static PENDING: RefCell<ManuallyDrop<VecDeque<PendingTargetCheck>>> =
+        const { RefCell::new(ManuallyDrop::new(VecDeque::new())) };
 }
 
 /// The error a finished check reports, if any.
