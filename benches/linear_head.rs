@@ -14,7 +14,8 @@
 //! `cargo bench --bench linear_head` (Vulkan; small sizes) or, on a GPU,
 //! `CUDARC_CUDA_VERSION=13000 cargo bench --bench linear_head --no-default-features
 //! --features cuda,autotune` (LLM sizes; the first step of each shape autotunes its
-//! matmuls, which takes minutes the first time and is cached under target/autotune).
+//! matmuls, which takes minutes the first time and is cached in `target/environment` of
+//! the workspace run from, else in the user's cache directory).
 //! `FUSED_CE_BENCH_OUT` (default target/fused-ce-bench): where `linear_head.md` and
 //! `linear_head.csv` go. Shapes after `--`, as `NxHxV` (f32 on Vulkan, bf16 on CUDA),
 //! replace the default cases, and `logits=M` sets the fused linear cross-entropy's chunk

@@ -537,11 +537,6 @@ fn cell(value: Option<f64>, width: usize, precision: usize) -> String {
 }
 
 fn main() {
-    // `FUSED_CE_BENCH_TARGET_READ=thread`: deferred target checks read their result on a
-    // reader thread, for timing that way against the default (the check's op reads it).
-    if std::env::var("FUSED_CE_BENCH_TARGET_READ").as_deref() == Ok("thread") {
-        test_hooks::set_target_read_on_thread(true);
-    }
     let bench = Bench::new();
     let device = &bench.device;
     let uniform = Distribution::Uniform(-6.0, 6.0);

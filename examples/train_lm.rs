@@ -215,7 +215,7 @@ fn run(args: &Args, replicas: &[Device]) {
         run.steps,
     );
     println!(
-        "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); the results are cached (under target/autotune) for later runs."
+        "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); the results are cached (in target/environment of the Cargo workspace run from, else in the user cache directory) for later runs."
     );
     // The largest batches first, while this process holds no device memory: each try
     // is a process of its own, and this one's memory pool, once grown by training, is

@@ -7,11 +7,9 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 
 use crate::loss::check_read::TargetCheckRead;
 use crate::loss::extension::FusedCrossEntropyBackend;
-use crate::loss::target_check::{self, CheckResult, PendingTargetCheck};
-use crate::loss::target_read;
+use crate::loss::target_check::{self, PendingTargetCheck};
 use crate::loss::types::ClassWeights;
 use crate::options::{CrossEntropyError, CrossEntropyOptions, TargetCheck};
-use crate::test_hooks;
 
 /// The target and class-weight checks the options ask for (a deferred target check is
 /// started here, earlier calls' are looked at), then the weights as the op takes them.
@@ -27,26 +25,20 @@ pub(crate) fn checked_values<const DT: usize>(
         // Earlier calls' checks, as far as the device has run them.
         target_check::surface_finished()?;
         if rows > 0 {
-            let targets = targets.clone().reshape([rows]);
-            let read = if test_hooks::target_read_on_thread() {
-                CheckResult::Read(target_read::start_read(first_bad_target(
-                    targets,
+            let slot = TargetCheckRead::new();
+            let found =
+                Tensor::from_dispatch(<Dispatch as FusedCrossEntropyBackend>::start_target_check(
+                    targets.clone().reshape([rows]).into_dispatch(),
                     vocab,
                     options.ignore_index,
-                )))
-            } else {
-                let slot = TargetCheckRead::new();
-                let found = Tensor::from_dispatch(
-                    <Dispatch as FusedCrossEntropyBackend>::start_target_check(
-                        targets.into_dispatch(),
-                        vocab,
-                        options.ignore_index,
-                        slot.clone(),
-                    ),
-                );
-                CheckResult::FromOp { slot, found }
-            };
-            target_check::defer(PendingTargetCheck { read, rows, vocab });
+                    slot.clone(),
+                ));
+            target_check::defer(PendingTargetCheck {
+                slot,
+                found,
+                rows,
+                vocab,
+            });
         }
     }
     // Class weights given as a tensor are checked on every call (one small read; the loss

@@ -6,7 +6,6 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 static POISON_OUTPUTS: AtomicBool = AtomicBool::new(false);
-static TARGET_READ_ON_THREAD: AtomicBool = AtomicBool::new(false);
 static IN_PLACE_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
 static IN_PLACE_ACCUMULATES: AtomicUsize = AtomicUsize::new(0);
 static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
@@ -20,16 +19,6 @@ pub fn set_poison_outputs(enabled: bool) {
 
 pub(crate) fn poison_outputs() -> bool {
     POISON_OUTPUTS.load(Ordering::Relaxed)
-}
-
-/// Read deferred target checks' results on a reader thread, through Burn's
-/// `into_data_async`, instead of from the check's op (for timing the two ways).
-pub fn set_target_read_on_thread(enabled: bool) {
-    TARGET_READ_ON_THREAD.store(enabled, Ordering::Relaxed);
-}
-
-pub(crate) fn target_read_on_thread() -> bool {
-    TARGET_READ_ON_THREAD.load(Ordering::Relaxed)
 }
 
 /// How many backward launches wrote the gradient over the logits buffer so far.

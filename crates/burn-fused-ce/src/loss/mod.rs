@@ -16,5 +16,4 @@ pub(crate) mod module;
 pub mod portable;
 pub(crate) mod reduce;
 pub(crate) mod target_check;
-pub(crate) mod target_read;
 pub(crate) mod types;

@@ -7,7 +7,6 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
-use std::sync::mpsc::{Receiver, TryRecvError};
 use std::task::{Context, Poll, Waker};
 
 use burn::backend::ExecutionError;
@@ -30,7 +29,6 @@ enum ReadState {
     /// A copy already queued on the device into host memory the future owns: waited for
     /// even when dropped, so the memory is never handed back while the copy may run.
     Queued(ReadFuture),
-    Receiving(Receiver<Result<TensorData, ExecutionError>>),
     Done(Option<Result<TensorData, ExecutionError>>),
 }
 
@@ -40,7 +38,7 @@ impl PendingRead {
     pub fn start(
         future: impl Future<Output = Result<TensorData, ExecutionError>> + Send + 'static,
     ) -> Self {
-        let mut future: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(future);
+        let mut future: ReadFuture = Box::pin(future);
         let mut context = Context::from_waker(Waker::noop());
         let state = match future.as_mut().poll(&mut context) {
             Poll::Ready(result) => ReadState::Done(Some(result)),
@@ -59,20 +57,12 @@ impl PendingRead {
         }
     }
 
-    /// A read another thread runs, its result coming through `result`.
-    pub(crate) fn received(result: Receiver<Result<TensorData, ExecutionError>>) -> Self {
-        Self {
-            state: ReadState::Receiving(result),
-        }
-    }
-
     /// Waits for the result.
     fn wait(mut self) -> Result<TensorData, ExecutionError> {
         match core::mem::replace(&mut self.state, ReadState::Done(None)) {
             ReadState::Waiting(future) | ReadState::Queued(future) => {
                 cubecl::future::block_on(future)
             }
-            ReadState::Receiving(result) => result.recv().unwrap_or_else(|_| Err(reader_gone())),
             ReadState::Done(result) => result.unwrap_or_else(|| {
                 Err(ExecutionError::WithContext {
                     reason: "the read was taken already".into(),
@@ -88,15 +78,6 @@ impl Future for PendingRead {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.state {
             ReadState::Waiting(future) | ReadState::Queued(future) => future.as_mut().poll(cx),
-            ReadState::Receiving(result) => match result.try_recv() {
-                Ok(read) => Poll::Ready(read),
-                Err(TryRecvError::Disconnected) => Poll::Ready(Err(reader_gone())),
-                Err(TryRecvError::Empty) => {
-                    // The reader thread does not know this task: ask to be polled again.
-                    cx.waker().wake_by_ref();
-                    Poll::Pending
-                }
-            },
             ReadState::Done(result) => match result.take() {
                 Some(result) => Poll::Ready(result),
                 None => Poll::Pending,
@@ -115,47 +96,28 @@ impl Drop for PendingRead {
     }
 }
 
-/// The error of a read whose reader thread ended without an answer.
-fn reader_gone() -> ExecutionError {
-    ExecutionError::WithContext {
-        reason: "the target check's reader thread ended".into(),
-    }
-}
-
-/// A call's target check whose result the host has not looked at yet: the read of
-/// `[first bad row, its target]` and the call's row count and vocabulary.
+/// A call's target check whose result the host has not looked at yet: the slot its op
+/// hands the read of `[first bad row, its target]` to, that result's tensor, and the
+/// call's row count and vocabulary.
 pub struct PendingTargetCheck {
-    pub read: CheckResult,
+    pub slot: TargetCheckRead,
+    pub found: Tensor<1, Int>,
     pub rows: usize,
     pub vocab: usize,
 }
 
-/// Where a pending check's result comes from.
-pub enum CheckResult {
-    /// The check's op hands its read to `slot` as it runs; `found` is its result tensor,
-    /// read through Burn if the op has not run when the host waits (under Fusion that
-    /// runs the thread's queued operations first).
-    FromOp {
-        slot: TargetCheckRead,
-        found: Tensor<1, Int>,
-    },
-    /// A read started otherwise.
-    Read(PendingRead),
-}
-
-impl CheckResult {
+impl PendingTargetCheck {
+    /// Waits for the result: the op's read, or, where the op has not run yet, a read of
+    /// `found` through Burn (under Fusion that runs the thread's queued operations first).
     fn wait(self) -> Result<TensorData, ExecutionError> {
-        match self {
-            Self::Read(read) => read.wait(),
-            Self::FromOp { slot, found } => match slot.take() {
-                Some(read) => read.wait(),
-                None => {
-                    let result = cubecl::future::block_on(found.into_data_async());
-                    // The op ran on the way: let its read finish too.
-                    drop(slot.take());
-                    result
-                }
-            },
+        match self.slot.take() {
+            Some(read) => read.wait(),
+            None => {
+                let result = cubecl::future::block_on(self.found.into_data_async());
+                // The op ran on the way: its read finishes as it is dropped.
+                drop(self.slot.take());
+                result
+            }
         }
     }
 }
@@ -211,7 +173,7 @@ fn first_error(checks: Vec<PendingTargetCheck>) -> Result<(), CrossEntropyError>
     let mut found = Ok(());
     for check in checks {
         let (rows, vocab) = (check.rows, check.vocab);
-        let verdict = verdict(check.read.wait(), rows, vocab);
+        let verdict = verdict(check.wait(), rows, vocab);
         if found.is_ok() {
             found = verdict;
         }
