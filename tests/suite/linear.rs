@@ -17,7 +17,7 @@ use burn::backend::TensorMetadata;
 use burn::backend::ops::FloatTensorOps;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::{DType, Slice, Tensor, TensorData};
+use burn::tensor::{DType, Device, Slice, Tensor, TensorData};
 use burn_fused_ce::{
     CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyLossConfig,
     FusedLinearCrossEntropyLossConfig, IncomingGuess, LinearChunking, LinearCrossEntropyBackend,
@@ -192,6 +192,25 @@ impl LinearValues {
             loss_scale: 0.375,
         }
     }
+
+    /// The hidden states `[N, H]`, weight `[H, V]` and bias `[V]` on `device`, in `dtype`.
+    pub(crate) fn tensors(
+        &self,
+        case: &LinearCase,
+        dtype: DType,
+        device: &Device,
+    ) -> (Tensor<2>, Tensor<2>, Tensor<1>) {
+        let (rows, width, vocab) = (case.rows, case.width, case.vocab);
+        let matrix = |values: &[f32], dims: [usize; 2]| {
+            Tensor::<2>::from_data(TensorData::new(values.to_vec(), dims), device).cast(dtype)
+        };
+        let bias = Tensor::<1>::from_data(TensorData::new(self.bias.clone(), [vocab]), device);
+        (
+            matrix(&self.hidden, [rows, width]),
+            matrix(&self.weight, [width, vocab]),
+            bias.cast(dtype),
+        )
+    }
 }
 
 /// The f64 reference of one case from the inputs as the kernels see them (`h`, `w`, `b`
@@ -272,23 +291,13 @@ pub(crate) fn check_linear_case_seeded(backend: TestBackend, case: LinearCase, s
     let plain = backend.device();
     let device = plain.clone().autodiff();
     let LinearCase {
-        rows,
-        width,
-        vocab,
-        dtype,
-        ..
+        rows, width, dtype, ..
     } = case;
     let context = format!("{} {case:?} seed={seed}", backend.name());
     let reduction = case.options.reduction;
     let values = LinearValues::draw(&case, &mut rng);
 
-    let tensor = |values: &[f32], dims: [usize; 2]| {
-        Tensor::<2>::from_data(TensorData::new(values.to_vec(), dims), &plain).cast(dtype)
-    };
-    let hidden = tensor(&values.hidden, [rows, width]);
-    let weight = tensor(&values.weight, [width, vocab]);
-    let bias =
-        Tensor::<1>::from_data(TensorData::new(values.bias.clone(), [vocab]), &plain).cast(dtype);
+    let (hidden, weight, bias) = values.tensors(&case, dtype, &plain);
     let (h64, w64, b64) = (
         to_f64(hidden.clone()),
         to_f64(weight.clone()),

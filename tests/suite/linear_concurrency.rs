@@ -3,7 +3,7 @@
 //! every iteration's loss and gradients equal, bit for bit, that thread's first ones, and
 //! the device's pool reserves nothing more after a few steps of each thread.
 
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, Device};
 use std::sync::{Barrier, Mutex};
 
 use burn_fused_ce::{CrossEntropyOptions, Reduction, try_fused_linear_cross_entropy};
@@ -27,13 +27,12 @@ fn bits(values: Vec<f64>) -> Vec<u64> {
 /// 8 rows, bias, `Mean` with label smoothing), read back.
 fn step(case: &LinearCase, values: &LinearValues, device: &Device) -> StepBits {
     let device = device.clone().autodiff();
-    let tensor = |values: &[f32], dims: Vec<usize>| {
-        Tensor::<2>::from_data(TensorData::new(values.to_vec(), dims), &device).require_grad()
-    };
-    let hidden = tensor(&values.hidden, vec![case.rows, case.width]);
-    let weight = tensor(&values.weight, vec![case.width, case.vocab]);
-    let bias = Tensor::<1>::from_data(TensorData::new(values.bias.clone(), [case.vocab]), &device)
-        .require_grad();
+    let (hidden, weight, bias) = values.tensors(case, case.dtype, &device);
+    let (hidden, weight, bias) = (
+        hidden.require_grad(),
+        weight.require_grad(),
+        bias.require_grad(),
+    );
     let loss = try_fused_linear_cross_entropy(
         hidden.clone(),
         weight.clone(),

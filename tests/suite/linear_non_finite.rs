@@ -4,7 +4,7 @@
 //! every row, are NaN, as in PyTorch. Every other row's loss and hidden-state gradient
 //! stay those of the f64 reference, whichever chunk the bad rows fall in.
 
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::DType;
 use burn_fused_ce::{Reduction, try_fused_linear_cross_entropy};
 
 use crate::common::*;
@@ -36,12 +36,7 @@ fn check_non_finite_hidden(backend: TestBackend) {
 
     let plain = backend.device();
     let device = plain.clone().autodiff();
-    let tensor = |values: &[f32], dims: Vec<usize>| {
-        Tensor::<2>::from_data(TensorData::new(values.to_vec(), dims), &plain)
-    };
-    let hidden = tensor(&values.hidden, vec![rows, width]);
-    let weight = tensor(&values.weight, vec![width, vocab]);
-    let bias = Tensor::<1>::from_data(TensorData::new(values.bias.clone(), [vocab]), &plain);
+    let (hidden, weight, bias) = values.tensors(&case, DType::F32, &plain);
     let h64: Vec<f64> = values.hidden.iter().map(|&v| v as f64).collect();
     let w64: Vec<f64> = values.weight.iter().map(|&v| v as f64).collect();
     let b64: Vec<f64> = values.bias.iter().map(|&v| v as f64).collect();

@@ -112,6 +112,63 @@ fn shard_call<E: ShardExchange + ?Sized, const DL: usize, const DT: usize>(
     }
 }
 
+/// A case's inputs over the whole vocabulary: `[N, V]` logits, targets, class weights and
+/// the incoming gradient (one per row for `None`, one value otherwise).
+pub(crate) struct ShardInputs<'a> {
+    pub(crate) values: &'a [f32],
+    pub(crate) targets: &'a [i64],
+    pub(crate) weights: Option<&'a [f32]>,
+    pub(crate) incoming: &'a [f32],
+}
+
+/// Runs every shard of `case`, each on a thread of its own, shard `k` on
+/// `devices[k % devices.len()]`, summing through `exchange`; their results in shard
+/// order. A shard that panics ends the process: the others would wait for it forever.
+pub(crate) fn run_shards(
+    case: &ShardCase,
+    inputs: &ShardInputs,
+    devices: &[Device],
+    exchange: &(dyn ShardExchange + Sync),
+) -> Vec<ShardResult> {
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..case.shards)
+            .map(|k| {
+                let shard = VocabShard::new(k, case.shards, case.vocab).expect("a valid shard");
+                let device = devices[k % devices.len()].clone();
+                let logits = columns(inputs.values, case.vocab, shard.classes());
+                scope.spawn(move || {
+                    let run = || {
+                        run_shard(
+                            case,
+                            exchange,
+                            shard,
+                            logits,
+                            inputs.targets,
+                            inputs.weights,
+                            inputs.incoming,
+                            &device,
+                        )
+                    };
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(
+                        |_| {
+                            eprintln!("shard {k} of {case:?} panicked (message above)");
+                            std::process::exit(101)
+                        },
+                    )
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| {
+                worker
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            })
+            .collect()
+    })
+}
+
 /// One shard's loss and gradient on `device` (under autodiff), its thread one of the
 /// case's.
 #[allow(clippy::too_many_arguments)]
@@ -226,48 +283,17 @@ fn check_case(case: &ShardCase, backend: &str, devices: &[Device], exchange: Exc
             (Some(DistributedExchange::new(devices)), Some(communication))
         }
     };
-    let results: Vec<ShardResult> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..case.shards)
-            .map(|k| {
-                let shard = VocabShard::new(k, case.shards, case.vocab).expect("a valid shard");
-                let device = devices[k % devices.len()].clone();
-                let logits = columns(&values, case.vocab, shard.classes());
-                let (targets, weights, incoming, in_process, distributed) = (
-                    &targets,
-                    weights.as_deref(),
-                    &incoming,
-                    &in_process,
-                    &distributed,
-                );
-                scope.spawn(move || {
-                    let exchange: &dyn ShardExchange = match distributed {
-                        Some(distributed) => distributed,
-                        None => in_process,
-                    };
-                    let run = || {
-                        run_shard(
-                            case, exchange, shard, logits, targets, weights, incoming, &device,
-                        )
-                    };
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(
-                        |_| {
-                            // The other shards would wait for this one forever.
-                            eprintln!("shard {k} of {case:?} panicked (message above)");
-                            std::process::exit(101)
-                        },
-                    )
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|worker| {
-                worker
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
-            })
-            .collect()
-    });
+    let exchange: &(dyn ShardExchange + Sync) = match &distributed {
+        Some(distributed) => distributed,
+        None => &in_process,
+    };
+    let inputs = ShardInputs {
+        values: &values,
+        targets: &targets,
+        weights: weights.as_deref(),
+        incoming: &incoming,
+    };
+    let results = run_shards(case, &inputs, devices, exchange);
 
     // The single-device loss of the whole vocabulary, for the loss value.
     let (whole_logits, _) = logits_tensor(

@@ -8,7 +8,7 @@ use burn_fused_ce::{InProcessExchange, Reduction, VocabShard};
 use rand::Rng;
 
 use crate::common::*;
-use crate::vocab_parallel::{ShardCase, ShardResult, columns, run_shard};
+use crate::vocab_parallel::{ShardCase, ShardInputs, run_shards};
 
 #[test]
 fn non_finite_logits_poison_only_their_rows_on_every_shard() {
@@ -40,38 +40,13 @@ fn non_finite_logits_poison_only_their_rows_on_every_shard() {
     let (loss_tol, grad_tol) = tolerance(DType::F32);
 
     let exchange = InProcessExchange::new(case.shards);
-    let results: Vec<ShardResult> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..case.shards)
-            .map(|k| {
-                let shard = VocabShard::new(k, case.shards, vocab).expect("a valid shard");
-                let logits = columns(&values, vocab, shard.classes());
-                let (case, exchange, targets, incoming, device) =
-                    (&case, &exchange, &targets, &incoming, &device);
-                scope.spawn(move || {
-                    let run = || {
-                        run_shard(
-                            case, exchange, shard, logits, targets, None, incoming, device,
-                        )
-                    };
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(
-                        |_| {
-                            // The other shard would wait for this one forever.
-                            eprintln!("shard {k} panicked (message above)");
-                            std::process::exit(101)
-                        },
-                    )
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|worker| {
-                worker
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
-            })
-            .collect()
-    });
+    let inputs = ShardInputs {
+        values: &values,
+        targets: &targets,
+        weights: None,
+        incoming: &incoming,
+    };
+    let results = run_shards(&case, &inputs, &[device], &exchange);
 
     for (k, result) in results.iter().enumerate() {
         let shard = VocabShard::new(k, case.shards, vocab).expect("a valid shard");
