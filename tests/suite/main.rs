@@ -2,6 +2,7 @@
 //! and a smaller GPU bundle). Runtime: Vulkan by default, CUDA with `--features cuda`, wgpu from WGSL
 //! with `--features wgpu`.
 
+mod accumulation;
 mod backends;
 mod bad_input;
 mod call;

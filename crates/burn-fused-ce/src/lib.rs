@@ -39,6 +39,7 @@ mod checks;
 mod cube_tensors;
 mod linear;
 mod loss;
+mod mean_denominators;
 mod options;
 mod output;
 mod primitive;
@@ -69,6 +70,7 @@ pub use loss::types::{
     ClassWeights, CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat,
     OptionalInt, Reduced, RowStats, TwoPassBackward, row_stat,
 };
+pub use mean_denominators::MeanDenominators;
 pub use options::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
     TargetCheck,

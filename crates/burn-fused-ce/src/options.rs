@@ -4,6 +4,8 @@
 use fused_ce_kernels::KernelTuning;
 use serde::{Deserialize, Serialize};
 
+use crate::mean_denominators::MeanDenominators;
+
 /// How per-row losses are combined; it decides the output's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub enum Reduction {
@@ -148,6 +150,9 @@ pub struct CrossEntropyOptions {
     pub outputs: ExtraOutputs,
     /// See [`FastMath`].
     pub fast_math: FastMath,
+    /// `Reduction::Mean`'s denominators given for this call instead of its own: a whole
+    /// batch's, when its parts are separate calls (see [`MeanDenominators`]).
+    pub mean_denominators: Option<MeanDenominators>,
     /// Launch shapes of the kernels; `None`: the device's defaults. Changes speed, never
     /// results. For benches and tuning sweeps.
     #[doc(hidden)]
@@ -167,6 +172,7 @@ impl Default for CrossEntropyOptions {
             gradient_plan: GradientPlan::default(),
             outputs: ExtraOutputs::default(),
             fast_math: FastMath::default(),
+            mean_denominators: None,
             tuning: None,
         }
     }
@@ -202,6 +208,9 @@ impl CrossEntropyOptions {
             && !(cap.is_finite() && cap > 0.0)
         {
             return invalid("softcap", cap, "a finite number > 0");
+        }
+        if let Some(denominators) = &self.mean_denominators {
+            denominators.validate(self.reduction)?;
         }
         if let Some(tuning) = &self.tuning
             && let Err(error) = tuning.validate()

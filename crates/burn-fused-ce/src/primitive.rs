@@ -9,7 +9,7 @@ use burn::backend::{
     Backend, DeviceSettings, get_device_settings,
     tensor::{BoolTensor, FloatTensor, IntTensor},
 };
-use burn::tensor::{BoolDType, DType, FloatDType, IntDType, Scalar, Shape, Slice};
+use burn::tensor::{BoolDType, DType, FloatDType, IntDType, Scalar, Shape, Slice, TensorData};
 
 /// A float primitive of `B` seen as a rank-`D` tensor.
 #[derive(Debug, Clone)]
@@ -78,6 +78,10 @@ impl<B: Backend, const D: usize> FloatOf<B, D> {
     }
     pub fn empty(shape: impl Into<Shape>, device: &B::Device, dtype: DType) -> Self {
         Self(B::float_empty(shape.into(), device, float_dtype(dtype)))
+    }
+    /// Host values on the device, in their own dtype.
+    pub fn from_data(data: TensorData, device: &B::Device) -> Self {
+        Self(B::float_from_data(data, device))
     }
 
     pub fn reshape<const D2: usize>(self, shape: [usize; D2]) -> FloatOf<B, D2> {

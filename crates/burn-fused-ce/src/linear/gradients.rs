@@ -14,6 +14,7 @@ use crate::linear::{
     types::LinearInputs,
 };
 use crate::loss::types::{OnePassScale, OptionalFloat, RowStats, TwoPassBackward};
+use crate::mean_denominators::given_denominators;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::FloatOf;
 
@@ -153,8 +154,11 @@ pub(crate) fn linear_one_pass<B: LinearCrossEntropyBackend>(
 ) -> (RowStats<B>, LinearGradients<B>) {
     let typed = Typed::of(with_aligned_weight(inputs));
     let per_chunk = typed.rows_per_chunk(chunking);
-    let denominators = (options.reduction == Reduction::Mean)
-        .then(|| mean_denominators_of(&typed, options.ignore_index).into_primitive());
+    let denominators = (options.reduction == Reduction::Mean).then(|| {
+        given_denominators::<B>(options, &typed.hidden.device())
+            .unwrap_or_else(|| mean_denominators_of(&typed, options.ignore_index))
+            .into_primitive()
+    });
     let mut parts = Vec::new();
     let mut sums = GradientSums::new(chunking);
     for (start, end) in chunks(typed.rows(), per_chunk) {

@@ -12,6 +12,7 @@ use crate::linear::{
     chunking::LinearChunking,
 };
 use crate::loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
+use crate::mean_denominators::MeanDenominators;
 use crate::options::{CrossEntropyError, CrossEntropyOptions};
 use crate::output::CrossEntropyOutput;
 
@@ -124,6 +125,17 @@ impl FusedLinearCrossEntropyLoss {
     /// The options this loss runs with.
     pub fn options(&self) -> &CrossEntropyOptions {
         self.loss.options()
+    }
+
+    /// This loss (its weights and remembered incoming gradient shared), with `Mean`
+    /// dividing by `denominators` instead of each call's own: for one part of a batch
+    /// passed in parts (gradient accumulation), see [`MeanDenominators`]. `None` goes back
+    /// to the call's own.
+    pub fn with_mean_denominators(&self, denominators: Option<MeanDenominators>) -> Self {
+        Self {
+            loss: self.loss.with_mean_denominators(denominators),
+            chunking: self.chunking,
+        }
     }
 
     /// How this loss cuts the rows.

@@ -30,9 +30,11 @@ use crate::loss::types::{
     CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat, OptionalInt,
     Reduced, RowStats, TwoPassBackward,
 };
+use crate::mean_denominators::given_denominators;
 use crate::options::CrossEntropyOptions;
 #[cfg(doc)]
 use crate::options::GradientPlan;
+use crate::primitive::FloatOf;
 
 /// What backward needs.
 #[derive(Debug, Clone)]
@@ -247,7 +249,9 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                 let guess = memory.guess::<B>(&device);
                 let scale = OnePassScale {
                     guess: guess.clone(),
-                    denominators: OptionalFloat::Absent,
+                    denominators: OptionalFloat::from_option(
+                        given_denominators::<B>(&options, &device).map(FloatOf::into_primitive),
+                    ),
                 };
                 let output = B::cross_entropy_one_pass(inputs, scale, options.clone());
                 let parts = B::reduce_row_stats(output.rows, options, dtype, false).parts;

@@ -299,9 +299,13 @@ impl FusedCrossEntropyBackend for CubeBackend {
         keep_denominators: bool,
     ) -> Reduced<Self> {
         let n_rows = rows.stats.meta.shape()[1];
-        if n_rows == 0 || options.reduction == Reduction::None {
+        if n_rows == 0
+            || options.reduction == Reduction::None
+            || options.mean_denominators.is_some()
+        {
             // Per-row losses need no reduction (an accuracy asked for alongside is summed
-            // by tensor ops); N = 0 launches nothing.
+            // by tensor ops); N = 0 launches nothing; the kernel divides by the call's own
+            // denominators, tensor ops by given ones.
             return reduce_stats::<Self>(rows, &options, dtype, keep_denominators);
         }
         let stats = into_contiguous(rows.stats);

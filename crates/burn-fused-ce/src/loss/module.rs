@@ -7,6 +7,7 @@ use burn::{
 };
 
 use crate::loss::{api::cross_entropy_checked, incoming_guess::IncomingGuess};
+use crate::mean_denominators::MeanDenominators;
 use crate::options::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
     TargetCheck,
@@ -96,6 +97,7 @@ impl FusedCrossEntropyLossConfig {
             gradient_plan: self.gradient_plan,
             outputs: self.outputs,
             fast_math: self.fast_math,
+            mean_denominators: None,
             tuning: None,
         }
     }
@@ -172,5 +174,20 @@ impl FusedCrossEntropyLoss {
     /// The options this loss runs with.
     pub fn options(&self) -> &CrossEntropyOptions {
         &self.options
+    }
+
+    /// This loss (its weights and remembered incoming gradient shared), with `Mean`
+    /// dividing by `denominators` instead of each call's own: for one part of a batch
+    /// passed in parts (gradient accumulation), see [`MeanDenominators`]. `None` goes back
+    /// to the call's own.
+    pub fn with_mean_denominators(&self, denominators: Option<MeanDenominators>) -> Self {
+        Self {
+            options: CrossEntropyOptions {
+                mean_denominators: denominators,
+                ..self.options.clone()
+            },
+            class_weights: self.class_weights.clone(),
+            guess: self.guess.clone(),
+        }
     }
 }

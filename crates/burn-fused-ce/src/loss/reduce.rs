@@ -9,6 +9,7 @@ use burn::backend::{
 use burn::tensor::DType;
 
 use crate::loss::types::{LossParts, OptionalFloat, OptionalInt, Reduced, RowStats, row_stat};
+use crate::mean_denominators::given_denominators;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{BoolOf, FloatOf, IntOf};
 
@@ -28,7 +29,8 @@ pub(crate) fn lse_row<B: Backend>(stats: FloatTensor<B>) -> FloatTensor<B> {
 
 /// Reduces the per-row statistics on the device, in f32; the loss is cast to `dtype`
 /// last. `Mean` divides the cross-entropy part by `max(D, MIN_POSITIVE)` and the z-loss
-/// part by `max(n, 1)`: an all-ignored batch gives 0, not NaN. `keep_denominators` (a
+/// part by `max(n, 1)` (the call's own, or those the options give): an all-ignored batch
+/// gives 0, not NaN. `keep_denominators` (a
 /// tracked `Mean`) also returns `[D, n]` for backward. Each launch here has a fixed cost,
 /// so only what an output needs is computed.
 pub(crate) fn reduce_stats<B: Backend>(
@@ -53,8 +55,11 @@ pub(crate) fn reduce_stats<B: Backend>(
     // Whole-vector sums of the statistics' rows: full reductions are fast where a
     // `sum_dim` over the `[7, N]` matrix is far slower (one unit per row).
     let sum_of = |stat: usize| -> FloatOf<B, 1> { stat_row(&stats, stat).sum() };
-    // `D` and `n` (clamped), once: the mean and the accuracy share `n`.
-    let counts = (options.reduction == Reduction::Mean || wanted.accuracy)
+    // `D` and `n` (clamped), once: the mean and the accuracy share `n`. A mean over
+    // given denominators divides by those; the accuracy stays the call's own.
+    let given = given_denominators::<B>(options, &stats.device())
+        .map(|given| (given.clone().narrow(0, 0, 1), given.narrow(0, 1, 1)));
+    let counts = (wanted.accuracy || (options.reduction == Reduction::Mean && given.is_none()))
         .then(|| clamped_denominators(&stats, rows.weighted));
 
     let (loss, z_loss, denominators) = match options.reduction {
@@ -69,7 +74,9 @@ pub(crate) fn reduce_stats<B: Backend>(
             None,
         ),
         Reduction::Mean => {
-            let (weight_total, n) = counts.clone().expect("the counts are summed for the mean");
+            let (weight_total, n) = given
+                .or_else(|| counts.clone())
+                .expect("the counts are summed for the mean");
             let z_sum = (has_z || wanted.z_loss).then(|| sum_of(row_stat::Z_LOSS));
             let loss = match &z_sum {
                 Some(z_sum) if has_z => sum_of(row_stat::LOSS)

@@ -23,7 +23,8 @@ use crate::vocab_parallel::shard::{VocabShard, exchanged_rows};
 /// targets and options; `exchange` sums a few numbers per row over the shards (see
 /// [`ShardExchange`]). Returns the whole vocabulary's loss and extra outputs, the same on
 /// every shard; under autodiff the gradient reaches this shard's logits, with no further
-/// exchange. Every option and reduction of [`crate::try_fused_cross_entropy`] applies.
+/// exchange. Every option and reduction of [`crate::try_fused_cross_entropy`] applies but
+/// given mean denominators ([`CrossEntropyOptions::mean_denominators`], refused).
 /// Errors as [`crate::try_fused_cross_entropy`], and the exchange's.
 pub fn try_vocab_parallel_cross_entropy<
     E: ShardExchange + ?Sized,
@@ -38,6 +39,13 @@ pub fn try_vocab_parallel_cross_entropy<
     exchange: &E,
 ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
     options.validate()?;
+    if let Some(denominators) = options.mean_denominators {
+        return Err(CrossEntropyError::InvalidOption {
+            name: "mean_denominators",
+            value: format!("{denominators:?}"),
+            expected: "none: the vocabulary-parallel loss divides by its call's own",
+        });
+    }
     let target_dims = targets.dims();
     let (rows, width) = check_logits(&logits, &targets, "V_s")?;
     let classes = shard.classes().len();

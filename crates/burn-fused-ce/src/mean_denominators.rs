@@ -1,0 +1,116 @@
+//! The denominators of `Reduction::Mean` given for a call: those of a whole batch whose
+//! parts are separate calls (gradient accumulation).
+
+use core::ops::Add;
+
+use burn::backend::Backend;
+use burn::tensor::TensorData;
+use serde::{Deserialize, Serialize};
+
+use crate::options::{CrossEntropyError, CrossEntropyOptions, Reduction};
+use crate::primitive::FloatOf;
+
+/// What `Reduction::Mean` divides by, given instead of the call's own: the denominators
+/// of a whole batch that is passed in parts, one call each (gradient accumulation over
+/// micro-batches). Each part's loss is then its share of the whole batch's mean, so the
+/// parts' losses, and their gradients, add up to the whole batch's, whatever each part's
+/// count of ignored rows. Set it per call with
+/// [`FusedCrossEntropyLoss::with_mean_denominators`](crate::FusedCrossEntropyLoss::with_mean_denominators)
+/// (or the linear loss's), or in [`CrossEntropyOptions::mean_denominators`].
+///
+/// The mean is PyTorch's: the cross-entropy part is divided by `weight_total`, the
+/// z-loss by `rows`. Both are clamped as the call's own are (`weight_total` to at least
+/// `f32::MIN_POSITIVE`, `rows` to at least 1), so an all-ignored batch gives 0.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MeanDenominators {
+    /// `D`: the targets' class weights summed over the whole batch's counted rows (rows
+    /// whose target is not the ignore index; a target outside the classes weighs 1);
+    /// without class weights, the count of those rows.
+    pub weight_total: f64,
+    /// `n`: the whole batch's counted rows.
+    pub rows: f64,
+}
+
+impl MeanDenominators {
+    /// `rows` counted rows, without class weights.
+    pub fn rows(rows: usize) -> Self {
+        Self {
+            weight_total: rows as f64,
+            rows: rows as f64,
+        }
+    }
+
+    /// The denominators of one part's `targets` on the host, as the loss counts them
+    /// with this ignore index and class weights; add the parts' together for the whole
+    /// batch.
+    pub fn of_targets(targets: &[i64], ignore_index: i64, class_weights: Option<&[f32]>) -> Self {
+        let counted = targets.iter().filter(|&&target| target != ignore_index);
+        let weight_total = match class_weights {
+            None => counted.clone().count() as f64,
+            Some(weights) => counted
+                .clone()
+                .map(|&target| {
+                    usize::try_from(target)
+                        .ok()
+                        .and_then(|class| weights.get(class))
+                        .map_or(1.0, |&weight| weight as f64)
+                })
+                .sum(),
+        };
+        Self {
+            weight_total,
+            rows: counted.count() as f64,
+        }
+    }
+
+    /// Refuses denominators that are negative, not finite, or given to a reduction other
+    /// than `Mean`.
+    pub(crate) fn validate(&self, reduction: Reduction) -> Result<(), CrossEntropyError> {
+        let invalid = |value: String, expected| {
+            Err(CrossEntropyError::InvalidOption {
+                name: "mean_denominators",
+                value,
+                expected,
+            })
+        };
+        if reduction != Reduction::Mean {
+            return invalid(format!("{self:?}"), "none, except with Reduction::Mean");
+        }
+        for value in [self.weight_total, self.rows] {
+            if !(value.is_finite() && value >= 0.0) {
+                return invalid(value.to_string(), "finite numbers >= 0");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Add for MeanDenominators {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            weight_total: self.weight_total + other.weight_total,
+            rows: self.rows + other.rows,
+        }
+    }
+}
+
+/// The given denominators of a `Mean` call as the ops divide by them: f32 `[2]` (`D`,
+/// `n`) on `device`, clamped; `None` when the call's own apply.
+pub(crate) fn given_denominators<B: Backend>(
+    options: &CrossEntropyOptions,
+    device: &B::Device,
+) -> Option<FloatOf<B, 1>> {
+    let given = options
+        .mean_denominators
+        .filter(|_| options.reduction == Reduction::Mean)?;
+    let values = [
+        (given.weight_total as f32).max(f32::MIN_POSITIVE),
+        (given.rows as f32).max(1.0),
+    ];
+    Some(FloatOf::from_data(
+        TensorData::new(values.to_vec(), [2]),
+        device,
+    ))
+}
