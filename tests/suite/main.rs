@@ -16,6 +16,7 @@ mod linear_concurrency;
 mod linear_non_finite;
 mod llm_shapes;
 mod lm;
+mod log_probs;
 mod options;
 mod ownership_and_autodiff;
 mod properties;
