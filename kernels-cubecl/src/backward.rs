@@ -5,8 +5,8 @@ use cubecl::prelude::*;
 
 use crate::ptx::{load_vector, store_vector};
 use crate::row::{
-    RowOptions, RowScalars, fast_exp, is_class, read_target, row_of_cube, row_offset, soft_cap,
-    stat_index, target_share, weights_vector,
+    RowOptions, RowScalars, fast_exp, is_class, read_target, row_of_cube, row_offset, stat_index,
+    target_share, transformed, weights_vector,
 };
 use crate::row_stat;
 
@@ -148,14 +148,15 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
     weights: Vector<f32, N>,
     first_col: usize,
     row: RowGradient,
-    softcap: f32,
+    scalars: RowScalars,
     #[comptime] options: RowOptions,
     #[comptime] with_target: bool,
 ) -> Vector<F, N> {
-    let mut logits = Vector::<f32, N>::cast_from(values);
-    if comptime!(options.softcap) {
-        logits = soft_cap::<N>(logits, softcap, options.approximate_tanh);
-    }
+    let logits = transformed::<N>(
+        Vector::<f32, N>::cast_from(values),
+        scalars.clone(),
+        options,
+    );
     let probs = fast_exp::<N>(logits, row.lse, options.exp_flush_to_zero);
     let mut grad = gradient_from_probs::<N>(
         probs,
@@ -168,8 +169,11 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
     );
     if comptime!(options.softcap) {
         // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
-        let capped = logits * Vector::new(f32::new(1.0) / softcap);
+        let capped = logits * Vector::new(f32::new(1.0) / scalars.softcap);
         grad *= Vector::new(1.0) - capped * capped;
+    }
+    if comptime!(options.temperature) {
+        grad *= Vector::new(scalars.inv_temperature);
     }
     Vector::cast_from(grad)
 }
@@ -250,7 +254,7 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
         row.clone(),
         row_grad.clone(),
         class_weights,
-        scalars.softcap,
+        scalars.clone(),
         options,
     );
 }
@@ -265,7 +269,7 @@ fn write_gradient_row<F: Float, N: Size>(
     row: usize,
     row_grad: RowGradient,
     class_weights: &Tensor<f32>,
-    softcap: f32,
+    scalars: RowScalars,
     #[comptime] options: RowOptions,
 ) {
     let cube_size = options.cube_size;
@@ -297,7 +301,7 @@ fn write_gradient_row<F: Float, N: Size>(
             vectors_per_row,
             row_grad.clone(),
             class_weights,
-            softcap,
+            scalars.clone(),
             options,
             4usize,
             false,
@@ -311,7 +315,7 @@ fn write_gradient_row<F: Float, N: Size>(
                 target_values,
                 class_weights,
                 row_grad.clone(),
-                softcap,
+                scalars.clone(),
                 options,
                 true,
                 false,
@@ -335,7 +339,7 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
     len: usize,
     row_grad: RowGradient,
     class_weights: &Tensor<f32>,
-    softcap: f32,
+    scalars: RowScalars,
     #[comptime] options: RowOptions,
     #[comptime] loads: usize,
     #[comptime] stream_loads: bool,
@@ -362,7 +366,7 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
                 loaded[step],
                 class_weights,
                 row_grad.clone(),
-                softcap,
+                scalars.clone(),
                 options,
                 false,
                 stream_stores,
@@ -379,7 +383,7 @@ pub(crate) fn write_gradient_span<F: Float, N: Size>(
             values,
             class_weights,
             row_grad.clone(),
-            softcap,
+            scalars.clone(),
             options,
             false,
             stream_stores,
@@ -400,7 +404,7 @@ pub(crate) fn store_gradient_vector<F: Float, N: Size>(
     values: Vector<F, N>,
     class_weights: &Tensor<f32>,
     row_grad: RowGradient,
-    softcap: f32,
+    scalars: RowScalars,
     #[comptime] options: RowOptions,
     #[comptime] with_target: bool,
     #[comptime] streaming: bool,
@@ -415,7 +419,7 @@ pub(crate) fn store_gradient_vector<F: Float, N: Size>(
         weights,
         index * vector_size,
         row_grad.clone(),
-        softcap,
+        scalars.clone(),
         options,
         with_target,
     );

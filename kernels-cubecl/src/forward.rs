@@ -130,7 +130,7 @@ fn read_row<F: Float, I: Int, N: Size>(
         target_col,
         class_weights,
         &mut unstaged,
-        scalars.softcap,
+        scalars.clone(),
         options,
         0usize,
     );

@@ -23,6 +23,9 @@ pub(crate) fn row_scalars(shape: &RowLaunch) -> RowScalarsLaunch {
         settings.label_smoothing,
         settings.z_loss_scale,
         settings.softcap.unwrap_or(1.0),
+        settings
+            .temperature
+            .map_or(1.0, |temperature| 1.0 / temperature),
     )
 }
 

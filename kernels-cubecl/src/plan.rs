@@ -83,6 +83,8 @@ pub struct LossSettings {
     /// 0 turns the z-loss off.
     pub z_loss_scale: f32,
     pub softcap: Option<f32>,
+    /// Logits are divided by this first (`None`: by 1, no code compiled in).
+    pub temperature: Option<f32>,
     /// Class weights (and their total) are bound.
     pub weighted: bool,
     /// Track the argmax (accuracy or predictions asked for).
@@ -154,6 +156,7 @@ impl RowLaunch {
         let bf16 = self.float_dtype == ElemType::Float(cubecl::ir::FloatKind::BF16);
         RowOptions {
             loads_per_step,
+            temperature: settings.temperature.is_some(),
             softcap: settings.softcap.is_some(),
             smoothing: settings.label_smoothing > 0.0,
             weighted: settings.weighted,
@@ -246,7 +249,9 @@ impl OnePassPlan {
                 .clamp(32, tuning.one_pass_units.max(32)),
             loads_per_step: tuning.one_pass_loads,
             reread_loads: tuning.reread_loads,
-            staged_exps: tuning.staged_exps && shape.settings.softcap.is_none(),
+            staged_exps: tuning.staged_exps
+                && shape.settings.softcap.is_none()
+                && shape.settings.temperature.is_none(),
             cache_hints: if inline_ptx {
                 tuning.cache_hints.bits()
             } else {
@@ -369,19 +374,19 @@ mod tests {
     }
 
     #[test]
-    fn staged_exps_never_with_softcap() {
+    fn staged_exps_never_with_softcap_or_temperature() {
         let mut launch = shape(8, 128_256, FloatKind::BF16, 8);
-        assert!(
-            OnePassPlan::for_device(&launch, true, true)
+        let staged = |launch: &RowLaunch| {
+            OnePassPlan::for_device(launch, true, true)
                 .options(true)
                 .staged_exps
-        );
+        };
+        assert!(staged(&launch));
         launch.settings.softcap = Some(30.0);
-        assert!(
-            !OnePassPlan::for_device(&launch, true, true)
-                .options(true)
-                .staged_exps
-        );
+        assert!(!staged(&launch));
+        launch.settings.softcap = None;
+        launch.settings.temperature = Some(0.7);
+        assert!(!staged(&launch));
     }
 
     #[test]

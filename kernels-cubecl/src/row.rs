@@ -26,6 +26,8 @@ pub fn runtime_nan(seed: f32) -> f32 {
 /// Which options a launch uses (each one compiles its own kernel).
 #[derive_cube_comptime]
 pub struct RowOptions {
+    /// Logits are divided by a temperature first (`RowScalars::inv_temperature`).
+    pub temperature: bool,
     /// Logits become `c * tanh(x / c)`.
     pub softcap: bool,
     /// Label smoothing > 0.
@@ -55,6 +57,8 @@ pub struct RowScalars {
     pub label_smoothing: f32,
     pub z_loss_scale: f32,
     pub softcap: f32,
+    /// One over the temperature.
+    pub inv_temperature: f32,
 }
 
 /// Row index of this cube. The grid is 2-D because wgpu caps each grid dimension at 65535.
@@ -159,6 +163,24 @@ pub(crate) fn ln_one_plus(x: f32) -> f32 {
         series,
         f32::ln(f32::new(1.0) + x),
     )
+}
+
+/// The logits as the loss sees them: divided by the temperature, then soft-capped, as
+/// the options ask.
+#[cube]
+pub(crate) fn transformed<N: Size>(
+    values: Vector<f32, N>,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+) -> Vector<f32, N> {
+    let mut values = values;
+    if comptime!(options.temperature) {
+        values *= Vector::new(scalars.inv_temperature);
+    }
+    if comptime!(options.softcap) {
+        values = soft_cap::<N>(values, scalars.softcap, options.approximate_tanh);
+    }
+    values
 }
 
 /// `c * tanh(x / c)`, the division as a multiply by `1 / c` (loop-invariant, so one
@@ -285,14 +307,11 @@ fn absorb_vector<F: Float, N: Size>(
     first_col: usize,
     target_col: usize,
     class_weights: &Tensor<f32>,
-    softcap: f32,
+    scalars: RowScalars,
     #[comptime] options: RowOptions,
     #[comptime] with_target: bool,
 ) -> RowState {
-    let mut values = Vector::<f32, N>::cast_from(raw);
-    if comptime!(options.softcap) {
-        values = soft_cap::<N>(values, softcap, options.approximate_tanh);
-    }
+    let values = transformed::<N>(Vector::<f32, N>::cast_from(raw), scalars, options);
     let mut weights = Vector::<f32, N>::new(1.0);
     if comptime!(options.smoothing && options.weighted) {
         weights = weights_vector::<N>(class_weights, first_col);
@@ -340,7 +359,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     target_col: usize,
     class_weights: &Tensor<f32>,
     staged: &mut Shared<[Vector<F, N>]>,
-    softcap: f32,
+    scalars: RowScalars,
     #[comptime] options: RowOptions,
     #[comptime] staged_limit: usize,
 ) -> RowState {
@@ -392,7 +411,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
                 (first + safe) * vector_size,
                 vocab,
                 class_weights,
-                softcap,
+                scalars.clone(),
                 options,
                 false,
             );
@@ -429,7 +448,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
         (first + at) * vector_size,
         target_col,
         class_weights,
-        softcap,
+        scalars.clone(),
         options,
     )
 }
@@ -446,7 +465,7 @@ pub(crate) fn absorb_held_target<F: Float, N: Size>(
     first_col: usize,
     target_col: usize,
     class_weights: &Tensor<f32>,
-    softcap: f32,
+    scalars: RowScalars,
     #[comptime] options: RowOptions,
 ) -> RowState {
     let next = absorb_vector::<F, N>(
@@ -455,7 +474,7 @@ pub(crate) fn absorb_held_target<F: Float, N: Size>(
         first_col,
         target_col,
         class_weights,
-        softcap,
+        scalars.clone(),
         options,
         true,
     );

@@ -7,8 +7,8 @@ use cubecl::prelude::*;
 use crate::backward::{RowGradient, gradient_from_probs};
 use crate::ptx::{load_vector, store_vector};
 use crate::row::{
-    RUNNING_MAX_START, RowOptions, RowState, absorb_held_target, fast_exp, fast_exp_scalar,
-    lane_max, lane_sum, target_share, weights_vector,
+    RUNNING_MAX_START, RowOptions, RowScalars, RowState, absorb_held_target, fast_exp,
+    fast_exp_scalar, lane_max, lane_sum, target_share, weights_vector,
 };
 
 /// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
@@ -93,7 +93,14 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         (first + at) * vector_size,
         target_col,
         class_weights,
-        f32::new(0.0),
+        // Never read: the plan stages exponentials only without softcap and temperature.
+        RowScalars {
+            ignore_index: 0i32,
+            label_smoothing: f32::new(0.0),
+            z_loss_scale: f32::new(0.0),
+            softcap: f32::new(1.0),
+            inv_temperature: f32::new(1.0),
+        },
         options,
     );
     (state, reference)

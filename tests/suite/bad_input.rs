@@ -357,6 +357,19 @@ fn invalid_options_are_refused() {
                 },
             )
         }))
+        .chain(
+            [0.0, -1.0, f32::INFINITY, f32::NAN, 1e-40]
+                .into_iter()
+                .map(|t| {
+                    (
+                        "temperature",
+                        CrossEntropyOptions {
+                            temperature: Some(t),
+                            ..base.clone()
+                        },
+                    )
+                }),
+        )
         .chain([-1.0, f32::NAN, f32::INFINITY].into_iter().map(|s| {
             (
                 "z_loss_scale",
@@ -390,6 +403,7 @@ fn invalid_options_are_refused() {
         // The module.
         let config = FusedCrossEntropyLossConfig::new()
             .with_label_smoothing(options.label_smoothing)
+            .with_temperature(options.temperature)
             .with_softcap(options.softcap)
             .with_z_loss_scale(options.z_loss_scale);
         let got = config.try_init(&device).expect_err(&context);
@@ -409,6 +423,7 @@ fn invalid_options_are_refused() {
             label_smoothing: 1.0,
             z_loss_scale: 0.0,
             softcap: Some(1e-3),
+            temperature: Some(1e-3),
             ..base.clone()
         },
     ] {

@@ -194,6 +194,8 @@ pub struct RefOptions {
     pub ignore_index: i64,
     pub label_smoothing: f64,
     pub z_loss_scale: f64,
+    /// Logits divided by it first (`None`: by 1).
+    pub temperature: Option<f64>,
     pub softcap: Option<f64>,
     /// `[V]`, `None`: every `w_c = 1`.
     pub weights: Option<Vec<f64>>,
@@ -206,6 +208,7 @@ impl RefOptions {
             ignore_index: options.ignore_index,
             label_smoothing: options.label_smoothing as f64,
             z_loss_scale: options.z_loss_scale as f64,
+            temperature: options.temperature.map(|t| t as f64),
             softcap: options.softcap.map(|c| c as f64),
             weights: weights.map(|w| w.iter().map(|&v| v as f64).collect()),
         }
@@ -229,8 +232,9 @@ impl RefOptions {
             .map_or(vocab as f64, |w| w.iter().sum())
     }
 
-    /// `c * tanh(x / c)`, or `x` without softcap.
+    /// `c * tanh((x / T) / c)`: the temperature, then softcap, each where given.
     pub fn cap(&self, x: f64) -> f64 {
+        let x = self.temperature.map_or(x, |t| x / t);
         match self.softcap {
             Some(c) => c * (x / c).tanh(),
             None => x,
@@ -499,6 +503,9 @@ pub fn reference_grad(
             let mut dx = g_row * (ce / n_ce + 2.0 * s * l * p / n_z);
             if let Some(cap) = options.softcap {
                 dx *= 1.0 - (x[c] / cap).powi(2);
+            }
+            if let Some(t) = options.temperature {
+                dx /= t;
             }
             grad[row * vocab + c] = dx;
         }

@@ -323,6 +323,7 @@ pub(crate) fn check_linear_case_seeded(backend: TestBackend, case: LinearCase, s
                     .with_ignore_index(case.options.ignore_index)
                     .with_label_smoothing(case.options.label_smoothing)
                     .with_z_loss_scale(case.options.z_loss_scale)
+                    .with_temperature(case.options.temperature)
                     .with_softcap(case.options.softcap)
                     .with_class_weights(values.class_weights.clone()),
             )

@@ -1,4 +1,4 @@
-//! The spec's option matrix: label smoothing, z-loss, softcap, class weights, an ignore
+//! The spec's option matrix: temperature, label smoothing, z-loss, softcap, class weights, an ignore
 //! index inside `[0, V)` and the extra outputs, each alone and all together, x every
 //! reduction x every dtype x exclusive/held logits (x 2-D/3-D, x function/module), against
 //! the f64 reference with the spec's tolerances. On the plain cube backend (its
@@ -75,6 +75,23 @@ fn single_options(vocab: usize) -> Vec<(&'static str, CrossEntropyOptions, bool)
             },
             false,
         ),
+        (
+            "temperature 0.7",
+            CrossEntropyOptions {
+                temperature: Some(0.7),
+                ..base.clone()
+            },
+            false,
+        ),
+        (
+            "temperature 2.5 + softcap 4",
+            CrossEntropyOptions {
+                temperature: Some(2.5),
+                softcap: Some(4.0),
+                ..base.clone()
+            },
+            false,
+        ),
         ("class weights", base.clone(), true),
         (
             "ignore inside",
@@ -126,8 +143,8 @@ fn single_options(vocab: usize) -> Vec<(&'static str, CrossEntropyOptions, bool)
     ]
 }
 
-/// Every option at once: ls 0.1, z 1e-4, softcap 30, weights in [0.2, 3], ignore 42
-/// (inside `[0, V)`), every extra output.
+/// Every option at once: temperature 1.3, ls 0.1, z 1e-4, softcap 30, weights in
+/// [0.2, 3], ignore 42 (inside `[0, V)`), every extra output.
 ///
 /// Except label smoothing and z-loss when `V = 1`: with one class `p = 1`, the
 /// cross-entropy and its gradient are 0 exactly, and what is left is the z-loss alone,
@@ -142,6 +159,7 @@ pub(crate) fn all_options(reduction: Reduction, vocab: usize) -> CrossEntropyOpt
         ignore_index: inside_ignore(vocab),
         label_smoothing: if one_class { 0.0 } else { 0.1 },
         z_loss_scale: if one_class { 0.0 } else { 1e-4 },
+        temperature: Some(1.3),
         softcap: Some(30.0),
         outputs: ExtraOutputs::all(),
         ..CrossEntropyOptions::default()

@@ -54,6 +54,9 @@ fn draw_options(rng: &mut SmallRng) -> CrossEntropyOptions {
         options.softcap = Some(rng.random_range(2.0..50.0));
     }
     if rng.random_bool(0.3) {
+        options.temperature = Some(rng.random_range(0.25..4.0));
+    }
+    if rng.random_bool(0.3) {
         // An ignore index inside the vocabulary (rows whose target it is are ignored).
         options.ignore_index = rng.random_range(0..4);
     }

@@ -30,6 +30,7 @@ pub(crate) fn forward(
             .with_ignore_index(o.ignore_index)
             .with_label_smoothing(o.label_smoothing)
             .with_z_loss_scale(o.z_loss_scale)
+            .with_temperature(o.temperature)
             .with_softcap(o.softcap)
             .with_class_weights(call.weights.map(|w| w.to_vec()))
             .with_target_check(o.target_check)

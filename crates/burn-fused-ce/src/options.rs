@@ -139,7 +139,11 @@ pub struct CrossEntropyOptions {
     /// PaLM's z-loss `s * lse^2` per row (Liger's `lse_square_scale`), `>= 0`; never
     /// class-weighted, divided by the count of non-ignored rows under `Mean`.
     pub z_loss_scale: f32,
-    /// Logits become `c * tanh(x / c)` before everything else (Gemma 2); `c > 0`.
+    /// Logits are divided by `T` before everything else, softcap included (sampling's
+    /// temperature, for RL trainers); `T > 0`. `None` is `T = 1`.
+    pub temperature: Option<f32>,
+    /// Logits become `c * tanh(x / c)` before everything else but the temperature (Gemma
+    /// 2); `c > 0`.
     pub softcap: Option<f32>,
     /// How targets that are neither a class nor the ignore index are reported (see
     /// [`TargetCheck`]).
@@ -167,6 +171,7 @@ impl Default for CrossEntropyOptions {
             ignore_index: -100,
             label_smoothing: 0.0,
             z_loss_scale: 0.0,
+            temperature: None,
             softcap: None,
             target_check: TargetCheck::default(),
             gradient_plan: GradientPlan::default(),
@@ -208,6 +213,11 @@ impl CrossEntropyOptions {
             && !(cap.is_finite() && cap > 0.0)
         {
             return invalid("softcap", cap, "a finite number > 0");
+        }
+        if let Some(temperature) = self.temperature
+            && !(temperature.is_finite() && temperature > 0.0 && (1.0 / temperature).is_finite())
+        {
+            return invalid("temperature", temperature, "a finite number > 0");
         }
         if let Some(denominators) = &self.mean_denominators {
             denominators.validate(self.reduction)?;

@@ -44,6 +44,7 @@ pub(crate) fn row_launch(
             label_smoothing: options.label_smoothing,
             z_loss_scale: options.z_loss_scale,
             softcap: options.softcap,
+            temperature: options.temperature,
             weighted,
             argmax: options.outputs.needs_argmax(),
             exp_flush_to_zero: options.fast_math.exp_flush_to_zero,

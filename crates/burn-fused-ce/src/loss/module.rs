@@ -31,6 +31,9 @@ pub struct FusedCrossEntropyLossConfig {
     /// PaLM's z-loss scale (`s * lse^2` per row), `>= 0`.
     #[config(default = 0.0)]
     pub z_loss_scale: f32,
+    /// Logits divided by this temperature `T > 0` before everything else.
+    #[config(default = "None")]
+    pub temperature: Option<f32>,
     /// Tanh soft-capping of the logits, `c > 0`.
     #[config(default = "None")]
     pub softcap: Option<f32>,
@@ -92,6 +95,7 @@ impl FusedCrossEntropyLossConfig {
             ignore_index: self.ignore_index,
             label_smoothing: self.label_smoothing,
             z_loss_scale: self.z_loss_scale,
+            temperature: self.temperature,
             softcap: self.softcap,
             target_check: self.target_check,
             gradient_plan: self.gradient_plan,

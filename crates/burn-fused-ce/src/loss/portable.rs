@@ -39,16 +39,21 @@ fn rows_and_vocab(shape: &Shape) -> (usize, usize) {
     (rows, vocab)
 }
 
-/// The logits as f32 `[N, V]` (a copy when they were strided), soft-capped when asked.
+/// The logits as f32 `[N, V]` (a copy when they were strided), divided by the
+/// temperature and soft-capped when asked.
 fn logits_f32<B: Backend>(
     logits: FloatTensor<B>,
     rows: usize,
     vocab: usize,
-    softcap: Option<f32>,
+    options: &CrossEntropyOptions,
 ) -> FloatOf<B, 2> {
     let logits =
         FloatOf::<B, 2>::new(B::float_reshape(logits, Shape::new([rows, vocab]))).cast(DType::F32);
-    match softcap {
+    let logits = match options.temperature {
+        Some(temperature) => logits.mul_scalar(1.0 / temperature as f64),
+        None => logits,
+    };
+    match options.softcap {
         Some(cap) => logits.div_scalar(cap as f64).tanh().mul_scalar(cap as f64),
         None => logits,
     }
@@ -230,7 +235,7 @@ pub fn cross_entropy_rows<B: Backend>(
         };
     }
 
-    let x = logits_f32::<B>(logits, rows, vocab, options.softcap);
+    let x = logits_f32::<B>(logits, rows, vocab, options);
     let t = classify_targets::<B>(targets, rows, vocab, options.ignore_index);
     let weights = class_weights_f32::<B>(class_weights, &t, rows, vocab, &device);
     let not_counted = t.counted.clone().not();
@@ -374,7 +379,7 @@ pub fn cross_entropy_backward<B: Backend>(
         return B::float_reshape(zeros.into_primitive(), shape);
     }
 
-    let x = logits_f32::<B>(logits, rows, vocab, options.softcap);
+    let x = logits_f32::<B>(logits, rows, vocab, options);
     let t = classify_targets::<B>(targets, rows, vocab, options.ignore_index);
     let weights = class_weights_f32::<B>(class_weights, &t, rows, vocab, &device);
     let not_counted = t.counted.clone().not();
@@ -448,6 +453,9 @@ pub fn cross_entropy_backward<B: Backend>(
         // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
         let capped = x.div_scalar(cap as f64);
         grad = grad.mul(capped.clone().mul(capped).neg().add_scalar(1.0));
+    }
+    if let Some(temperature) = options.temperature {
+        grad = grad.mul_scalar(1.0 / temperature as f64);
     }
     // Exact zeros on rows without a gradient, whatever their logits (NaN included).
     let grad = grad.mask_fill(not_counted.expand([rows, vocab]), 0.0);

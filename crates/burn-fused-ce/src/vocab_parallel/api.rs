@@ -24,7 +24,7 @@ use crate::vocab_parallel::shard::{VocabShard, exchanged_rows};
 /// [`ShardExchange`]). Returns the whole vocabulary's loss and extra outputs, the same on
 /// every shard; under autodiff the gradient reaches this shard's logits, with no further
 /// exchange. Every option and reduction of [`crate::try_fused_cross_entropy`] applies but
-/// given mean denominators ([`CrossEntropyOptions::mean_denominators`], refused).
+/// given mean denominators and the temperature (refused).
 /// Errors as [`crate::try_fused_cross_entropy`], and the exchange's.
 pub fn try_vocab_parallel_cross_entropy<
     E: ShardExchange + ?Sized,
@@ -44,6 +44,13 @@ pub fn try_vocab_parallel_cross_entropy<
             name: "mean_denominators",
             value: format!("{denominators:?}"),
             expected: "none: the vocabulary-parallel loss divides by its call's own",
+        });
+    }
+    if let Some(temperature) = options.temperature {
+        return Err(CrossEntropyError::InvalidOption {
+            name: "temperature",
+            value: temperature.to_string(),
+            expected: "none: the vocabulary-parallel loss has no temperature",
         });
     }
     let target_dims = targets.dims();
