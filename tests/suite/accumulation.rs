@@ -8,8 +8,7 @@
 use burn::tensor::{DType, Tensor};
 use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, FusedCrossEntropyLossConfig, GradientPlan,
-    InProcessExchange, MeanDenominators, Reduction, VocabShard, try_fused_cross_entropy,
-    try_fused_linear_cross_entropy, try_vocab_parallel_cross_entropy,
+    MeanDenominators, Reduction, try_fused_cross_entropy, try_fused_linear_cross_entropy,
 };
 use rand::rngs::SmallRng;
 
@@ -256,8 +255,9 @@ fn denominators_of_targets_count_as_the_loss_does() {
     );
 }
 
-/// Given denominators that are negative, not finite, given to another reduction or to
-/// the vocabulary-parallel loss are refused before any kernel runs.
+/// Given denominators that are negative, not finite or given to another reduction are
+/// refused before any kernel runs (the vocabulary-parallel loss refuses any: see
+/// `vocab_parallel.rs`).
 #[test]
 fn bad_mean_denominators_are_an_error() {
     let device = TestBackend::Flex.device();
@@ -299,25 +299,5 @@ fn bad_mean_denominators_are_an_error() {
     assert!(
         !refused(given(0.0, 0.0)),
         "seed {seed}: zeros are clamped, not refused"
-    );
-    let shard = VocabShard::new(0, 1, VOCAB).expect("one shard");
-    let exchange = InProcessExchange::new(1);
-    let vocab_parallel = try_vocab_parallel_cross_entropy(
-        logits(),
-        targets.clone(),
-        None,
-        &shard,
-        &given(4.0, 4.0),
-        &exchange,
-    );
-    assert!(
-        matches!(
-            vocab_parallel,
-            Err(CrossEntropyError::InvalidOption {
-                name: "mean_denominators",
-                ..
-            })
-        ),
-        "seed {seed}: the vocabulary-parallel loss"
     );
 }

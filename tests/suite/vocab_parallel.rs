@@ -12,8 +12,9 @@ use burn::tensor::{
     distributed::{DistributedConfig, DistributedContext, ReduceOperation},
 };
 use burn_fused_ce::{
-    CrossEntropyOptions, DistributedExchange, ExtraOutputs, InProcessExchange, Reduction,
-    ShardExchange, VocabShard, try_fused_cross_entropy, try_vocab_parallel_cross_entropy,
+    CrossEntropyError, CrossEntropyOptions, DistributedExchange, ExtraOutputs, InProcessExchange,
+    Reduction, ShardExchange, VocabShard, try_fused_cross_entropy,
+    try_vocab_parallel_cross_entropy,
 };
 use rand::Rng;
 
@@ -508,4 +509,47 @@ fn one_shard_per_device_through_burn_all_reduce() {
     };
     case.options.softcap = Some(30.0);
     check_case(&case, name, &devices, Exchange::Distributed);
+}
+
+/// The options the vocabulary-parallel loss has no exchange for are refused before any
+/// kernel runs: a temperature and given mean denominators.
+#[test]
+fn vocab_parallel_refuses_temperature_and_given_denominators() {
+    let device = TestBackend::Flex.device();
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let (rows, vocab) = (4, 10);
+    let shard = VocabShard::new(0, 1, vocab).expect("one shard");
+    let exchange = InProcessExchange::new(1);
+    let refused = |options: CrossEntropyOptions, name: &str, rng: &mut rand::rngs::SmallRng| {
+        let logits = Tensor::<2>::from_data(
+            TensorData::new(random_logits(rng, rows, vocab), [rows, vocab]),
+            &device,
+        );
+        let result = try_vocab_parallel_cross_entropy(
+            logits,
+            targets_tensor(&[1, 2, 3, 4], &device),
+            None,
+            &shard,
+            &options,
+            &exchange,
+        );
+        matches!(result, Err(CrossEntropyError::InvalidOption { name: n, .. }) if n == name)
+    };
+    let temperature = CrossEntropyOptions {
+        temperature: Some(0.7),
+        ..CrossEntropyOptions::default()
+    };
+    assert!(
+        refused(temperature, "temperature", &mut rng),
+        "seed {seed}: temperature"
+    );
+    let given = CrossEntropyOptions {
+        mean_denominators: Some(burn_fused_ce::MeanDenominators::rows(4)),
+        ..CrossEntropyOptions::default()
+    };
+    assert!(
+        refused(given, "mean_denominators", &mut rng),
+        "seed {seed}: denominators"
+    );
 }
