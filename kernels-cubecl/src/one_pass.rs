@@ -299,6 +299,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
             target_col,
             class_weights,
             &mut staged,
+            scalars.clone(),
             options,
             one_pass.staged_vectors,
             stream_loads,

@@ -35,6 +35,7 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
     target_col: usize,
     class_weights: &Tensor<f32>,
     staged: &mut Shared<[Vector<F, N>]>,
+    scalars: RowScalars,
     #[comptime] options: RowOptions,
     #[comptime] staged_limit: usize,
     #[comptime] stream_loads: bool,
@@ -93,14 +94,7 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         (first + at) * vector_size,
         target_col,
         class_weights,
-        // Never read: the plan stages exponentials only without softcap and temperature.
-        RowScalars {
-            ignore_index: 0i32,
-            label_smoothing: f32::new(0.0),
-            z_loss_scale: f32::new(0.0),
-            softcap: f32::new(1.0),
-            inv_temperature: f32::new(1.0),
-        },
+        scalars,
         options,
     );
     (state, reference)

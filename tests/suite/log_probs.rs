@@ -1,6 +1,6 @@
 //! The target's log-probability is `-loss` under `Reduction::None` with no label
 //! smoothing, z-loss or class weights (the spec's Extra outputs): checked against
-//! `log_softmax` formed in f64 here, with and without softcap, ignored rows 0, and its
+//! `x'_y - lse(x')` formed in f64 here, with and without softcap, ignored rows 0, and its
 //! gradient under autodiff through per-row weights.
 
 use burn::tensor::{DType, Tensor, TensorData};
@@ -9,23 +9,18 @@ use rand::Rng;
 
 use crate::common::*;
 
-/// `log p_y` of each row of `logits [rows, vocab]` (soft-capped by `cap` first), in f64;
-/// 0 where the target is the ignore index.
-fn log_probs(logits: &[f64], vocab: usize, targets: &[i64], cap: Option<f64>) -> Vec<f64> {
+/// `log p_y` of each row of `logits [rows, vocab]` as `reference` transforms them
+/// (softcap), in f64; 0 where the target is the ignore index.
+fn log_probs(logits: &[f64], vocab: usize, targets: &[i64], reference: &RefOptions) -> Vec<f64> {
     targets
         .iter()
         .enumerate()
         .map(|(row, &target)| {
-            if target == -100 {
+            if target == reference.ignore_index {
                 return 0.0;
             }
-            let x: Vec<f64> = logits[row * vocab..(row + 1) * vocab]
-                .iter()
-                .map(|&x| cap.map_or(x, |c| c * (x / c).tanh()))
-                .collect();
-            let max = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let lse = max + x.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
-            x[target as usize] - lse
+            let x = reference.capped(&logits[row * vocab..(row + 1) * vocab]);
+            x[target as usize] - lse(&x)
         })
         .collect()
 }
@@ -61,7 +56,8 @@ fn check_log_probs(backend: TestBackend) {
         let grads = (log_prob.clone() * weights).sum().backward();
 
         let seen: Vec<f64> = values.iter().map(|&v| v as f64).collect();
-        let expected = log_probs(&seen, vocab, &targets, softcap.map(f64::from));
+        let reference = RefOptions::new(&options, None);
+        let expected = log_probs(&seen, vocab, &targets, &reference);
         let (loss_tol, grad_tol) = tolerance(DType::F32);
         for (row, (got, want)) in to_f64(log_prob).iter().zip(&expected).enumerate() {
             assert!(
@@ -70,7 +66,6 @@ fn check_log_probs(backend: TestBackend) {
             );
         }
         // d(sum_i g_i log p_y_i)/dx is minus the loss's gradient for the incoming `g`.
-        let reference = RefOptions::new(&options, None);
         let g: Vec<f64> = row_weights.iter().map(|&v| -(v as f64)).collect();
         let expected_grad = reference_grad(&seen, vocab, &targets, &reference, &g);
         let grad = to_f64(logits.grad(&grads).expect("a gradient for the logits"));
