@@ -13,7 +13,10 @@
 //! Days*, see examples/data/README.md), `--steps N`, `--batch N`, `--loss
 //! stock|fused|linear` (default linear), `--compare` (the same seeded model trained the
 //! three ways, curves and a table), `--max-batch` (the largest batch each way fits on
-//! the device, by bisection, two steps per try, each try a child process), `--dtype
+//! the device, by bisection, two steps per try, each try a child process), `--learner`
+//! (the fused linear cross-entropy trained through burn-train's `Learner`: its loss,
+//! accuracy and perplexity metrics, checkpoints and summary in `--out`/learner; its
+//! terminal dashboard with the `tui` feature), `--dtype
 //! f32|bf16` (bf16 on CUDA), `--chunk-mib M` (the fused linear cross-entropy's chunk
 //! budget, `LinearChunking::logits_bytes`, in MiB; default: the library's, 1 GiB), `--devices N` (data
 //! parallel: each global batch split over N replicas on the first N GPUs, their gradients
@@ -29,10 +32,10 @@ use burn_fused_ce::LinearChunking;
 use fused_ce_suite::{
     RUNTIME_NAME, SUPPORTS_BF16, devices,
     lm::{
-        Corpus, GptConfig, GradientSync, LossKind, RunConfig, SAMPLE_TEXT, StepLog, Vocabulary,
-        initial_model,
+        Corpus, GptConfig, GradientSync, LearnerRun, LossKind, RunConfig, SAMPLE_TEXT, StepLog,
+        Vocabulary, initial_model,
         plot::{Curve, loss_curves_svg},
-        sample, train, train_data_parallel_with,
+        sample, train, train_data_parallel_with, train_with_learner,
     },
 };
 use indicatif::{ProgressBar, ProgressStyle};
@@ -55,6 +58,8 @@ struct Args {
     data: Option<PathBuf>,
     kinds: Vec<LossKind>,
     max_batch: bool,
+    /// Train through burn-train's `Learner` (one device, the fused linear cross-entropy).
+    learner: bool,
     /// Set in the child processes of `--max-batch`: train this many sequences a batch for
     /// two steps and exit with status 0 when it fit.
     fit_trial: Option<usize>,
@@ -103,6 +108,12 @@ fn parse_args() -> Result<Args, String> {
             None => return Err(format!("--loss stock|fused|linear, got {asked}")),
         }
     };
+    if flag("--learner") && (flag("--compare") || flag("--max-batch") || flag("--devices")) {
+        return Err(
+            "--learner trains one way on one device: without --compare, --max-batch, --devices"
+                .into(),
+        );
+    }
     let bf16 = match value("--dtype").unwrap_or("f32") {
         "f32" => false,
         "bf16" if SUPPORTS_BF16 => true,
@@ -130,6 +141,7 @@ fn parse_args() -> Result<Args, String> {
         data: value("--data").map(PathBuf::from),
         kinds,
         max_batch: flag("--max-batch"),
+        learner: flag("--learner"),
         fit_trial: number(FIT_TRIAL)?,
         bf16,
         devices: number("--devices")?.unwrap_or(1).max(1),
@@ -217,6 +229,27 @@ fn run(args: &Args, replicas: &[Device]) {
     println!(
         "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); the results are cached (in target/environment of the Cargo workspace run from, else in the user cache directory) for later runs."
     );
+    if args.learner {
+        let directory = args.out.join("learner");
+        let learner_run = LearnerRun {
+            valid_steps: 4,
+            checkpoints: true,
+            summary: true,
+        };
+        let start = initial_model(&config, run.seed, &device);
+        let result = train_with_learner(&config, &run, &learner_run, start, &corpus, &directory);
+        let model = result.model.gpt;
+        let prompt = &corpus.tokens[..8.min(corpus.tokens.len())];
+        println!(
+            "sample: {}",
+            sample(&model, &config, &corpus, prompt, 24, &device)
+        );
+        println!(
+            "metrics, checkpoints and the summary in {}",
+            directory.display()
+        );
+        return;
+    }
     // The largest batches first, while this process holds no device memory: each try
     // is a process of its own, and this one's memory pool, once grown by training, is
     // not given back to the device.

@@ -3,12 +3,14 @@
 //! loss, as our fused loss, and as the fused linear cross-entropy.
 
 pub mod data;
+pub mod learner;
 pub mod model;
 pub mod parallel;
 pub mod plot;
 pub mod train;
 
 pub use data::{Corpus, SAMPLE_TEXT, Vocabulary};
+pub use learner::{LearnerGpt, LearnerRun, logged_metric, train_with_learner};
 pub use model::{Gpt, GptConfig};
 pub use parallel::{GradientSync, ParallelError, train_data_parallel, train_data_parallel_with};
 pub use train::{LossKind, RunConfig, StepLog, initial_model, sample, train};

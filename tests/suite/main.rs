@@ -11,6 +11,7 @@ mod contract;
 mod cube_primitives;
 mod defaults;
 mod in_place;
+mod learner;
 mod linear;
 mod linear_concurrency;
 mod linear_non_finite;

@@ -48,6 +48,8 @@ pub mod test_hooks;
 #[cfg(not(feature = "test-hooks"))]
 #[allow(dead_code)]
 mod test_hooks;
+#[cfg(feature = "train")]
+mod train;
 mod vocab_parallel;
 
 #[doc(hidden)]
@@ -76,6 +78,8 @@ pub use options::{
     TargetCheck,
 };
 pub use output::CrossEntropyOutput;
+#[cfg(feature = "train")]
+pub use train::sequence_output::FusedSequenceOutput;
 pub use vocab_parallel::api::try_vocab_parallel_cross_entropy;
 pub use vocab_parallel::exchange::{DistributedExchange, InProcessExchange, ShardExchange};
 pub use vocab_parallel::extension::VocabParallelBackend;

@@ -1,0 +1,129 @@
+//! The output of a language model's training or validation step when its loss is ours:
+//! burn-train's `SequenceOutput` without the logits.
+
+use burn::tensor::{ExecutionError, Int, Tensor};
+use burn::train::ItemLazy;
+use burn::train::metric::{AccuracyInput, Adaptor, LossInput, PerplexityInput};
+
+use crate::options::{CrossEntropyError, CrossEntropyOptions, Reduction};
+use crate::output::CrossEntropyOutput;
+use crate::train::metric_rows::{accuracy_rows, perplexity_rows};
+
+/// What a `TrainStep` or `InferenceStep` returns to burn-train's `Learner` when the loss
+/// is [`FusedCrossEntropyLoss`](crate::FusedCrossEntropyLoss) or
+/// [`FusedLinearCrossEntropyLoss`](crate::FusedLinearCrossEntropyLoss): the loss and the
+/// token statistics of the same pass. burn-train's `LossMetric`, `AccuracyMetric` and
+/// `PerplexityMetric` take it as they are (no pad token to set: ignored rows are left
+/// out), and no `[N, V]` logits are kept for them.
+///
+/// Accuracy is the share of counted tokens whose argmax is the target; perplexity is
+/// `exp` of the loss's cross-entropy part (the loss without its z-loss), which is the
+/// mean negative log-likelihood per counted token unless label smoothing, class weights
+/// or given mean denominators are on.
+#[derive(Debug, Clone)]
+pub struct FusedSequenceOutput {
+    /// The step's loss (`[1]`); the only tensor with a gradient until the Learner syncs
+    /// the item.
+    pub loss: Tensor<1>,
+    /// The loss's cross-entropy part (`[1]`, f32): the loss without its z-loss.
+    pub cross_entropy: Tensor<1>,
+    /// Share of counted tokens whose argmax is the target (`[1]`, f32).
+    pub accuracy: Tensor<1>,
+    /// Tokens whose target is not the ignore index (`[1]`).
+    pub counted_tokens: Tensor<1, Int>,
+}
+
+impl FusedSequenceOutput {
+    /// The step's output from the loss's output and the targets it saw. The loss must be
+    /// `Reduction::Mean` and ask for the `accuracy` extra output, and for `z_loss` too
+    /// when its z-loss scale is not 0 (the z-loss is taken out of the perplexity).
+    ///
+    /// # Errors
+    /// [`CrossEntropyError::InvalidOption`] naming the option to change.
+    pub fn new<const D: usize>(
+        output: CrossEntropyOutput<D>,
+        targets: Tensor<D, Int>,
+        options: &CrossEntropyOptions,
+    ) -> Result<Self, CrossEntropyError> {
+        let needs = |name: &'static str, value: String, expected: &'static str| {
+            Err(CrossEntropyError::InvalidOption {
+                name,
+                value,
+                expected,
+            })
+        };
+        if options.reduction != Reduction::Mean {
+            return needs(
+                "reduction",
+                format!("{:?}", options.reduction),
+                "Mean for burn-train's metrics",
+            );
+        }
+        let Some(accuracy) = output.accuracy else {
+            return needs(
+                "outputs.accuracy",
+                "false".into(),
+                "true for burn-train's accuracy metric",
+            );
+        };
+        let loss = output.loss.flatten::<1>(0, D - 1);
+        let cross_entropy = match output.z_loss {
+            _ if options.z_loss_scale == 0.0 => loss.clone().cast(burn::tensor::FloatDType::F32),
+            Some(z_loss) => {
+                loss.clone().detach().cast(burn::tensor::FloatDType::F32) - z_loss.flatten(0, D - 1)
+            }
+            None => {
+                return needs(
+                    "outputs.z_loss",
+                    "false".into(),
+                    "true with a z-loss, to take it out of the perplexity",
+                );
+            }
+        };
+        let counted_tokens = targets
+            .flatten::<1>(0, D - 1)
+            .not_equal_scalar(options.ignore_index)
+            .int()
+            .sum();
+        Ok(Self {
+            loss,
+            cross_entropy: cross_entropy.detach(),
+            accuracy,
+            counted_tokens,
+        })
+    }
+}
+
+impl ItemLazy for FusedSequenceOutput {
+    fn sync(self) -> Result<Self, ExecutionError> {
+        // As burn-train's own outputs: the metrics read their scalars on the device, off
+        // the autodiff graph; flushing hands the queued work to the device first.
+        self.loss.device().flush()?;
+        Ok(Self {
+            loss: self.loss.without_autodiff(),
+            cross_entropy: self.cross_entropy.without_autodiff(),
+            accuracy: self.accuracy.without_autodiff(),
+            counted_tokens: self.counted_tokens.without_autodiff(),
+        })
+    }
+}
+
+impl Adaptor<LossInput> for FusedSequenceOutput {
+    fn adapt(&self) -> LossInput {
+        LossInput::new(self.loss.clone())
+    }
+}
+
+impl Adaptor<AccuracyInput> for FusedSequenceOutput {
+    fn adapt(&self) -> AccuracyInput {
+        let (outputs, targets) = accuracy_rows(&self.accuracy, &self.counted_tokens);
+        AccuracyInput::new(outputs, targets)
+    }
+}
+
+impl Adaptor<PerplexityInput> for FusedSequenceOutput {
+    fn adapt(&self) -> PerplexityInput {
+        let (outputs, targets) = perplexity_rows(&self.cross_entropy, &self.counted_tokens);
+        PerplexityInput::new(outputs, targets)
+    }
+}
