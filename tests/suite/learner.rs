@@ -267,3 +267,55 @@ fn the_learner_trains_the_hand_written_loops_curve() {
     );
     let _ = std::fs::remove_dir_all(&directory);
 }
+
+/// A batch whose every token is ignored counts no token: burn-train's running accuracy
+/// and perplexity stay what the batch before made them.
+#[test]
+fn a_batch_of_ignored_tokens_leaves_the_running_metrics() {
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let device = device();
+    let (rows, vocab) = (9, 50);
+    let options = CrossEntropyOptions {
+        outputs: ExtraOutputs {
+            accuracy: true,
+            ..ExtraOutputs::default()
+        },
+        ..CrossEntropyOptions::new(Reduction::Mean)
+    };
+    let mut accuracy = AccuracyMetric::new();
+    let mut perplexity = PerplexityMetric::new();
+    let running = |metric: &dyn Fn() -> Option<NumericEntry>| match metric() {
+        Some(NumericEntry::Aggregated {
+            aggregated_value,
+            count,
+        }) => (aggregated_value, count),
+        other => panic!("seed={seed}: a running value: {other:?}"),
+    };
+    let mut seen = Vec::new();
+    for ignore in [Ignore::NoRows, Ignore::AllRows] {
+        let values = random_logits(&mut rng, rows, vocab);
+        let targets = random_targets(&mut rng, rows, vocab, ignore, -100);
+        let logits = Tensor::<2>::from_data(TensorData::new(values, [rows, vocab]), &device);
+        let target_tensor = targets_tensor(&targets, &device);
+        let output = try_fused_cross_entropy(logits, target_tensor.clone(), None, &options)
+            .unwrap_or_else(|error| panic!("seed={seed}: refused: {error}"));
+        let item = FusedSequenceOutput::new(output, target_tensor, &options)
+            .unwrap_or_else(|error| panic!("seed={seed}: {error}"));
+        let meta = metadata();
+        let accuracy_input: AccuracyInput = item.adapt();
+        let perplexity_input: PerplexityInput = item.adapt();
+        accuracy
+            .update(&accuracy_input, &meta)
+            .unwrap_or_else(|error| panic!("seed={seed} {ignore:?}: accuracy: {error:?}"));
+        perplexity
+            .update(&perplexity_input, &meta)
+            .unwrap_or_else(|error| panic!("seed={seed} {ignore:?}: perplexity: {error:?}"));
+        seen.push((
+            running(&|| accuracy.running_value()),
+            running(&|| perplexity.running_value()),
+        ));
+    }
+    assert_eq!(seen[0].0.1, rows, "seed={seed}: the first batch's tokens");
+    assert_eq!(seen[1], seen[0], "seed={seed}: after the ignored batch");
+}
