@@ -261,7 +261,7 @@ pub fn cross_entropy_rows<B: Backend>(
     let sum = others.clone().add(target_exp.clone());
     // ln(sum) as ln(1 + (sum - 1)), with `sum - 1` formed exactly when the target is the
     // max: a confident row's loss keeps its digits (as in the kernels).
-    let log_sum = others.clone().add(target_exp.sub_scalar(1.0)).log1p();
+    let log_sum = ln_one_plus::<B>(others.clone().add(target_exp.sub_scalar(1.0)));
     let lse = max.add(log_sum.clone());
     // lse - x_y = (max - x_y) + ln(sum): exact in its first term.
     let nll = log_sum.clone().sub(target_shifted);
@@ -338,6 +338,18 @@ pub fn cross_entropy_rows<B: Backend>(
 }
 
 /// One statistic as a column `[N, 1]`.
+/// `ln(1 + x)`, accurate for small `x` on every backend (the kernels' `ln_one_plus`): a
+/// Taylor polynomial below |x| = 0.05, `ln(1 + x)` above. Backends' `log1p` may be
+/// `ln(1 + x)` itself, which keeps few digits of a confident row's loss.
+fn ln_one_plus<B: Backend>(x: FloatOf<B, 2>) -> FloatOf<B, 2> {
+    let mut series = x.clone().mul_scalar(1.0 / 7.0);
+    for coefficient in [-1.0 / 6.0, 0.2, -0.25, 1.0 / 3.0, -0.5, 1.0] {
+        series = series.add_scalar(coefficient).mul(x.clone());
+    }
+    let large = x.clone().mul(x.clone()).greater_elem(0.05 * 0.05);
+    series.mask_where(large, x.add_scalar(1.0).log())
+}
+
 fn stat_column<B: Backend>(stats: &FloatOf<B, 2>, stat: usize, rows: usize) -> FloatOf<B, 2> {
     stats
         .clone()
