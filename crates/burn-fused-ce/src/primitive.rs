@@ -160,9 +160,6 @@ impl<B: Backend, const D: usize> FloatOf<B, D> {
     pub fn log(self) -> Self {
         Self(B::float_log(self.0))
     }
-    pub fn log1p(self) -> Self {
-        Self(B::float_log(B::float_add_scalar(self.0, Scalar::from(1.0))))
-    }
     pub fn tanh(self) -> Self {
         Self(B::float_tanh(self.0))
     }
