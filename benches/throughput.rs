@@ -20,8 +20,8 @@ use std::time::Instant;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData, activation::log_softmax};
 use burn_fused_ce::{
-    CrossEntropyOptions, FastMath, FusedCrossEntropyLossConfig, GradientPlan, KernelTuning,
-    Reduction, TargetCheck, fused_cross_entropy, test_hooks,
+    CrossEntropyOptions, ExtraOutputs, FastMath, FusedCrossEntropyLossConfig, GradientPlan,
+    KernelTuning, Reduction, TargetCheck, fused_cross_entropy, test_hooks,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -66,6 +66,8 @@ enum Mode {
         checked: bool,
         /// Label smoothing 0.1, z-loss 1e-4 and softcap 30 together.
         options: bool,
+        /// The accuracy and entropy outputs asked for (a Learner's and an RL trainer's).
+        outputs: bool,
     },
 }
 
@@ -76,6 +78,7 @@ impl Mode {
         incoming: Incoming::One,
         checked: true,
         options: false,
+        outputs: false,
     };
 
     /// The default config with another incoming gradient.
@@ -85,6 +88,7 @@ impl Mode {
             incoming,
             checked: true,
             options: false,
+            outputs: false,
         }
     }
 
@@ -95,6 +99,7 @@ impl Mode {
             incoming: Incoming::One,
             checked: false,
             options: false,
+            outputs: false,
         }
     }
 
@@ -106,6 +111,7 @@ impl Mode {
                 incoming,
                 checked,
                 options,
+                outputs,
             } => {
                 let mut label = String::from("fwd+bwd");
                 label += match plan {
@@ -120,6 +126,9 @@ impl Mode {
                 };
                 if options {
                     label += " ls+z+cap";
+                }
+                if outputs {
+                    label += " +acc+entropy";
                 }
                 if !checked {
                     label += " unchecked";
@@ -218,6 +227,14 @@ impl Bench {
                 incoming: Incoming::One,
                 checked: true,
                 options: true,
+                outputs: false,
+            };
+            let with_outputs = Mode::Step {
+                plan: Plan::Default,
+                incoming: Incoming::One,
+                checked: true,
+                options: false,
+                outputs: true,
             };
             let mut cases = vec![
                 (8192, 128256, bf16, Mode::Fwd),
@@ -225,6 +242,7 @@ impl Bench {
                 (8192, 128256, bf16, Mode::default_with(Incoming::Scaled)),
                 (8192, 128256, bf16, Mode::default_with(Incoming::PerRow)),
                 (8192, 128256, bf16, with_options),
+                (8192, 128256, bf16, with_outputs),
                 (8192, 128256, bf16, one_pass),
                 (8192, 128256, bf16, two_pass),
             ];
@@ -252,6 +270,13 @@ impl Bench {
                 Mode::default_with(Incoming::PerRow),
                 Mode::plan(Plan::OnePass),
                 Mode::plan(Plan::TwoPass),
+                Mode::Step {
+                    plan: Plan::Default,
+                    incoming: Incoming::One,
+                    checked: true,
+                    options: false,
+                    outputs: true,
+                },
             ];
             let cases = [f32, f16]
                 .into_iter()
@@ -414,6 +439,7 @@ impl Bench {
             plan: Plan::Default,
             incoming,
             options: false,
+            outputs: false,
             ..
         } = mode
         else {
@@ -462,6 +488,7 @@ impl Bench {
             incoming,
             checked,
             options,
+            outputs,
         } = mode
         else {
             let options = CrossEntropyOptions {
@@ -496,6 +523,13 @@ impl Bench {
             step_options.z_loss_scale = 1e-4;
             step_options.softcap = Some(30.0);
         }
+        if outputs {
+            step_options.outputs = ExtraOutputs {
+                accuracy: true,
+                entropy: true,
+                ..ExtraOutputs::default()
+            };
+        }
         let targets_ad = || targets.clone().autodiff();
         // A fresh copy per iteration, made outside the timed region and moved into the loss.
         let owned = || logits.clone().mul_scalar(1.0).autodiff().require_grad();
@@ -510,6 +544,7 @@ impl Bench {
             .with_target_check(step_options.target_check)
             .with_gradient_plan(step_options.gradient_plan)
             .with_fast_math(step_options.fast_math)
+            .with_outputs(step_options.outputs)
             .init(&self.autodiff);
         // The per-row weights in the loss's dtype (the logits'): Burn 0.22 multiplies
         // tensors of one dtype only.

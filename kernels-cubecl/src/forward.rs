@@ -228,6 +228,16 @@ pub(crate) fn finish_row<I: Int>(
         correct = select(best_col == target_col, f32::new(1.0), f32::new(0.0));
     }
     let target_grad = -merged.others / sum;
+    let mut entropy = f32::new(0.0);
+    if comptime!(options.entropy) {
+        // H = ln(sum) - sum_c p_c (x'_c - max), the target's term added to `entropy_sum`.
+        let target_term = select(
+            target_exp > f32::new(0.0),
+            target_exp * (target_logit - merged.max),
+            f32::new(0.0),
+        );
+        entropy = log_sum - (merged.entropy_sum + target_term) / sum;
+    }
     if write {
         let at = stat_index(&*stats, row_stat::LOSS, row);
         stats[at] = select(target_is_class, loss + z_loss, not_a_number);
@@ -243,6 +253,8 @@ pub(crate) fn finish_row<I: Int>(
         stats[at] = lse;
         let at = stat_index(&*stats, row_stat::TARGET_GRAD, row);
         stats[at] = target_grad;
+        let at = stat_index(&*stats, row_stat::ENTROPY, row);
+        stats[at] = entropy;
         if comptime!(options.argmax) {
             predicted[row] = I::cast_from(best_col);
         }

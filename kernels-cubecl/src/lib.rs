@@ -68,6 +68,9 @@ pub mod row_stat {
     pub const LSE: usize = 5;
     /// `p_y - 1`, formed without cancellation.
     pub const TARGET_GRAD: usize = 6;
+    /// The softmax's entropy `-sum_c p_c ln p_c` of the (transformed) logits (only when
+    /// asked for; 0 otherwise).
+    pub const ENTROPY: usize = 7;
     /// Number of statistics.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 8;
 }

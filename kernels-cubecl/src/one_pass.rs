@@ -28,7 +28,7 @@ use crate::forward::{finish_row, write_ignored_row};
 use crate::ptx::{load_vector, store_vector};
 use crate::row::{
     RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, fast_exp_scalar, is_class,
-    mean_denominators, read_target, reduce_span, row_offset, target_share,
+    mean_denominators, read_target, reduce_span, rescaled_entropy_sum, row_offset, target_share,
 };
 use crate::staged_exps::{
     gradient_from_staged_exps, reduce_chunk_staging_exps, write_staged_exps_gradient,
@@ -43,10 +43,11 @@ mod slot {
     pub const BEST: usize = 3;
     pub const BEST_COL: usize = 4;
     pub const SMOOTH: usize = 5;
+    pub const ENTROPY: usize = 6;
 }
 
 /// Slots per chunk in the partials buffer `[rows * chunks * PARTIAL_SLOTS]` (i32).
-pub const PARTIAL_SLOTS: usize = 6;
+pub const PARTIAL_SLOTS: usize = 7;
 
 /// A slot's value until its chunk publishes. Published f32 bits are kept off it.
 pub const UNPUBLISHED: i32 = -1;
@@ -346,6 +347,9 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         if comptime!(options.smoothing) {
             partials[base + slot::SMOOTH].store(published_bits(merged.smooth));
         }
+        if comptime!(options.entropy) {
+            partials[base + slot::ENTROPY].store(published_bits(merged.entropy_sum));
+        }
         partials[base + slot::MAX].store(published_bits(merged.max));
     }
     let mut gathered = Shared::<[i32]>::new_slice(comptime!(one_pass.max_chunks * PARTIAL_SLOTS));
@@ -358,7 +362,8 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         let index = at % PARTIAL_SLOTS;
         let wanted = index <= slot::TARGET_LOGIT
             || (comptime!(options.argmax) && (index == slot::BEST || index == slot::BEST_COL))
-            || (comptime!(options.smoothing) && index == slot::SMOOTH);
+            || (comptime!(options.smoothing) && index == slot::SMOOTH)
+            || (comptime!(options.entropy) && index == slot::ENTROPY);
         if wanted {
             // `loop` + `break` with the copy inside: a `while` re-assigning the loaded
             // value never saw the published value.
@@ -382,14 +387,27 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
     let mut row_best = f32::new(RUNNING_MAX_START);
     let mut row_best_col = u32::cast_from(vocab);
     let mut row_smooth = f32::new(0.0);
+    let mut row_entropy = f32::new(0.0);
     let mut index = 0usize;
     while index < chunks {
         let base = index * PARTIAL_SLOTS;
         let chunk_max = f32::reinterpret(gathered[base + slot::MAX]);
         let chunk_others = f32::reinterpret(gathered[base + slot::OTHERS]);
         let new_max = f32::max(row_max, chunk_max);
-        row_others =
-            row_others * f32::exp(row_max - new_max) + chunk_others * f32::exp(chunk_max - new_max);
+        let (row_rescale, chunk_rescale) =
+            (f32::exp(row_max - new_max), f32::exp(chunk_max - new_max));
+        if comptime!(options.entropy) {
+            let chunk_entropy = f32::reinterpret(gathered[base + slot::ENTROPY]);
+            row_entropy =
+                rescaled_entropy_sum(row_entropy, row_others, row_max - new_max, row_rescale)
+                    + rescaled_entropy_sum(
+                        chunk_entropy,
+                        chunk_others,
+                        chunk_max - new_max,
+                        chunk_rescale,
+                    );
+        }
+        row_others = row_others * row_rescale + chunk_others * chunk_rescale;
         row_max = new_max;
         // One chunk holds the target; the others published 0.
         row_target_logit += f32::reinterpret(gathered[base + slot::TARGET_LOGIT]);
@@ -415,6 +433,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         best: row_best,
         best_col: row_best_col,
         smooth: row_smooth,
+        entropy_sum: row_entropy,
     };
     let forward = finish_row::<I>(
         row_state,

@@ -89,6 +89,8 @@ pub struct LossSettings {
     pub weighted: bool,
     /// Track the argmax (accuracy or predictions asked for).
     pub argmax: bool,
+    /// Track the softmax's entropy (asked for).
+    pub entropy: bool,
     /// The fast exponential may flush results below 2^-126 to zero (CUDA through its C++
     /// backend only: inline PTX).
     pub exp_flush_to_zero: bool,
@@ -162,6 +164,7 @@ impl RowLaunch {
             weighted: settings.weighted,
             z_loss: settings.z_loss_scale > 0.0,
             argmax: settings.argmax,
+            entropy: settings.entropy,
             cube_size,
             exp_flush_to_zero: target.inline_ptx && settings.exp_flush_to_zero,
             approximate_tanh: target.inline_ptx
@@ -251,7 +254,8 @@ impl OnePassPlan {
             reread_loads: tuning.reread_loads,
             staged_exps: tuning.staged_exps
                 && shape.settings.softcap.is_none()
-                && shape.settings.temperature.is_none(),
+                && shape.settings.temperature.is_none()
+                && !shape.settings.entropy,
             cache_hints: if inline_ptx {
                 tuning.cache_hints.bits()
             } else {
@@ -374,7 +378,7 @@ mod tests {
     }
 
     #[test]
-    fn staged_exps_never_with_softcap_or_temperature() {
+    fn staged_exps_never_with_softcap_temperature_or_entropy() {
         let mut launch = shape(8, 128_256, FloatKind::BF16, 8);
         let staged = |launch: &RowLaunch| {
             OnePassPlan::for_device(launch, true, true)
@@ -386,6 +390,9 @@ mod tests {
         assert!(!staged(&launch));
         launch.settings.softcap = None;
         launch.settings.temperature = Some(0.7);
+        assert!(!staged(&launch));
+        launch.settings.temperature = None;
+        launch.settings.entropy = true;
         assert!(!staged(&launch));
     }
 

@@ -38,6 +38,8 @@ pub struct RowOptions {
     pub z_loss: bool,
     /// Track the argmax (accuracy, predictions).
     pub argmax: bool,
+    /// Track `sum_c exp(x'_c - max) (x'_c - max)` (the softmax's entropy).
+    pub entropy: bool,
     /// Units per cube, a power of two.
     pub cube_size: usize,
     /// Vectors each unit loads before using any (bytes in flight per unit).
@@ -236,6 +238,9 @@ pub(crate) struct RowState {
     pub(crate) best_col: u32,
     /// `sum_c w_c x'_c` (label smoothing).
     pub(crate) smooth: f32,
+    /// `sum_{c != y} exp(x'_c - max) (x'_c - max)`, over the classes `others` sums (the
+    /// entropy; rescaled with `others` when the maximum moves).
+    pub(crate) entropy_sum: f32,
 }
 
 /// Folds one vector (columns `first_col..`) into a unit's state. With `with_target`, the
@@ -284,17 +289,56 @@ pub(crate) fn absorb<N: Size>(
     if comptime!(options.smoothing) {
         smooth += lane_sum::<N>(values * weights);
     }
+    // The fast exponential here too (its argument is <= 0): the accurate `expf` per
+    // vector cost about 2.5 instructions per element.
+    let rescale = fast_exp_scalar(state.max - new_max, options.exp_flush_to_zero);
+    let mut entropy_sum = state.entropy_sum;
+    if comptime!(options.entropy) {
+        let mut added = f32::new(0.0);
+        #[unroll]
+        for lane in 0..values.vector_size() {
+            let mut skip = false;
+            if comptime!(with_target) {
+                skip = u32::cast_from(target_col - first_col) == lane as u32;
+            }
+            let exp = exps.extract(lane);
+            // A -inf logit's exp is 0: its term is 0, not 0 * -inf.
+            let term = select(
+                exp > f32::new(0.0),
+                exp * (values.extract(lane) - new_max),
+                f32::new(0.0),
+            );
+            added += select(skip, f32::new(0.0), term);
+        }
+        entropy_sum = rescaled_entropy_sum(
+            state.entropy_sum,
+            state.others,
+            state.max - new_max,
+            rescale,
+        ) + added;
+    }
     RowState {
         max: new_max,
-        // The fast exponential here too (its argument is <= 0): the accurate `expf` per
-        // vector cost about 2.5 instructions per element.
-        others: state.others * fast_exp_scalar(state.max - new_max, options.exp_flush_to_zero)
-            + exp_sum,
+        others: state.others * rescale + exp_sum,
         target_logit,
         best,
         best_col,
         smooth,
+        entropy_sum,
     }
+}
+
+/// An `entropy_sum` (with its `others`) taken from maximum `m` to `m'`, `shift = m - m'`
+/// (<= 0), `rescale = exp(shift)`: `sum e^(x-m') (x-m') = e^shift (sum e^(x-m) (x-m) +
+/// shift sum e^(x-m))`. A state with nothing summed (`others` 0) stays 0 whatever the
+/// shift (the start value's shift is finite, so no 0 * inf).
+#[cube]
+pub(crate) fn rescaled_entropy_sum(entropy_sum: f32, others: f32, shift: f32, rescale: f32) -> f32 {
+    select(
+        others > f32::new(0.0),
+        rescale * (entropy_sum + shift * others),
+        f32::new(0.0),
+    )
 }
 
 /// [`absorb`] of one vector as loaded (`raw`, columns `first_col..`): in f32,
@@ -373,6 +417,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     let mut best = f32::new(RUNNING_MAX_START);
     let mut best_col = u32::cast_from(vocab);
     let mut smooth = f32::new(0.0);
+    let mut entropy_sum = f32::new(0.0);
     // `vocab / vector_size` (no vector) when the target is not a class.
     let target_vector = target_col / vector_size;
     let mut local = UNIT_POS as usize;
@@ -404,6 +449,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
                 best,
                 best_col,
                 smooth,
+                entropy_sum,
             };
             let next = absorb_vector::<F, N>(
                 state.clone(),
@@ -422,6 +468,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
             best = select(take, next.best, best);
             best_col = select(take, next.best_col, best_col);
             smooth = select(take, next.smooth, smooth);
+            entropy_sum = select(take, next.entropy_sum, entropy_sum);
         }
         local += options.loads_per_step * cube_size;
     }
@@ -432,6 +479,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
         best,
         best_col,
         smooth,
+        entropy_sum,
     };
     // The target's vector, by the unit whose share it is (re-read: from L1, or from
     // `staged`); every unit computes it, the others discard it.
@@ -485,6 +533,7 @@ pub(crate) fn absorb_held_target<F: Float, N: Size>(
         best: select(holds, next.best, state.best),
         best_col: select(holds, next.best_col, state.best_col),
         smooth: select(holds, next.smooth, state.smooth),
+        entropy_sum: select(holds, next.entropy_sum, state.entropy_sum),
     }
 }
 
@@ -503,6 +552,8 @@ pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> Ro
         Shared::<[u32]>::new_slice(comptime!(if options.argmax { cube_size } else { 1 }));
     let mut shared_smooth =
         Shared::<[f32]>::new_slice(comptime!(if options.smoothing { cube_size } else { 1 }));
+    let mut shared_entropy =
+        Shared::<[f32]>::new_slice(comptime!(if options.entropy { cube_size } else { 1 }));
     let unit = UNIT_POS as usize;
     shared_max[unit] = state.max;
     shared_others[unit] = state.others;
@@ -512,6 +563,9 @@ pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> Ro
     }
     if comptime!(options.smoothing) {
         shared_smooth[unit] = state.smooth;
+    }
+    if comptime!(options.entropy) {
+        shared_entropy[unit] = state.entropy_sum;
     }
     sync_cube();
 
@@ -523,8 +577,23 @@ pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> Ro
             let max_a = shared_max[unit];
             let max_b = shared_max[unit + half];
             let merged_max = f32::max(max_a, max_b);
-            shared_others[unit] = shared_others[unit] * f32::exp(max_a - merged_max)
-                + shared_others[unit + half] * f32::exp(max_b - merged_max);
+            let (rescale_a, rescale_b) =
+                (f32::exp(max_a - merged_max), f32::exp(max_b - merged_max));
+            let (others_a, others_b) = (shared_others[unit], shared_others[unit + half]);
+            if comptime!(options.entropy) {
+                shared_entropy[unit] = rescaled_entropy_sum(
+                    shared_entropy[unit],
+                    others_a,
+                    max_a - merged_max,
+                    rescale_a,
+                ) + rescaled_entropy_sum(
+                    shared_entropy[unit + half],
+                    others_b,
+                    max_b - merged_max,
+                    rescale_b,
+                );
+            }
+            shared_others[unit] = others_a * rescale_a + others_b * rescale_b;
             shared_max[unit] = merged_max;
             if comptime!(options.argmax) {
                 let best_a = shared_best[unit];
@@ -550,6 +619,9 @@ pub(crate) fn cube_merge(state: RowState, #[comptime] options: RowOptions) -> Ro
     }
     if comptime!(options.smoothing) {
         merged.smooth = shared_smooth[0];
+    }
+    if comptime!(options.entropy) {
+        merged.entropy_sum = shared_entropy[0];
     }
     merged
 }

@@ -50,6 +50,7 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         best: f32::new(RUNNING_MAX_START),
         best_col: u32::cast_from(vocab),
         smooth: f32::new(0.0),
+        entropy_sum: f32::new(0.0),
     };
     let top = stage_logits::<F, N>(
         logits,
@@ -193,6 +194,8 @@ fn staged_to_exps<F: Float, N: Size>(
         best,
         best_col,
         smooth,
+        // The entropy turns the staged exponentials off (`OnePassOptions::staged_exps`).
+        entropy_sum: state.entropy_sum,
     }
 }
 
@@ -275,6 +278,8 @@ fn reduce_rest<F: Float, N: Size>(
         best,
         best_col,
         smooth,
+        // The entropy turns the staged exponentials off (`OnePassOptions::staged_exps`).
+        entropy_sum: state.entropy_sum,
     }
 }
 

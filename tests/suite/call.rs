@@ -49,6 +49,7 @@ pub struct HostOutput {
     pub accuracy: Option<HostTensor>,
     pub predicted: Option<HostTensor>,
     pub lse: Option<HostTensor>,
+    pub entropy: Option<HostTensor>,
 }
 
 impl HostOutput {
@@ -61,6 +62,7 @@ impl HostOutput {
             accuracy: out.accuracy.as_ref().map(HostTensor::read),
             predicted: out.predicted.as_ref().map(HostTensor::read_int),
             lse: out.lse.as_ref().map(HostTensor::read),
+            entropy: out.entropy.as_ref().map(HostTensor::read),
         }
     }
 }

@@ -303,6 +303,8 @@ pub struct RefRow {
     pub z: f64,
     /// Log-sum-exp of the capped logits (0 on ignored rows).
     pub lse: f64,
+    /// Entropy of the softmax of the capped logits (0 on ignored rows).
+    pub entropy: f64,
     /// `w_y` (0 on ignored rows).
     pub weight: f64,
     /// First index of the maximum of the capped logits (-1 on ignored rows).
@@ -333,12 +335,14 @@ pub fn reference_rows(
                     ce: 0.0,
                     z: 0.0,
                     lse: 0.0,
+                    entropy: 0.0,
                     weight: 0.0,
                     argmax: -1,
                 };
             }
             let x = options.capped(&logits[row * vocab..(row + 1) * vocab]);
             let l = lse(&x);
+            let entropy = softmax_entropy(&x, l);
             let argmax = first_argmax(&x);
             let z = options.z_loss_scale * l * l;
             if y < 0 || y >= vocab as i64 {
@@ -347,6 +351,7 @@ pub fn reference_rows(
                     ce: f64::NAN,
                     z,
                     lse: l,
+                    entropy,
                     weight: f64::NAN,
                     argmax,
                 };
@@ -364,6 +369,7 @@ pub fn reference_rows(
                 ce,
                 z,
                 lse: l,
+                entropy,
                 weight: w_y,
                 argmax,
             }
@@ -460,6 +466,23 @@ pub fn reference_predicted(rows: &[RefRow]) -> Vec<i64> {
 /// The log-sum-exp per row, 0 on ignored rows.
 pub fn reference_lse(rows: &[RefRow]) -> Vec<f64> {
     rows.iter().map(|r| r.lse).collect()
+}
+
+/// The softmax's entropy per row, 0 on ignored rows.
+pub fn reference_entropy(rows: &[RefRow]) -> Vec<f64> {
+    rows.iter().map(|r| r.entropy).collect()
+}
+
+/// `-sum_c p_c ln p_c` of the softmax of `x` (whose log-sum-exp is `lse`); a class of
+/// probability 0 adds 0.
+pub fn softmax_entropy(x: &[f64], lse: f64) -> f64 {
+    x.iter()
+        .map(|&v| {
+            let log_p = v - lse;
+            let p = log_p.exp();
+            if p > 0.0 { -p * log_p } else { 0.0 }
+        })
+        .sum()
 }
 
 /// The f64 reference gradient (the spec's formula, softcap chain rule included) for the

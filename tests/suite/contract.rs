@@ -140,6 +140,11 @@ pub(crate) fn check_outputs(
         "{context}: predicted present"
     );
     assert_eq!(out.lse.is_some(), wanted.lse, "{context}: lse present");
+    assert_eq!(
+        out.entropy.is_some(),
+        wanted.entropy,
+        "{context}: entropy present"
+    );
     if let Some(z) = &out.z_loss {
         assert_eq!(z.dims, loss_dims, "{context}: z_loss shape");
         assert_eq!(z.dtype, DType::F32, "{context}: z_loss dtype");
@@ -215,39 +220,61 @@ pub(crate) fn check_outputs(
             "{context}: accuracy {got} expected {expected} ({correct}/{n})"
         );
     }
-    if let Some(lse) = &out.lse {
-        assert_eq!(lse.dims, target_dims, "{context}: lse shape");
-        assert_eq!(lse.dtype, DType::F32, "{context}: lse dtype");
-        let got = lse.values.clone();
-        let expected = reference_lse(&rows);
-        // Relative to max(|lse|, 1) per element: a log-sum-exp near 0 (one class, small
-        // logits) carries the absolute error of the logits' scale, not a relative one
-        // (`tanh` on Vulkan has an absolute error bound near 0).
-        let err = if got.iter().any(|v| !v.is_finite()) {
-            f64::INFINITY
+    for (name, host, expected) in [
+        ("lse", &out.lse, reference_lse(&rows)),
+        ("entropy", &out.entropy, reference_entropy(&rows)),
+    ] {
+        if let Some(host) = host {
+            check_per_row_stat(
+                name,
+                host,
+                &expected,
+                &rows,
+                &target_dims,
+                loss_tol,
+                context,
+            );
+        }
+    }
+}
+
+/// A per-row f32 output (`lse`, `entropy`) against its f64 reference: the targets'
+/// shape, relative L2 to `max(|value|, 1)` per element (a value near 0, such as the
+/// log-sum-exp of one class or the entropy of a confident row, carries the absolute error
+/// of the logits' scale, not a relative one; `tanh` on Vulkan has an absolute error bound
+/// near 0), and exactly 0 on ignored rows.
+fn check_per_row_stat(
+    name: &str,
+    host: &HostTensor,
+    expected: &[f64],
+    rows: &[RefRow],
+    target_dims: &[usize],
+    tolerance: f64,
+    context: &str,
+) {
+    assert_eq!(host.dims, target_dims, "{context}: {name} shape");
+    assert_eq!(host.dtype, DType::F32, "{context}: {name} dtype");
+    let got = &host.values;
+    let err = if got.iter().any(|v| !v.is_finite()) {
+        f64::INFINITY
+    } else {
+        let diff: f64 = got.iter().zip(expected).map(|(a, e)| (a - e).powi(2)).sum();
+        let norm: f64 = expected.iter().map(|e| e.abs().max(1.0).powi(2)).sum();
+        if norm == 0.0 {
+            diff.sqrt()
         } else {
-            let diff: f64 = got
-                .iter()
-                .zip(&expected)
-                .map(|(a, e)| (a - e).powi(2))
-                .sum();
-            let norm: f64 = expected.iter().map(|e| e.abs().max(1.0).powi(2)).sum();
-            if norm == 0.0 {
-                diff.sqrt()
-            } else {
-                (diff / norm).sqrt()
-            }
-        };
-        assert!(
-            err <= loss_tol,
-            "{context}: lse error {err:e}\n got {:?}\n expected {:?}",
-            &got[..got.len().min(8)],
-            &expected[..expected.len().min(8)]
-        );
-        for (row, r) in rows.iter().enumerate() {
-            if !r.counted {
-                assert_eq!(got[row], 0.0, "{context}: lse on ignored row {row}");
-            }
+            (diff / norm).sqrt()
+        }
+    };
+    assert!(
+        err <= tolerance,
+        "{context}: {name} error {err:e}\n got {:?}\n expected {:?}",
+        &got[..got.len().min(8)],
+        &expected[..expected.len().min(8)]
+    );
+    for (row, r) in rows.iter().enumerate() {
+        if !r.counted {
+            assert_eq!(got[row], 0.0, "{context}: {name} on ignored row {row}");
         }
     }
 }

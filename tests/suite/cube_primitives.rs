@@ -138,6 +138,7 @@ pub(crate) fn host_output(parts: LossParts<C>, rows: usize) -> HostOutput {
         accuracy: parts.accuracy.into_option().map(read),
         predicted: parts.predicted.into_option().map(read_int),
         lse: parts.lse.into_option().map(read),
+        entropy: parts.entropy.into_option().map(read),
     }
 }
 

@@ -1129,6 +1129,11 @@ fn linear_extra_outputs() {
             "accuracy",
         );
         close(fused.lse.expect("lse"), unfused.lse.expect("lse"), "lse");
+        close(
+            fused.entropy.expect("entropy"),
+            unfused.entropy.expect("entropy"),
+            "entropy",
+        );
         assert_eq!(
             int_to_i64(fused.predicted.expect("predicted")),
             int_to_i64(unfused.predicted.expect("predicted")),

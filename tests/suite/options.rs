@@ -342,6 +342,10 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
             lse: true,
             ..ExtraOutputs::default()
         },
+        ExtraOutputs {
+            entropy: true,
+            ..ExtraOutputs::default()
+        },
         ExtraOutputs::all(),
     ];
     let mut n = 0;
@@ -357,6 +361,8 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
                                 outputs,
                                 z_loss_scale: if n % 2 == 0 { 1e-3 } else { 0.0 },
                                 softcap: (n % 3 == 0).then_some(10.0),
+                                // The entropy (and the rest) after the temperature too.
+                                temperature: (n % 5 == 0).then_some(0.7),
                                 gradient_plan: plan(one_pass),
                                 ..CrossEntropyOptions::new(reduction)
                             },

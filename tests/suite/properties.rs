@@ -7,7 +7,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::tensor::DType;
-use burn_fused_ce::{CrossEntropyOptions, Reduction};
+use burn_fused_ce::{CrossEntropyOptions, ExtraOutputs, Reduction};
 use rand::{Rng, rngs::SmallRng};
 
 use crate::common::*;
@@ -66,6 +66,17 @@ fn draw_options(rng: &mut SmallRng) -> CrossEntropyOptions {
     options
 }
 
+/// Each extra output asked for with probability 0.3 (all checked against the reference).
+fn draw_outputs(rng: &mut SmallRng) -> ExtraOutputs {
+    ExtraOutputs {
+        z_loss: rng.random_bool(0.3),
+        accuracy: rng.random_bool(0.3),
+        predicted: rng.random_bool(0.3),
+        lse: rng.random_bool(0.3),
+        entropy: rng.random_bool(0.3),
+    }
+}
+
 fn draw_ignore(rng: &mut SmallRng) -> Ignore {
     match rng.random_range(0..10) {
         0 => Ignore::AllRows,
@@ -87,6 +98,7 @@ fn draw_loss_case(rng: &mut SmallRng) -> (Case, u64) {
     let dtype = draw_dtype(rng);
     let mut case = Case::new(rows, vocab, dtype, Reduction::Mean);
     case.options = draw_options(rng);
+    case.options.outputs = draw_outputs(rng);
     case.ignore = draw_ignore(rng);
     case.class_weights = rng.random_bool(0.3);
     case.exclusive_logits = rng.random_bool(0.5);

@@ -409,23 +409,23 @@ fn cases() -> Vec<ShardCase> {
     everything.options.label_smoothing = 0.2;
     everything.options.z_loss_scale = 1e-3;
     everything.options.softcap = Some(5.0);
-    everything.options.outputs = ExtraOutputs::all();
+    everything.options.outputs = shard_outputs();
     everything.options.ignore_index = 7;
     everything.class_weights = true;
     cases.push(everything);
     let mut sum_outputs = ShardCase::new(22, 400, 4, Reduction::Sum);
     sum_outputs.options.z_loss_scale = 1e-2;
-    sum_outputs.options.outputs = ExtraOutputs::all();
+    sum_outputs.options.outputs = shard_outputs();
     sum_outputs.options.ignore_index = -1;
     cases.push(sum_outputs);
     let mut all_ignored = ShardCase::new(8, 200, 2, Reduction::Mean);
     all_ignored.ignore = Ignore::AllRows;
-    all_ignored.options.outputs = ExtraOutputs::all();
+    all_ignored.options.outputs = shard_outputs();
     cases.push(all_ignored);
     let mut three_d = ShardCase::new(12, 256, 2, Reduction::Mean);
     three_d.three_d = true;
     three_d.options.label_smoothing = 0.1;
-    three_d.options.outputs = ExtraOutputs::all();
+    three_d.options.outputs = shard_outputs();
     cases.push(three_d);
     let mut half = ShardCase::new(16, 300, 2, Reduction::Mean);
     half.dtype = DType::F16;
@@ -450,7 +450,7 @@ fn logical_shards_match_the_whole_vocabulary() {
     // The portable path on the CPU, once.
     let mut case = ShardCase::new(20, 301, 3, Reduction::Mean);
     case.options.label_smoothing = 0.1;
-    case.options.outputs = ExtraOutputs::all();
+    case.options.outputs = shard_outputs();
     case.class_weights = true;
     let flex = TestBackend::Flex.device();
     check_case(
@@ -474,7 +474,7 @@ fn shards_on_the_runtimes_devices_through_the_in_process_exchange() {
     let mut case = ShardCase::new(24, 300, count, Reduction::Mean);
     case.options.label_smoothing = 0.1;
     case.options.z_loss_scale = 1e-3;
-    case.options.outputs = ExtraOutputs::all();
+    case.options.outputs = shard_outputs();
     check_case(&case, name, &devices, Exchange::InProcess);
     let mut case = ShardCase::new(17, 301, count + 1, Reduction::None);
     case.options.softcap = Some(8.0);
@@ -498,7 +498,7 @@ fn one_shard_per_device_through_burn_all_reduce() {
     let mut case = ShardCase::new(64, 4096, devices.len(), Reduction::Mean);
     case.options.label_smoothing = 0.1;
     case.options.z_loss_scale = 1e-4;
-    case.options.outputs = ExtraOutputs::all();
+    case.options.outputs = shard_outputs();
     case.class_weights = true;
     check_case(&case, name, &devices, Exchange::Distributed);
     let mut case = ShardCase::new(64, 4096, devices.len(), Reduction::None);
@@ -511,10 +511,18 @@ fn one_shard_per_device_through_burn_all_reduce() {
     check_case(&case, name, &devices, Exchange::Distributed);
 }
 
+/// Every extra output the vocabulary-parallel loss has (all but the entropy).
+fn shard_outputs() -> ExtraOutputs {
+    ExtraOutputs {
+        entropy: false,
+        ..ExtraOutputs::all()
+    }
+}
+
 /// The options the vocabulary-parallel loss has no exchange for are refused before any
-/// kernel runs: a temperature and given mean denominators.
+/// kernel runs: a temperature, given mean denominators and the entropy output.
 #[test]
-fn vocab_parallel_refuses_temperature_and_given_denominators() {
+fn vocab_parallel_refuses_temperature_given_denominators_and_entropy() {
     let device = TestBackend::Flex.device();
     let seed = fresh_seed();
     let mut rng = rng(seed);
@@ -551,5 +559,16 @@ fn vocab_parallel_refuses_temperature_and_given_denominators() {
     assert!(
         refused(given, "mean_denominators", &mut rng),
         "seed {seed}: denominators"
+    );
+    let entropy = CrossEntropyOptions {
+        outputs: ExtraOutputs {
+            entropy: true,
+            ..ExtraOutputs::default()
+        },
+        ..CrossEntropyOptions::default()
+    };
+    assert!(
+        refused(entropy, "outputs.entropy", &mut rng),
+        "seed {seed}: entropy"
     );
 }

@@ -60,5 +60,6 @@ pub(crate) fn outer_parts<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
         accuracy: outer_optional(parts.accuracy),
         predicted: OptionalInt::from_option(parts.predicted.into_option()),
         lse: outer_optional(parts.lse),
+        entropy: outer_optional(parts.entropy),
     }
 }

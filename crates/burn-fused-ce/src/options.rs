@@ -31,6 +31,9 @@ pub struct ExtraOutputs {
     pub predicted: bool,
     /// The per-row log-sum-exp of the (soft-capped) logits, 0 on ignored rows.
     pub lse: bool,
+    /// The per-row entropy of the softmax, `-sum_c p_c ln p_c`, after temperature and
+    /// softcap (what RL trainers log), 0 on ignored rows.
+    pub entropy: bool,
 }
 
 impl ExtraOutputs {
@@ -41,6 +44,7 @@ impl ExtraOutputs {
             accuracy: true,
             predicted: true,
             lse: true,
+            entropy: true,
         }
     }
 

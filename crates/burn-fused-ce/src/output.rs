@@ -22,6 +22,9 @@ pub struct CrossEntropyOutput<const D: usize> {
     pub predicted: Option<Tensor<D, Int>>,
     /// Per-row log-sum-exp of the (soft-capped) logits (f32), 0 on ignored rows.
     pub lse: Option<Tensor<D>>,
+    /// Per-row entropy of the softmax after temperature and softcap (f32), 0 on ignored
+    /// rows.
+    pub entropy: Option<Tensor<D>>,
 }
 
 /// The op's outputs with the targets' shape (`target_dims`): per-row ones `[N]` or
@@ -47,6 +50,13 @@ pub(crate) fn shaped_output<const DT: usize>(
             .predicted
             .into_option()
             .map(|p| Tensor::<1, Int>::from_dispatch(p).reshape(per_row_shape.clone())),
-        lse: parts.lse.into_option().map(|lse| float(lse, per_row_shape)),
+        lse: parts
+            .lse
+            .into_option()
+            .map(|lse| float(lse, per_row_shape.clone())),
+        entropy: parts
+            .entropy
+            .into_option()
+            .map(|entropy| float(entropy, per_row_shape)),
     }
 }

@@ -16,7 +16,7 @@ use crate::cube_tensors::{
 use crate::loss::check_read::{TargetCheckRead, queued_cube_read};
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::next_guess;
-use crate::loss::reduce::{lse_row, reduce_stats};
+use crate::loss::reduce::{reduce_stats, stat_row_of};
 use crate::loss::types::{
     CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat, OptionalInt,
     Reduced, RowStats, TwoPassBackward,
@@ -47,6 +47,7 @@ pub(crate) fn row_launch(
             temperature: options.temperature,
             weighted,
             argmax: options.outputs.needs_argmax(),
+            entropy: options.outputs.entropy,
             exp_flush_to_zero: options.fast_math.exp_flush_to_zero,
             approximate_tanh: options.fast_math.approximate_tanh,
         },
@@ -338,7 +339,16 @@ impl FusedCrossEntropyBackend for CubeBackend {
                 } else {
                     OptionalInt::Absent
                 },
-                lse: OptionalFloat::from_option(wanted.lse.then(|| lse_row::<Self>(stats))),
+                lse: OptionalFloat::from_option(
+                    wanted
+                        .lse
+                        .then(|| stat_row_of::<Self>(stats.clone(), row_stat::LSE)),
+                ),
+                entropy: OptionalFloat::from_option(
+                    wanted
+                        .entropy
+                        .then(|| stat_row_of::<Self>(stats, row_stat::ENTROPY)),
+                ),
             },
             denominators: OptionalFloat::from_option(
                 (mean && keep_denominators).then_some(denominators),

@@ -273,10 +273,13 @@ pub fn cross_entropy_rows<B: Backend>(
         // finite logits, so no cancellation (the kernels' `W lse - sum_c w_c x'_c` equals
         // it mathematically).
         let weighted_shifted = match &weights.row {
-            Some(row) => shifted.mul(row.clone()).sum_dim(1),
-            None => shifted.sum_dim(1),
+            Some(row) => shifted.clone().mul(row.clone()).sum_dim(1),
+            None => shifted.clone().sum_dim(1),
         };
-        let smooth = log_sum.mul(weights.total.clone()).sub(weighted_shifted);
+        let smooth = log_sum
+            .clone()
+            .mul(weights.total.clone())
+            .sub(weighted_shifted);
         loss = loss
             .mul_scalar(1.0 - ls as f64)
             .add(smooth.mul_scalar(ls as f64 / vocab as f64));
@@ -291,6 +294,18 @@ pub fn cross_entropy_rows<B: Backend>(
         .add(z_loss.clone())
         .mask_fill(not_counted, f64::NAN)
         .mask_fill(t.ignored.clone(), 0.0);
+    let entropy = if options.outputs.entropy {
+        // H = ln(sum) - sum_c p_c (x'_c - max); a -inf logit's term is 0, not 0 * -inf.
+        let exps = shifted.clone().exp();
+        let spread = exps
+            .clone()
+            .mul(shifted.clone())
+            .mask_fill(exps.equal_elem(0.0), 0.0)
+            .sum_dim(1);
+        log_sum.clone().sub(spread.div(sum.clone()))
+    } else {
+        FloatOf::zeros([rows, 1], &device, DType::F32)
+    };
     let target_grad = others.div(sum).neg();
 
     let zeros = || FloatOf::<B, 2>::zeros([rows, 1], &device, DType::F32);
@@ -316,6 +331,7 @@ pub fn cross_entropy_rows<B: Backend>(
         (row_stat::CORRECT, correct),
         (row_stat::LSE, lse),
         (row_stat::TARGET_GRAD, target_grad),
+        (row_stat::ENTROPY, entropy),
     ];
     columns.sort_by_key(|(stat, _)| *stat);
     debug_assert_eq!(columns.len(), row_stat::COUNT);
@@ -338,9 +354,9 @@ pub fn cross_entropy_rows<B: Backend>(
 }
 
 /// One statistic as a column `[N, 1]`.
-/// `ln(1 + x)`, accurate for small `x` on every backend (the kernels' `ln_one_plus`): a
-/// Taylor polynomial below |x| = 0.05, `ln(1 + x)` above. Backends' `log1p` may be
-/// `ln(1 + x)` itself, which keeps few digits of a confident row's loss.
+/// `ln(1 + x)`, accurate for small `x` (the kernels' `ln_one_plus`): a Taylor polynomial
+/// below |x| = 0.05, `ln(1 + x)` above, where rounding `1 + x` would keep few digits of a
+/// confident row's loss. Burn's backends have no `log1p` op to lean on.
 fn ln_one_plus<B: Backend>(x: FloatOf<B, 2>) -> FloatOf<B, 2> {
     let mut series = x.clone().mul_scalar(1.0 / 7.0);
     for coefficient in [-1.0 / 6.0, 0.2, -0.25, 1.0 / 3.0, -0.5, 1.0] {

@@ -22,9 +22,9 @@ pub(crate) fn stat_row<B: Backend>(stats: &FloatOf<B, 2>, stat: usize) -> FloatO
         .reshape([rows])
 }
 
-/// The log-sum-exp row of forward's statistics, f32 `[N]` (a view).
-pub(crate) fn lse_row<B: Backend>(stats: FloatTensor<B>) -> FloatTensor<B> {
-    stat_row(&FloatOf::<B, 2>::new(stats), row_stat::LSE).into_primitive()
+/// Row `stat` of forward's statistics, f32 `[N]` (a view).
+pub(crate) fn stat_row_of<B: Backend>(stats: FloatTensor<B>, stat: usize) -> FloatTensor<B> {
+    stat_row(&FloatOf::<B, 2>::new(stats), stat).into_primitive()
 }
 
 /// Reduces the per-row statistics on the device, in f32; the loss is cast to `dtype`
@@ -108,6 +108,11 @@ pub(crate) fn reduce_stats<B: Backend>(
                 .lse
                 .then(|| stat_row(&stats, row_stat::LSE).into_primitive()),
         ),
+        entropy: OptionalFloat::from_option(
+            wanted
+                .entropy
+                .then(|| stat_row(&stats, row_stat::ENTROPY).into_primitive()),
+        ),
     };
     Reduced {
         parts,
@@ -187,6 +192,11 @@ fn reduce_no_rows<B: Backend>(
         lse: OptionalFloat::from_option(
             wanted
                 .lse
+                .then(|| FloatOf::<B, 1>::empty([0], device, DType::F32).into_primitive()),
+        ),
+        entropy: OptionalFloat::from_option(
+            wanted
+                .entropy
                 .then(|| FloatOf::<B, 1>::empty([0], device, DType::F32).into_primitive()),
         ),
     };

@@ -165,6 +165,9 @@ pub struct LossParts<B: Backend> {
     /// f32 `[N]`.
     #[extension_type]
     pub lse: OptionalFloat<B>,
+    /// f32 `[N]`.
+    #[extension_type]
+    pub entropy: OptionalFloat<B>,
 }
 
 /// The reduced outputs and, for `Mean`, the denominators backward divides by.

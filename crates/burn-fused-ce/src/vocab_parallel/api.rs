@@ -24,7 +24,7 @@ use crate::vocab_parallel::shard::{VocabShard, exchanged_rows};
 /// [`ShardExchange`]). Returns the whole vocabulary's loss and extra outputs, the same on
 /// every shard; under autodiff the gradient reaches this shard's logits, with no further
 /// exchange. Every option and reduction of [`crate::try_fused_cross_entropy`] applies but
-/// given mean denominators and the temperature (refused).
+/// given mean denominators, the temperature and the entropy output (refused).
 /// Errors as [`crate::try_fused_cross_entropy`], and the exchange's.
 pub fn try_vocab_parallel_cross_entropy<
     E: ShardExchange + ?Sized,
@@ -39,20 +39,7 @@ pub fn try_vocab_parallel_cross_entropy<
     exchange: &E,
 ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
     options.validate()?;
-    if let Some(denominators) = options.mean_denominators {
-        return Err(CrossEntropyError::InvalidOption {
-            name: "mean_denominators",
-            value: format!("{denominators:?}"),
-            expected: "none: the vocabulary-parallel loss divides by its call's own",
-        });
-    }
-    if let Some(temperature) = options.temperature {
-        return Err(CrossEntropyError::InvalidOption {
-            name: "temperature",
-            value: temperature.to_string(),
-            expected: "none: the vocabulary-parallel loss has no temperature",
-        });
-    }
+    refuse_unsupported(options)?;
     let target_dims = targets.dims();
     let (rows, width) = check_logits(&logits, &targets, "V_s")?;
     let classes = shard.classes().len();
@@ -134,4 +121,37 @@ fn shard_weight_totals(
                 .into_dispatch()
         }
     }
+}
+
+/// The options the vocabulary-parallel loss does not have, refused by name.
+fn refuse_unsupported(options: &CrossEntropyOptions) -> Result<(), CrossEntropyError> {
+    let refused = |name, value: String, expected| {
+        Err(CrossEntropyError::InvalidOption {
+            name,
+            value,
+            expected,
+        })
+    };
+    if let Some(denominators) = options.mean_denominators {
+        return refused(
+            "mean_denominators",
+            format!("{denominators:?}"),
+            "none: the vocabulary-parallel loss divides by its call's own",
+        );
+    }
+    if let Some(temperature) = options.temperature {
+        return refused(
+            "temperature",
+            temperature.to_string(),
+            "none: the vocabulary-parallel loss has no temperature",
+        );
+    }
+    if options.outputs.entropy {
+        return refused(
+            "outputs.entropy",
+            "true".into(),
+            "false: the vocabulary-parallel loss has no entropy output",
+        );
+    }
+    Ok(())
 }

@@ -167,6 +167,7 @@ impl<B: VocabParallelBackend, C: CheckpointStrategy> VocabParallelBackend for Au
             accuracy: outer_optional(parts.accuracy),
             predicted: OptionalInt::from_option(parts.predicted.into_option()),
             lse: outer_optional(parts.lse),
+            entropy: outer_optional(parts.entropy),
         }
     }
 }
