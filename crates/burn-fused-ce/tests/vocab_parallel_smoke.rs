@@ -321,7 +321,11 @@ fn cases(target_check: TargetCheck) -> Vec<Case> {
                         label_smoothing: 0.1,
                         z_loss_scale: 1e-2,
                         softcap,
-                        outputs: ExtraOutputs::all(),
+                        // All but the entropy, which this loss refuses.
+                        outputs: ExtraOutputs {
+                            entropy: false,
+                            ..ExtraOutputs::all()
+                        },
                         target_check,
                         ..CrossEntropyOptions::new(reduction)
                     },
