@@ -253,15 +253,24 @@ pub fn cross_entropy_rows<B: Backend>(
         .mask_fill(not_counted.clone(), 0.0);
     // The sum without the target's own term: `p_y - 1 = -others / sum` keeps its digits
     // when the model is confident (p_y near 1), where `exp(x_y - lse) - 1` cancels.
-    let others = shifted
-        .clone()
-        .exp()
-        .mask_fill(t.one_hot.clone(), 0.0)
-        .sum_dim(1);
+    let exps = shifted.clone().exp();
+    let others = exps.clone().mask_fill(t.one_hot.clone(), 0.0).sum_dim(1);
     let sum = others.clone().add(target_exp.clone());
     // ln(sum) as ln(1 + (sum - 1)), with `sum - 1` formed exactly when the target is the
     // max: a confident row's loss keeps its digits (as in the kernels).
     let log_sum = ln_one_plus::<B>(others.clone().add(target_exp.sub_scalar(1.0)));
+    let entropy = if options.outputs.entropy {
+        // H = ln(sum) - sum_c p_c (x'_c - max); a -inf logit's term is 0, not 0 * -inf.
+        let spread = exps
+            .clone()
+            .mul(shifted.clone())
+            .mask_fill(exps.equal_elem(0.0), 0.0)
+            .sum_dim(1);
+        log_sum.clone().sub(spread.div(sum.clone()))
+    } else {
+        drop(exps);
+        FloatOf::zeros([rows, 1], &device, DType::F32)
+    };
     let lse = max.add(log_sum.clone());
     // lse - x_y = (max - x_y) + ln(sum): exact in its first term.
     let nll = log_sum.clone().sub(target_shifted);
@@ -294,18 +303,6 @@ pub fn cross_entropy_rows<B: Backend>(
         .add(z_loss.clone())
         .mask_fill(not_counted, f64::NAN)
         .mask_fill(t.ignored.clone(), 0.0);
-    let entropy = if options.outputs.entropy {
-        // H = ln(sum) - sum_c p_c (x'_c - max); a -inf logit's term is 0, not 0 * -inf.
-        let exps = shifted.clone().exp();
-        let spread = exps
-            .clone()
-            .mul(shifted.clone())
-            .mask_fill(exps.equal_elem(0.0), 0.0)
-            .sum_dim(1);
-        log_sum.clone().sub(spread.div(sum.clone()))
-    } else {
-        FloatOf::zeros([rows, 1], &device, DType::F32)
-    };
     let target_grad = others.div(sum).neg();
 
     let zeros = || FloatOf::<B, 2>::zeros([rows, 1], &device, DType::F32);
