@@ -11,17 +11,16 @@ use burn::train::metric::{
     AccuracyInput, AccuracyMetric, Adaptor, LossInput, LossMetric, Metric, MetricMetadata, Numeric,
     NumericEntry, PerplexityInput, PerplexityMetric, store::Split,
 };
-use burn_fused_ce::LinearChunking;
 use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FusedSequenceOutput, Reduction,
     try_fused_cross_entropy,
 };
 use fused_ce_suite::lm::{
-    Corpus, GptConfig, LearnerRun, LossKind, RunConfig, SAMPLE_TEXT, Vocabulary, initial_model,
-    logged_metric, train, train_with_learner,
+    LearnerRun, LossKind, initial_model, logged_metric, train, train_with_learner,
 };
 
 use crate::common::*;
+use crate::lm::tiny_run;
 
 fn metadata() -> MetricMetadata {
     MetricMetadata {
@@ -178,21 +177,7 @@ fn the_sequence_output_names_the_option_it_needs() {
 fn the_learner_trains_the_hand_written_loops_curve() {
     let _backward = shared_device();
     let seed = fresh_seed();
-    let corpus = Corpus::new(&SAMPLE_TEXT[..20_000], Vocabulary::Gpt2);
-    let config = GptConfig {
-        vocab: Vocabulary::Gpt2.size(),
-        d_model: 32,
-        layers: 1,
-        heads: 2,
-        seq_len: 16,
-    };
-    let run = RunConfig {
-        batch: 4,
-        steps: 3,
-        lr: 3e-3,
-        seed,
-        chunking: LinearChunking::default(),
-    };
+    let (corpus, config, run) = tiny_run(seed, 3);
     let device = device().autodiff();
     let start = initial_model(&config, seed, &device);
     let (logs, _) = train(

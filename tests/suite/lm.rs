@@ -19,7 +19,7 @@ use crate::common::*;
 
 /// A tiny model on the first 20,000 bytes of the example text with GPT-2's vocabulary:
 /// the corpus, the model's config and a run of `steps` steps of 4 sequences.
-fn tiny_run(seed: u64, steps: usize) -> (Corpus, GptConfig, RunConfig) {
+pub(crate) fn tiny_run(seed: u64, steps: usize) -> (Corpus, GptConfig, RunConfig) {
     let corpus = Corpus::new(&SAMPLE_TEXT[..20_000], Vocabulary::Gpt2);
     let config = GptConfig {
         vocab: Vocabulary::Gpt2.size(),
