@@ -67,11 +67,11 @@ impl MeanDenominators {
     /// than `Mean`.
     pub(crate) fn validate(&self, reduction: Reduction) -> Result<(), CrossEntropyError> {
         let invalid = |value: String, expected| {
-            Err(CrossEntropyError::InvalidOption {
-                name: "mean_denominators",
+            Err(CrossEntropyError::invalid_option(
+                "mean_denominators",
                 value,
                 expected,
-            })
+            ))
         };
         if reduction != Reduction::Mean {
             return invalid(format!("{self:?}"), "none, except with Reduction::Mean");

@@ -198,12 +198,8 @@ impl CrossEntropyOptions {
 
     /// Rejects options outside their domain (before any kernel runs).
     pub fn validate(&self) -> Result<(), CrossEntropyError> {
-        let invalid = |name: &'static str, value: f32, expected: &'static str| {
-            Err(CrossEntropyError::InvalidOption {
-                name,
-                value: value.to_string(),
-                expected,
-            })
+        let invalid = |name, value: f32, expected| {
+            Err(CrossEntropyError::invalid_option(name, value, expected))
         };
         let ls = self.label_smoothing;
         if !(0.0..=1.0).contains(&ls) {
@@ -229,11 +225,11 @@ impl CrossEntropyOptions {
         if let Some(tuning) = &self.tuning
             && let Err(error) = tuning.validate()
         {
-            return Err(CrossEntropyError::InvalidOption {
-                name: "tuning",
-                value: error.setting,
-                expected: error.expected,
-            });
+            return Err(CrossEntropyError::invalid_option(
+                "tuning",
+                error.setting,
+                error.expected,
+            ));
         }
         Ok(())
     }
@@ -275,6 +271,21 @@ pub enum CrossEntropyError {
     },
     /// The vocabulary-parallel loss's exchange between shards failed.
     Exchange(String),
+}
+
+impl CrossEntropyError {
+    /// [`Self::InvalidOption`]: option `name` is `value`, `expected` says what it may be.
+    pub(crate) fn invalid_option(
+        name: &'static str,
+        value: impl ToString,
+        expected: &'static str,
+    ) -> Self {
+        Self::InvalidOption {
+            name,
+            value: value.to_string(),
+            expected,
+        }
+    }
 }
 
 impl core::fmt::Display for CrossEntropyError {

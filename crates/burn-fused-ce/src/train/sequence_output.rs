@@ -1,7 +1,7 @@
 //! The output of a language model's training or validation step when its loss is ours:
 //! burn-train's `SequenceOutput` without the logits.
 
-use burn::tensor::{ExecutionError, Int, Tensor};
+use burn::tensor::{ExecutionError, FloatDType, Int, Tensor};
 use burn::train::ItemLazy;
 use burn::train::metric::{AccuracyInput, Adaptor, LossInput, PerplexityInput};
 
@@ -45,41 +45,32 @@ impl FusedSequenceOutput {
         targets: Tensor<D, Int>,
         options: &CrossEntropyOptions,
     ) -> Result<Self, CrossEntropyError> {
-        let needs = |name: &'static str, value: String, expected: &'static str| {
-            Err(CrossEntropyError::InvalidOption {
-                name,
-                value,
-                expected,
-            })
-        };
         if options.reduction != Reduction::Mean {
-            return needs(
+            return Err(CrossEntropyError::invalid_option(
                 "reduction",
                 format!("{:?}", options.reduction),
                 "Mean for burn-train's metrics",
-            );
+            ));
         }
         let Some(accuracy) = output.accuracy else {
-            return needs(
+            return Err(CrossEntropyError::invalid_option(
                 "outputs.accuracy",
-                "false".into(),
+                false,
                 "true for burn-train's accuracy metric",
-            );
+            ));
         };
         let loss = output.loss.flatten::<1>(0, D - 1);
-        let cross_entropy = match output.z_loss {
-            _ if options.z_loss_scale == 0.0 => loss.clone().cast(burn::tensor::FloatDType::F32),
-            Some(z_loss) => {
-                loss.clone().detach().cast(burn::tensor::FloatDType::F32) - z_loss.flatten(0, D - 1)
-            }
-            None => {
-                return needs(
+        let mut cross_entropy = loss.clone().detach().cast(FloatDType::F32);
+        if options.z_loss_scale != 0.0 {
+            let Some(z_loss) = output.z_loss else {
+                return Err(CrossEntropyError::invalid_option(
                     "outputs.z_loss",
-                    "false".into(),
+                    false,
                     "true with a z-loss, to take it out of the perplexity",
-                );
-            }
-        };
+                ));
+            };
+            cross_entropy = cross_entropy - z_loss.flatten(0, D - 1);
+        }
         let counted_tokens = targets
             .flatten::<1>(0, D - 1)
             .not_equal_scalar(options.ignore_index)
@@ -87,7 +78,7 @@ impl FusedSequenceOutput {
             .sum();
         Ok(Self {
             loss,
-            cross_entropy: cross_entropy.detach(),
+            cross_entropy,
             accuracy,
             counted_tokens,
         })

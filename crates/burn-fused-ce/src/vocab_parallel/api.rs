@@ -125,33 +125,26 @@ fn shard_weight_totals(
 
 /// The options the vocabulary-parallel loss does not have, refused by name.
 fn refuse_unsupported(options: &CrossEntropyOptions) -> Result<(), CrossEntropyError> {
-    let refused = |name, value: String, expected| {
-        Err(CrossEntropyError::InvalidOption {
-            name,
-            value,
-            expected,
-        })
-    };
-    if let Some(denominators) = options.mean_denominators {
-        return refused(
+    let refused = if let Some(denominators) = options.mean_denominators {
+        CrossEntropyError::invalid_option(
             "mean_denominators",
             format!("{denominators:?}"),
             "none: the vocabulary-parallel loss divides by its call's own",
-        );
-    }
-    if let Some(temperature) = options.temperature {
-        return refused(
+        )
+    } else if let Some(temperature) = options.temperature {
+        CrossEntropyError::invalid_option(
             "temperature",
-            temperature.to_string(),
+            temperature,
             "none: the vocabulary-parallel loss has no temperature",
-        );
-    }
-    if options.outputs.entropy {
-        return refused(
+        )
+    } else if options.outputs.entropy {
+        CrossEntropyError::invalid_option(
             "outputs.entropy",
-            "true".into(),
+            true,
             "false: the vocabulary-parallel loss has no entropy output",
-        );
-    }
-    Ok(())
+        )
+    } else {
+        return Ok(());
+    };
+    Err(refused)
 }
