@@ -26,8 +26,11 @@
 //! own kernel, split along the vocabulary where that fills more of the device
 //! (`LinearChunking::hidden_gradient_split_k`, on by default):
 //! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`. `ways=fused,linear`
-//! runs only the ways named (`stock`, `fused`, `linear`), `breakdown=0` leaves out the
-//! matmuls alone.
+//! runs only the ways named (`stock`, `fused`, `linear`, `linear-cubecl`), `breakdown=0`
+//! leaves out the matmuls alone. `cublaslt=0` turns off cuBLASLt for the chunks' products
+//! (`LinearChunking::cublaslt`, on by default); with it on, on CUDA, the fused linear
+//! cross-entropy also runs with CubeCL's products (`linear-cubecl`) and the breakdown
+//! times each chunk product through cuBLASLt.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -50,6 +53,8 @@ enum Way {
     Fused,
     /// Our fused linear cross-entropy (default config).
     FusedLinear,
+    /// The same with its products on CubeCL's kernels (`LinearChunking::cublaslt` off).
+    FusedLinearCubecl,
 }
 
 impl Way {
@@ -58,6 +63,7 @@ impl Way {
             Way::Stock => "matmul + Burn's loss",
             Way::Fused => "matmul + fused loss",
             Way::FusedLinear => "fused linear CE",
+            Way::FusedLinearCubecl => "fused linear CE, CubeCL products",
         }
     }
 }
@@ -208,13 +214,21 @@ fn main() {
     let ways: Vec<Way> = std::env::args()
         .find_map(|arg| arg.strip_prefix("ways=").map(str::to_owned))
         .map_or_else(
-            || vec![Way::Fused, Way::FusedLinear, Way::Stock],
+            || {
+                vec![
+                    Way::Fused,
+                    Way::FusedLinear,
+                    Way::FusedLinearCubecl,
+                    Way::Stock,
+                ]
+            },
             |list| {
                 list.split(',')
                     .filter_map(|name| match name {
                         "stock" => Some(Way::Stock),
                         "fused" => Some(Way::Fused),
                         "linear" => Some(Way::FusedLinear),
+                        "linear-cubecl" => Some(Way::FusedLinearCubecl),
                         _ => None,
                     })
                     .collect()
@@ -227,8 +241,14 @@ fn main() {
         weight_gradient_in_place: on_off_arg("inplace")
             .unwrap_or(defaults.weight_gradient_in_place),
         hidden_gradient_split_k: on_off_arg("splitk").unwrap_or(defaults.hidden_gradient_split_k),
+        cublaslt: on_off_arg("cublaslt").unwrap_or(defaults.cublaslt),
         ..defaults
     };
+    // CubeCL's products beside cuBLASLt's, only where cuBLASLt can run.
+    let ways: Vec<Way> = ways
+        .into_iter()
+        .filter(|&way| way != Way::FusedLinearCubecl || (llm && chunking.cublaslt))
+        .collect();
     // The cube device (its tensors run on Burn's fusion backend), and the same with
     // autodiff for the training steps.
     let device = fused_ce_suite::device();
@@ -238,6 +258,8 @@ fn main() {
         "LM head and loss, one training step on {RUNTIME_NAME} (autodiff over Burn's fusion backend)"
     );
     println!("fused linear CE: {chunking:?}");
+    #[cfg(feature = "cuda")]
+    println!("cuBLASLt: {:?}", burn_fused_ce::cublaslt_version());
     let mut table = format!(
         "fused linear CE: `{chunking:?}`\n\n| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | pool growth MiB | peak in use MiB, sampled |\n|---|---|---|---:|---:|---:|---:|---:|\n"
     );
@@ -265,14 +287,25 @@ fn main() {
         let linear_loss = FusedLinearCrossEntropyLossConfig::new()
             .with_chunking(chunking)
             .init(&autodiff);
+        let linear_cubecl_loss = FusedLinearCrossEntropyLossConfig::new()
+            .with_chunking(LinearChunking {
+                cublaslt: false,
+                ..chunking
+            })
+            .init(&autodiff);
         let mut head = burn::nn::LinearConfig::new(width, vocab)
             .with_bias(false)
             .init(&autodiff);
         head.weight = burn::module::Param::from_tensor(weight.clone());
         let mut fused_ms = None;
-        for way in [Way::Fused, Way::FusedLinear, Way::Stock]
-            .into_iter()
-            .filter(|way| ways.contains(way))
+        for way in [
+            Way::Fused,
+            Way::FusedLinear,
+            Way::FusedLinearCubecl,
+            Way::Stock,
+        ]
+        .into_iter()
+        .filter(|way| ways.contains(way))
         {
             let step = || {
                 let loss = match way {
@@ -283,6 +316,9 @@ fn main() {
                         fused_loss.forward(hidden.clone().matmul(weight.clone()), targets.clone())
                     }
                     Way::FusedLinear => linear_loss.forward(hidden.clone(), &head, targets.clone()),
+                    Way::FusedLinearCubecl => {
+                        linear_cubecl_loss.forward(hidden.clone(), &head, targets.clone())
+                    }
                 };
                 let grads = loss.backward();
                 (hidden.grad(&grads), weight.grad(&grads))
@@ -416,6 +452,50 @@ fn matmul_breakdown(
                     &note,
                 );
                 #[cfg(feature = "cuda")]
+                if chunking.cublaslt {
+                    // The weight gradient's sum, held by nothing but the step: summed
+                    // in place, step after step.
+                    let mut running = Some(sum.clone().add_scalar(0.0));
+                    type Stepped<'a> = Box<dyn FnMut() -> Tensor<2> + 'a>;
+                    let products: [(&str, Tensor<2>, Stepped); 3] = [
+                        (
+                            "logits = h W, cuBLASLt",
+                            hidden.clone().matmul(weight.clone()),
+                            Box::new(|| cublaslt_product(&hidden, &weight)),
+                        ),
+                        (
+                            "grad_h = dlogits W^T, cuBLASLt",
+                            grad.clone().matmul(weight.clone().transpose()),
+                            Box::new(|| cublaslt_product(&grad, &weight.clone().transpose())),
+                        ),
+                        (
+                            "grad_W += h^T dlogits, cuBLASLt",
+                            sum.clone() + hidden.clone().transpose().matmul(grad.clone()),
+                            Box::new(|| {
+                                let taken = running.take().unwrap_or_else(|| sum.clone());
+                                let next =
+                                    cublaslt_accumulate(taken, &hidden.clone().transpose(), &grad);
+                                running = Some(next.clone());
+                                next
+                            }),
+                        ),
+                    ];
+                    for (name, expected, mut run) in products {
+                        let error = relative_distance(run(), expected);
+                        let timed = measure(device, warmup, reps, &mut run).map(|m| m.median_ms);
+                        let note = format!("  (error vs Burn's matmul: {error:.1e})");
+                        matmul_row(
+                            &mut table,
+                            &case,
+                            part,
+                            name,
+                            flops,
+                            timed.ok_or(None),
+                            &note,
+                        );
+                    }
+                }
+                #[cfg(feature = "cuda")]
                 {
                     use fused_ce_kernels::PlaneRows;
                     let shape = (part, width, vocab, dtype);
@@ -487,8 +567,32 @@ fn split_k_hidden_gradient(grad: &Tensor<2>, weight: &Tensor<2>) -> Tensor<2> {
     let product = <Dispatch as LinearCrossEntropyBackend>::matmul_split_k(
         grad.clone().into_dispatch(),
         weight.clone().transpose().into_dispatch(),
+        false,
     );
     Tensor::from_dispatch(product)
+}
+
+/// `lhs rhs` by the fused linear cross-entropy's chunk product with cuBLASLt asked for
+/// (`LinearCrossEntropyBackend::chunk_product`).
+#[cfg(feature = "cuda")]
+fn cublaslt_product(lhs: &Tensor<2>, rhs: &Tensor<2>) -> Tensor<2> {
+    Tensor::from_dispatch(<Dispatch as LinearCrossEntropyBackend>::chunk_product(
+        lhs.clone().into_dispatch(),
+        rhs.clone().into_dispatch(),
+        true,
+    ))
+}
+
+/// `sum + lhs rhs` by the weight gradient's in-place sum with cuBLASLt asked for
+/// (`LinearCrossEntropyBackend::accumulate_product`); `sum` is held by nothing else.
+#[cfg(feature = "cuda")]
+fn cublaslt_accumulate(sum: Tensor<2>, lhs: &Tensor<2>, rhs: &Tensor<2>) -> Tensor<2> {
+    Tensor::from_dispatch(<Dispatch as LinearCrossEntropyBackend>::accumulate_product(
+        sum.into_dispatch(),
+        lhs.clone().into_dispatch(),
+        rhs.clone().into_dispatch(),
+        true,
+    ))
 }
 
 /// How many slices the split takes for a chunk's `grad_h` (` (K slices)`), on CUDA.

@@ -30,6 +30,7 @@ for packed in "$here"/*.xz "$here"/*.gz; do
   esac && chmod +x "${packed%.*}"
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$logs/gpu.txt" 2>&1
+. "$here/cuda-libs.sh"
 cat "$logs/gpu.txt"
 [ -f "$here/commit.txt" ] && cp "$here/commit.txt" "$logs/commit.txt" && echo "bundle built at commit $(cat "$here/commit.txt")"
 status=0

@@ -28,6 +28,7 @@ cd "$here"
 printf '[compilation]\ncache = true\n' > cubecl.toml
 trap 'rm -f cubecl.toml' EXIT
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
+. "$here/cuda-libs.sh"
 if [ -n "${TESTS:-}" ]; then
   names="$(cat "$TESTS")"
 else

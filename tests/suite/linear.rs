@@ -53,6 +53,8 @@ pub(crate) struct LinearCase {
     pub(crate) split_k: bool,
     /// The weight gradient summed in f32 (`LinearChunking::f32_weight_gradient`).
     pub(crate) f32_weight_gradient: bool,
+    /// The chunks' products through cuBLASLt on CUDA (`LinearChunking::cublaslt`).
+    pub(crate) cublaslt: bool,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
     pub(crate) three_d: bool,
     /// Through the module with an `nn::Linear`, else the function.
@@ -81,6 +83,7 @@ impl LinearCase {
             in_place: false,
             split_k: LinearChunking::default().hidden_gradient_split_k,
             f32_weight_gradient: false,
+            cublaslt: LinearChunking::default().cublaslt,
             three_d: false,
             via_module: false,
         }
@@ -95,11 +98,12 @@ impl LinearCase {
                 .map(|columns| columns * self.width * self.dtype.size()),
             weight_gradient_in_place: self.in_place,
             hidden_gradient_split_k: self.split_k,
+            cublaslt: self.cublaslt,
         }
     }
 }
 
-fn matmul_f64(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+pub(crate) fn matmul_f64(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
     let mut out = vec![0.0; m * n];
     for i in 0..m {
         for p in 0..k {
@@ -112,7 +116,7 @@ fn matmul_f64(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
     out
 }
 
-fn transpose_f64(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+pub(crate) fn transpose_f64(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
     let mut out = vec![0.0; a.len()];
     for i in 0..rows {
         for j in 0..cols {
@@ -135,6 +139,16 @@ pub(crate) fn check_close(got: &[f64], expected: &[f64], bound: f64, context: &s
 /// The bound for values that went through one matmul rounded to `dtype` on top of the
 /// loss's own: the loss's table bound twice for half types; for f32, a matmul on tensor
 /// cores (TF32 operands, relative error near 3e-4) as CUDA runs it.
+/// The bound against the f64 reference for `case`: [`bound`], but for f32 products
+/// through cuBLASLt on CUDA, exact f32 products, where the spec's f32 bound holds.
+fn case_bound(case: &LinearCase) -> f64 {
+    if case.dtype == DType::F32 && case.cublaslt && cfg!(feature = "cuda") {
+        1e-4
+    } else {
+        bound(case.dtype)
+    }
+}
+
 pub(crate) fn bound(dtype: DType) -> f64 {
     let (_, grad) = tolerance(dtype);
     if dtype == DType::F32 {
@@ -275,7 +289,7 @@ pub(crate) fn linear_reference(
 /// Checks one case through `Tensor<D>` on `backend` (`Fusion` or `Flex`) under autodiff:
 /// the loss and the gradients of the hidden states, the weight and the bias against the
 /// f64 reference, and the loss against the unfused composition.
-fn check_linear_case(backend: TestBackend, case: LinearCase) {
+pub(crate) fn check_linear_case(backend: TestBackend, case: LinearCase) {
     check_linear_case_seeded(backend, case, fresh_seed());
 }
 
@@ -392,7 +406,7 @@ pub(crate) fn check_linear_case_seeded(backend: TestBackend, case: LinearCase, s
     let (grad_hidden, grad_weight, grad_bias) = grads;
     check_gradients(
         &context,
-        dtype,
+        case_bound(&case),
         (&grad_hidden, &grad_weight, grad_bias.as_deref()),
         (
             &reference.hidden,
@@ -405,7 +419,7 @@ pub(crate) fn check_linear_case_seeded(backend: TestBackend, case: LinearCase, s
     check_close(
         &got,
         &reference.loss,
-        loss_tol.max(bound(dtype) / 2.0),
+        loss_tol.max(case_bound(&case) / 2.0),
         &format!("{context}: loss"),
     );
 
@@ -455,11 +469,10 @@ pub(crate) fn objective_of(
 #[allow(clippy::type_complexity)]
 fn check_gradients(
     context: &str,
-    dtype: DType,
+    bound: f64,
     (hidden, weight, bias): (&[f64], &[f64], Option<&[f64]>),
     (ref_hidden, ref_weight, ref_bias): (&[f64], &[f64], Option<&[f64]>),
 ) {
-    let bound = bound(dtype);
     let all_zero = |v: &[f64]| v.iter().all(|x| *x == 0.0);
     for (name, got, expected) in [
         ("hidden", hidden, ref_hidden),
@@ -649,6 +662,7 @@ fn weight_gradient_in_place_on_the_default_fusion_backend() {
             let mut case = LinearCase::new(200, 64, classes, dtype, reduction);
             case.chunk_rows = 64;
             case.in_place = true;
+            case.cublaslt = false;
             case.bias = n % 2 == 0;
             case.f32_weight_gradient = dtype != DType::F32 && reduction == Reduction::Mean;
             check_ran(
@@ -685,6 +699,7 @@ fn hidden_gradient_split_k_on_the_default_fusion_backend() {
         let mut case = LinearCase::new(rows, 64, classes, dtype, reduction);
         case.chunk_rows = 64;
         case.split_k = true;
+        case.cublaslt = false;
         case
     };
     for (dtype, reduction) in [(DType::F32, Reduction::Sum), (half, Reduction::None)] {
@@ -709,14 +724,14 @@ fn hidden_gradient_split_k_on_the_default_fusion_backend() {
 }
 
 /// Random values in `[-1, 1)` scaled by `scale`.
-fn uniform(rng: &mut SmallRng, n: usize, scale: f32) -> Vec<f32> {
+pub(crate) fn uniform(rng: &mut SmallRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
         .map(|_| rng.random_range(-1.0f32..1.0) * scale)
         .collect()
 }
 
 /// The plain backend's products, which it runs by kernels of its own where the device
-/// allows (and by Burn's ops elsewhere), against the f64 product of the same inputs:
+/// allows (and by Burn's ops elsewhere; cuBLASLt is off here, see `cublaslt.rs`), against the f64 product of the same inputs:
 /// `accumulate_product` (`sum + lhs rhs`, a transposed `lhs` as the weight gradient has
 /// it, a sum held elsewhere too, which must stay unchanged), `matmul_split_k` (split and
 /// unsplit sizes) and `add_into_columns` (a block inside and one at the end), in each
@@ -747,7 +762,7 @@ fn products_on_the_cube_backend_primitives() {
                 let sum = prim::floats(uniform(&mut rng, m * n, scale), &[m, n], dtype);
                 let start64 = prim::read(sum.clone()).values;
                 let kept = held.then(|| sum.clone());
-                let got = C::accumulate_product(sum, lhs.clone(), rhs.clone());
+                let got = C::accumulate_product(sum, lhs.clone(), rhs.clone(), false);
                 let expected: Vec<f64> =
                     start64.iter().zip(&product64).map(|(s, p)| s + p).collect();
                 let got = prim::read(got);
@@ -767,7 +782,7 @@ fn products_on_the_cube_backend_primitives() {
             if dtype != DType::F32 {
                 let sum = prim::floats(uniform(&mut rng, m * n, scale), &[m, n], DType::F32);
                 let start64 = prim::read(sum.clone()).values;
-                let got = prim::read(C::accumulate_product(sum, lhs.clone(), rhs.clone()));
+                let got = prim::read(C::accumulate_product(sum, lhs.clone(), rhs.clone(), false));
                 assert_eq!(got.dtype, DType::F32, "{context}: an f32 sum stays f32");
                 let expected: Vec<f64> =
                     start64.iter().zip(&product64).map(|(s, p)| s + p).collect();
@@ -782,7 +797,7 @@ fn products_on_the_cube_backend_primitives() {
             // gradient.
             let lhs = prim::floats(uniform(&mut rng, m * k, 1.0), &[m, k], dtype);
             let lhs64 = prim::read(lhs.clone()).values;
-            let got = prim::read(C::matmul_split_k(lhs, rhs.clone()));
+            let got = prim::read(C::matmul_split_k(lhs, rhs.clone(), false));
             assert_eq!(got.dims, vec![m, n], "{context}: matmul_split_k shape");
             assert_eq!(got.dtype, dtype, "{context}: matmul_split_k dtype");
             check_close(
@@ -913,18 +928,21 @@ fn matmul_accumulate_adds_the_product_to_the_sum() {
     }
 }
 
-/// A config saved before `weight_gradient_in_place` and `hidden_gradient_split_k`
-/// existed still loads, with both at their defaults (on), as a new config has them; one
+/// A config saved before `weight_gradient_in_place`, `hidden_gradient_split_k` and
+/// `cublaslt` existed still loads, with each at its default (on), as a new config has
+/// them; one
 /// saved with the split's earlier name (`hidden_gradient_in_place`) keeps its value.
 #[test]
 fn configs_saved_without_the_in_place_matmuls_load() {
     use burn::config::Config;
     assert!(LinearChunking::default().weight_gradient_in_place);
     assert!(LinearChunking::default().hidden_gradient_split_k);
+    assert!(LinearChunking::default().cublaslt);
     let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(LinearChunking {
         logits_bytes: Some(1 << 20),
         weight_gradient_in_place: false,
         hidden_gradient_split_k: false,
+        cublaslt: false,
         ..LinearChunking::default()
     });
     let json = config.to_string();
@@ -935,6 +953,7 @@ fn configs_saved_without_the_in_place_matmuls_load() {
     let fields = [
         "\"weight_gradient_in_place\": false",
         "\"hidden_gradient_split_k\": false",
+        "\"cublaslt\": false",
     ];
     for field in fields {
         assert!(
@@ -1033,6 +1052,7 @@ fn linear_guess_across_steps() {
             weight_gradient_block_bytes: Some(7 * width * 4),
             weight_gradient_in_place: false,
             hidden_gradient_split_k: true,
+            cublaslt: true,
         })
         .init(&device);
     let head = LinearConfig::new(width, vocab).init(&device);
@@ -1090,6 +1110,7 @@ fn linear_extra_outputs() {
             weight_gradient_block_bytes: None,
             weight_gradient_in_place: false,
             hidden_gradient_split_k: true,
+            cublaslt: true,
         };
         let fused = try_fused_linear_cross_entropy(
             hidden.clone(),
@@ -1186,6 +1207,7 @@ fn chunk_rows_follow_the_budget() {
         weight_gradient_block_bytes: None,
         weight_gradient_in_place: false,
         hidden_gradient_split_k: true,
+        cublaslt: true,
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
@@ -1217,6 +1239,7 @@ fn chunk_rows_follow_the_budget() {
         weight_gradient_block_bytes: None,
         weight_gradient_in_place: false,
         hidden_gradient_split_k: true,
+        cublaslt: true,
     };
     assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
     // Never more than the budget holds, whatever the rows.
@@ -1228,6 +1251,7 @@ fn chunk_rows_follow_the_budget() {
                 weight_gradient_block_bytes: None,
                 weight_gradient_in_place: false,
                 hidden_gradient_split_k: true,
+                cublaslt: true,
             };
             let per = budget.rows_per_chunk(rows, 50, DType::F32);
             assert!(

@@ -9,6 +9,7 @@ mod call;
 mod common;
 mod contract;
 mod cube_primitives;
+mod cublaslt;
 mod defaults;
 mod in_place;
 mod learner;

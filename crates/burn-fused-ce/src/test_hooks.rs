@@ -11,6 +11,8 @@ static IN_PLACE_ACCUMULATES: AtomicUsize = AtomicUsize::new(0);
 static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static UNSPLIT_KERNEL_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static IN_PLACE_ACCUMULATE_REFUSAL: Mutex<Option<String>> = Mutex::new(None);
+static CUBLASLT_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
+static CUBLASLT_REFUSAL: Mutex<Option<String>> = Mutex::new(None);
 
 /// Fill every output buffer with NaN before its kernel runs (one extra launch each).
 pub fn set_poison_outputs(enabled: bool) {
@@ -76,4 +78,30 @@ pub fn unsplit_kernel_product_count() -> usize {
 
 pub(crate) fn count_unsplit_kernel_product() {
     UNSPLIT_KERNEL_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many of the fused linear cross-entropy's products ran through cuBLASLt so far
+/// (`LinearChunking::cublaslt`, on CUDA devices where the library loads).
+pub fn cublaslt_product_count() -> usize {
+    CUBLASLT_PRODUCTS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_cublaslt_product() {
+    CUBLASLT_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Why cuBLASLt last refused a product it was asked for, if it did.
+pub fn cublaslt_refusal() -> Option<String> {
+    CUBLASLT_REFUSAL
+        .lock()
+        .map_or(None, |refusal| refusal.clone())
+}
+
+/// Keeps `why()` for [`cublaslt_refusal`]; formed only where the hooks are on.
+pub(crate) fn note_cublaslt_refusal(why: impl FnOnce() -> String) {
+    if cfg!(feature = "test-hooks")
+        && let Ok(mut refusal) = CUBLASLT_REFUSAL.lock()
+    {
+        *refusal = Some(why());
+    }
 }

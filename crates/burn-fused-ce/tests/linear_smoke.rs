@@ -95,6 +95,7 @@ impl Case {
             weight_gradient_block_bytes: self.block_columns.map(|c| c * self.width * 4),
             weight_gradient_in_place: self.in_place,
             hidden_gradient_split_k: self.split_k,
+            ..LinearChunking::default()
         }
     }
 

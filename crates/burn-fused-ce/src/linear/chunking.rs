@@ -45,6 +45,14 @@ pub struct LinearChunking {
     /// backend's matmul. On by default (also when a saved config lacks it).
     #[serde(default = "split_k_by_default", alias = "hidden_gradient_in_place")]
     pub hidden_gradient_split_k: bool,
+    /// Form the chunks' three products (the logits, the hidden-state gradient and the
+    /// weight gradient's sum) with NVIDIA's cuBLASLt on CUDA devices, where this crate's
+    /// `cuda` feature is on and the library loads at run time (`cublaslt_version` tells
+    /// whether it does); a product it refuses, and every
+    /// product elsewhere, takes the CubeCL path the options above describe. Exact f32 for
+    /// f32 operands (not TF32). On by default (also when a saved config lacks it).
+    #[serde(default = "cublaslt_by_default")]
+    pub cublaslt: bool,
 }
 
 impl Default for LinearChunking {
@@ -55,6 +63,7 @@ impl Default for LinearChunking {
             weight_gradient_block_bytes: None,
             weight_gradient_in_place: in_place_by_default(),
             hidden_gradient_split_k: split_k_by_default(),
+            cublaslt: cublaslt_by_default(),
         }
     }
 }
@@ -62,6 +71,12 @@ impl Default for LinearChunking {
 /// [`LinearChunking::weight_gradient_in_place`] when not given: on, as it leaves no
 /// `[H, V]` product beside the sum for about the time of forming and adding one.
 fn in_place_by_default() -> bool {
+    true
+}
+
+/// [`LinearChunking::cublaslt`] when not given: on, as cuBLAS's Hopper kernels outrun
+/// CubeCL's matmuls on the head's products several times over.
+fn cublaslt_by_default() -> bool {
     true
 }
 

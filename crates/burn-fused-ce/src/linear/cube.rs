@@ -1,7 +1,8 @@
 //! The fused linear cross-entropy's products on [`CubeBackend`], every cube runtime: the
 //! in-place matmul (`fused_ce_kernels::launch_matmul_accumulate`) for the weight
 //! gradient's sum and the chunks' hidden-state gradients, and TMA-readable rows for the
-//! head's weight. Where a kernel refuses, the product is formed by Burn's ops.
+//! head's weight. Where asked, each product first tries NVIDIA's cuBLASLt on CUDA devices
+//! (`cublaslt/`). Where a kernel refuses, the product is formed by Burn's ops.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
@@ -11,7 +12,8 @@ use fused_ce_kernels::{
     PlaneRows, has_tma, launch_matmul_accumulate, split_k_slices, tma_readable_copy,
 };
 
-use crate::cube_tensors::{elem, has_separate_contiguous_rows, view_of};
+use crate::cube_tensors::{buffer, elem, has_separate_contiguous_rows, poison, view_of};
+use crate::linear::cublaslt::cublaslt_product;
 use crate::linear::extension::LinearCrossEntropyBackend;
 use crate::linear::products::{product, product_added};
 use crate::primitive::FloatOf;
@@ -33,6 +35,36 @@ fn matmul_launched(launched: Result<(), impl core::fmt::Debug>, count: fn()) -> 
         }
         Err(error) => {
             test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
+            false
+        }
+    }
+}
+
+/// `lhs rhs` into a new buffer of `dtype` (the operands' or f32) through cuBLASLt, where
+/// `cublaslt` asks for it and it runs (its refusal noted for the tests otherwise).
+fn cublaslt_new_product(
+    lhs: &CubeTensor,
+    rhs: &CubeTensor,
+    dtype: DType,
+    cublaslt: bool,
+) -> Option<CubeTensor> {
+    if !cublaslt {
+        return None;
+    }
+    let shape = Shape::new([lhs.meta.shape()[0], rhs.meta.shape()[1]]);
+    let out = poison(buffer(lhs, shape, dtype));
+    cublaslt_ran(cublaslt_product(lhs, rhs, &out, false)).then_some(out)
+}
+
+/// Whether cuBLASLt ran (counted for the tests); where it did not, why is noted.
+fn cublaslt_ran(launched: Result<(), String>) -> bool {
+    match launched {
+        Ok(()) => {
+            test_hooks::count_cublaslt_product();
+            true
+        }
+        Err(why) => {
+            test_hooks::note_cublaslt_refusal(|| why);
             false
         }
     }
@@ -81,7 +113,12 @@ impl LinearCrossEntropyBackend for CubeBackend {
         }
     }
 
-    fn accumulate_product(sum: CubeTensor, lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
+    fn accumulate_product(
+        sum: CubeTensor,
+        lhs: CubeTensor,
+        rhs: CubeTensor,
+        cublaslt: bool,
+    ) -> CubeTensor {
         // In place only where the kernel may write `sum` and nothing else reads it, and
         // only into rows that are each contiguous and apart (CUDA pads the rows of some
         // of Burn's matmul outputs, the first chunk's product among them).
@@ -96,7 +133,16 @@ impl LinearCrossEntropyBackend for CubeBackend {
                     sum.meta.strides()
                 )
             });
-            return product_added::<Self>(sum, lhs, rhs);
+            // The product in the sum's dtype through cuBLASLt where it runs, then added.
+            return match cublaslt_new_product(&lhs, &rhs, sum.dtype, cublaslt) {
+                Some(product) => FloatOf::<Self, 2>::new(sum)
+                    .add(FloatOf::new(product))
+                    .into_primitive(),
+                None => product_added::<Self>(sum, lhs, rhs),
+            };
+        }
+        if cublaslt && cublaslt_ran(cublaslt_product(&lhs, &rhs, &sum, true)) {
+            return sum;
         }
         let launched = launch_matmul_accumulate(
             &sum.client,
@@ -112,7 +158,15 @@ impl LinearCrossEntropyBackend for CubeBackend {
         }
     }
 
-    fn matmul_split_k(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
+    fn chunk_product(lhs: CubeTensor, rhs: CubeTensor, cublaslt: bool) -> CubeTensor {
+        cublaslt_new_product(&lhs, &rhs, lhs.dtype, cublaslt)
+            .unwrap_or_else(|| product::<Self>(lhs, rhs))
+    }
+
+    fn matmul_split_k(lhs: CubeTensor, rhs: CubeTensor, cublaslt: bool) -> CubeTensor {
+        if let Some(out) = cublaslt_new_product(&lhs, &rhs, lhs.dtype, cublaslt) {
+            return out;
+        }
         if lhs.dtype != rhs.dtype
             || lhs.meta.num_dims() != 2
             || rhs.meta.num_dims() != 2

@@ -68,13 +68,33 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
     /// adds `sum` to the product as it writes over it, when nothing else holds it and the
     /// kernel suits the device and the operands; fusion backends run that as one custom
     /// op, so that the stream hands over the sum's handle by value.
+    ///
+    /// With `cublaslt`, cube backends on CUDA devices first try NVIDIA's cuBLASLt
+    /// ([`LinearChunking::cublaslt`]), in place under the same conditions.
     #[fusion(meta = accumulate_product_meta)]
     fn accumulate_product(
         sum: FloatTensor<Self>,
         lhs: FloatTensor<Self>,
         rhs: FloatTensor<Self>,
+        cublaslt: bool,
     ) -> FloatTensor<Self> {
+        let _ = cublaslt;
         product_added::<Self>(sum, lhs, rhs)
+    }
+
+    /// `lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype, in that dtype: a chunk's
+    /// logits, and its gradients' products where no other op forms them. The default is
+    /// the backend's matmul; with `cublaslt`, cube backends on CUDA devices first try
+    /// NVIDIA's cuBLASLt ([`LinearChunking::cublaslt`]). Fusion backends run it as one
+    /// custom op.
+    #[fusion(meta = split_k_meta)]
+    fn chunk_product(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        cublaslt: bool,
+    ) -> FloatTensor<Self> {
+        let _ = cublaslt;
+        product::<Self>(lhs, rhs)
     }
 
     /// `lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype, with the inner dimension
@@ -87,8 +107,15 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
     /// over a long inner dimension): split where that fills more of the SMs
     /// (`fused_ce_kernels::split_k_slices`), one launch for all slices into f32 zeros;
     /// otherwise unsplit into zeros. Fusion backends run that as one custom op.
+    /// With `cublaslt`, cube backends on CUDA devices first try NVIDIA's cuBLASLt
+    /// ([`LinearChunking::cublaslt`]), unsplit.
     #[fusion(meta = split_k_meta)]
-    fn matmul_split_k(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn matmul_split_k(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        cublaslt: bool,
+    ) -> FloatTensor<Self> {
+        let _ = cublaslt;
         product::<Self>(lhs, rhs)
     }
 

@@ -24,11 +24,12 @@ pub(crate) fn accumulate_product_meta(
     sum: &TensorSpec,
     _lhs: &TensorSpec,
     _rhs: &TensorSpec,
+    _cublaslt: &bool,
 ) -> TensorSpec {
     sum.clone()
 }
 
-/// `lhs rhs`: `[M, N]` in `lhs`'s dtype.
-pub(crate) fn split_k_meta(lhs: &TensorSpec, rhs: &TensorSpec) -> TensorSpec {
+/// `lhs rhs`: `[M, N]` in `lhs`'s dtype (the split-K product and the chunk product).
+pub(crate) fn split_k_meta(lhs: &TensorSpec, rhs: &TensorSpec, _cublaslt: &bool) -> TensorSpec {
     TensorSpec::new(Shape::new([lhs.shape[0], rhs.shape[1]]), lhs.dtype)
 }

@@ -50,14 +50,21 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
     /// weight and the bias.
     fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: FloatOf<B, 2>) {
         let weight_t = typed.weight.clone().transpose();
-        self.hidden.push(if self.chunking.hidden_gradient_split_k {
-            FloatOf::new(B::matmul_split_k(
-                logits_grad.clone().into_primitive(),
-                weight_t.into_primitive(),
-            ))
-        } else {
-            logits_grad.clone().matmul(weight_t)
-        });
+        let cublaslt = self.chunking.cublaslt;
+        self.hidden
+            .push(FloatOf::new(if self.chunking.hidden_gradient_split_k {
+                B::matmul_split_k(
+                    logits_grad.clone().into_primitive(),
+                    weight_t.into_primitive(),
+                    cublaslt,
+                )
+            } else {
+                B::chunk_product(
+                    logits_grad.clone().into_primitive(),
+                    weight_t.into_primitive(),
+                    cublaslt,
+                )
+            }));
         // `grad_W += h_c^T dlogits_c`: the first chunk's product is the sum.
         let hidden_t = typed.hidden_rows(start, end).transpose();
         let f32_sum = self.chunking.f32_weight_gradient;
@@ -73,11 +80,16 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
                 .weight_gradient_block_columns(typed.width(), vocab, sum_dtype);
         let in_place = self.chunking.weight_gradient_in_place;
         self.weight = Some(match (self.weight.take(), block_columns) {
-            (None, _) => summed_as(hidden_t.matmul(logits_grad.clone())),
+            (None, _) => summed_as(FloatOf::new(B::chunk_product(
+                hidden_t.into_primitive(),
+                logits_grad.clone().into_primitive(),
+                cublaslt,
+            ))),
             (Some(sum), _) if in_place => FloatOf::new(B::accumulate_product(
                 sum.into_primitive(),
                 hidden_t.into_primitive(),
                 logits_grad.clone().into_primitive(),
+                cublaslt,
             )),
             // Under Burn's fusion backend the add runs as the matmul's epilogue; the
             // product is still a whole [H, V] buffer until then.
@@ -166,8 +178,11 @@ pub(crate) fn linear_one_pass<B: LinearCrossEntropyBackend>(
             guess: guess.clone(),
             denominators: OptionalFloat::from_option(denominators.clone()),
         };
-        let output =
-            B::cross_entropy_one_pass(typed.chunk_inputs(start, end), scale, options.clone());
+        let output = B::cross_entropy_one_pass(
+            typed.chunk_inputs(start, end, chunking.cublaslt),
+            scale,
+            options.clone(),
+        );
         parts.push(output.rows);
         sums.add(&typed, start, end, FloatOf::new(output.grad));
     }
@@ -204,8 +219,11 @@ pub(crate) fn linear_backward<B: LinearCrossEntropyBackend>(
                 .into_primitive(),
             denominators: OptionalFloat::Absent,
         };
-        let logits_grad =
-            B::cross_entropy_backward(typed.chunk_inputs(start, end), backward, options.clone());
+        let logits_grad = B::cross_entropy_backward(
+            typed.chunk_inputs(start, end, chunking.cublaslt),
+            backward,
+            options.clone(),
+        );
         sums.add(&typed, start, end, FloatOf::new(logits_grad));
     }
     sums.finish(&typed)

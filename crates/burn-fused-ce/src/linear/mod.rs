@@ -8,6 +8,8 @@ pub(crate) mod buffer_limit;
 pub(crate) mod chunking;
 #[cfg(feature = "cube")]
 mod cube;
+#[cfg(feature = "cube")]
+pub(crate) mod cublaslt;
 pub(crate) mod extension;
 #[cfg(feature = "flex")]
 mod flex;

@@ -8,8 +8,9 @@
 use burn::backend::Backend;
 use burn::tensor::DType;
 
-use crate::linear::{chunking::LinearChunking, types::LinearInputs};
-use crate::loss::extension::FusedCrossEntropyBackend;
+use crate::linear::{
+    chunking::LinearChunking, extension::LinearCrossEntropyBackend, types::LinearInputs,
+};
 use crate::loss::types::{ClassWeights, CrossEntropyInputs, OptionalInt, RowStats, row_stat};
 use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
@@ -57,13 +58,20 @@ impl<B: Backend> Typed<B> {
     pub fn rows_per_chunk(&self, chunking: &LinearChunking) -> usize {
         chunking.rows_per_chunk(self.rows(), self.vocab(), self.hidden.dtype())
     }
+}
 
+impl<B: LinearCrossEntropyBackend> Typed<B> {
     /// The loss kernels' inputs for the chunk `start..end`: its logits `h_c W (+ b)`, from
-    /// the backend's matmul, which nothing else holds.
+    /// the backend's chunk product (through cuBLASLt where `cublaslt` asks for it and
+    /// it runs), which nothing else holds.
     // A slice of a rank-1 tensor is an array of one range.
     #[allow(clippy::single_range_in_vec_init)]
-    pub fn chunk_inputs(&self, start: usize, end: usize) -> CrossEntropyInputs<B> {
-        let logits = self.hidden_rows(start, end).matmul(self.weight.clone());
+    pub fn chunk_inputs(&self, start: usize, end: usize, cublaslt: bool) -> CrossEntropyInputs<B> {
+        let logits = FloatOf::<B, 2>::new(B::chunk_product(
+            self.hidden_rows(start, end).into_primitive(),
+            self.weight.clone().into_primitive(),
+            cublaslt,
+        ));
         let logits = match &self.bias {
             Some(bias) => logits.add(bias.clone().reshape([1, self.vocab()])),
             None => logits,
@@ -122,7 +130,7 @@ pub(crate) fn joined<B: Backend>(
 
 /// Forward alone: the per-row statistics of every row, one chunk of logits at a time.
 /// The weight is read as given (see [`Typed::of`]).
-pub(crate) fn linear_rows<B: FusedCrossEntropyBackend>(
+pub(crate) fn linear_rows<B: LinearCrossEntropyBackend>(
     inputs: LinearInputs<B>,
     options: &CrossEntropyOptions,
     chunking: &LinearChunking,
@@ -130,7 +138,10 @@ pub(crate) fn linear_rows<B: FusedCrossEntropyBackend>(
     let typed = Typed::of(inputs);
     let per_chunk = typed.rows_per_chunk(chunking);
     let parts = chunks(typed.rows(), per_chunk)
-        .map(|(start, end)| B::cross_entropy_rows(typed.chunk_inputs(start, end), options.clone()))
+        .map(|(start, end)| {
+            let inputs = typed.chunk_inputs(start, end, chunking.cublaslt);
+            B::cross_entropy_rows(inputs, options.clone())
+        })
         .collect();
     joined(parts, &typed, options.outputs.needs_argmax())
 }

@@ -1,0 +1,228 @@
+//! One product through cuBLASLt, enqueued on the stream cubecl launches the calling
+//! thread's kernels on, from a task on the device's thread: the operands' addresses are
+//! resolved there (cubecl orders the stream after their producers), nothing else is
+//! enqueued meanwhile, and the host waits for no kernel.
+
+use core::any::TypeId;
+use core::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use burn::tensor::DType;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::device::DeviceId;
+use cubecl::device_handle::DeviceHandle;
+use cubecl_cuda::CudaRuntime;
+use cubecl_environment::stream::StreamId;
+use cubecl_runtime::{
+    runtime::Runtime,
+    server::{Handle, ServerStorage},
+};
+use cudarc::cublaslt::{result, sys};
+
+use super::descriptors::{Layout, Preference, ProductDesc, failed};
+use super::device::{AlgorithmKey, Refusal, with_device};
+use super::layout::{LtProduct, Matrix, alignment_bytes, lt_product};
+use super::library::cublaslt_version;
+
+type CudaServer = <CudaRuntime as Runtime>::Server;
+
+/// The most workspace a product may use: what cuBLAS asks for on Hopper.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// A float dtype as cuBLASLt names it.
+fn data_type(dtype: DType) -> Option<sys::cudaDataType> {
+    match dtype {
+        DType::F32 => Some(sys::cudaDataType::CUDA_R_32F),
+        DType::F16 => Some(sys::cudaDataType::CUDA_R_16F),
+        DType::BF16 => Some(sys::cudaDataType::CUDA_R_16BF),
+        _ => None,
+    }
+}
+
+fn matrix(tensor: &CubeTensor) -> Option<Matrix> {
+    let (shape, strides) = (tensor.meta.shape(), tensor.meta.strides());
+    (shape.num_dims() == 2).then(|| Matrix {
+        shape: [shape[0], shape[1]],
+        strides: [strides[0], strides[1]],
+    })
+}
+
+/// `out = lhs rhs`, or `out += lhs rhs` when `accumulate`, for 2-D `lhs [M, K]` and
+/// `rhs [K, N]` of one dtype and `out [M, N]` of theirs or f32, accumulated in f32
+/// (`CUBLAS_COMPUTE_32F`: f32 operands are multiplied in f32, not TF32). `Err` says why
+/// it did not run; nothing was written then.
+pub(crate) fn launch_product(
+    lhs: &CubeTensor,
+    rhs: &CubeTensor,
+    out: &CubeTensor,
+    accumulate: bool,
+) -> Result<(), String> {
+    let client = &out.client;
+    if client.service_id().service != TypeId::of::<CudaServer>() {
+        return Err("not a CUDA device".into());
+    }
+    if client.is_capturing() {
+        return Err("a CUDA graph is being captured".into());
+    }
+    let (Some(operand_type), Some(out_type)) = (data_type(lhs.dtype), data_type(out.dtype)) else {
+        return Err(format!("dtypes {:?} into {:?}", lhs.dtype, out.dtype));
+    };
+    if rhs.dtype != lhs.dtype || !(out.dtype == lhs.dtype || out.dtype == DType::F32) {
+        return Err(format!(
+            "dtypes {:?} x {:?} into {:?}",
+            lhs.dtype, rhs.dtype, out.dtype
+        ));
+    }
+    let product = match (matrix(lhs), matrix(rhs), matrix(out)) {
+        (Some(lhs), Some(rhs), Some(out)) => lt_product(lhs, rhs, out),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        format!(
+            "operands cuBLASLt cannot read in place: {:?} {:?} x {:?} {:?} into {:?} {:?}",
+            lhs.meta.shape(),
+            lhs.meta.strides(),
+            rhs.meta.shape(),
+            rhs.meta.strides(),
+            out.meta.shape(),
+            out.meta.strides()
+        )
+    })?;
+    cublaslt_version()?;
+    let call = Call {
+        product,
+        types: [operand_type, operand_type, out_type],
+        elem_bytes: [lhs.dtype.size() as u64, out.dtype.size() as u64],
+        accumulate,
+    };
+    // cuBLASLt's A is `rhs` and its B `lhs` (see `layout.rs`).
+    let handles = [
+        rhs.handle.clone(),
+        lhs.handle.clone(),
+        out.handle.clone(),
+        client.empty(WORKSPACE_BYTES),
+    ];
+    let device = client.service_id().device;
+    DeviceHandle::<CudaServer>::new(device)
+        .submit_blocking(move |server| {
+            // cudarc's symbols panic where missing: that refuses the product.
+            catch_unwind(AssertUnwindSafe(|| call.run(server, device, handles)))
+                .unwrap_or_else(|_| Err("cuBLASLt panicked".into()))
+        })
+        .map_err(|error| format!("the device's task failed: {error:?}"))?
+}
+
+/// What one product needs on the device's thread.
+struct Call {
+    product: LtProduct,
+    /// cuBLASLt's A, B and C/D.
+    types: [sys::cudaDataType; 3],
+    /// Bytes per element of the operands and of the output.
+    elem_bytes: [u64; 2],
+    accumulate: bool,
+}
+
+impl Call {
+    fn run(
+        self,
+        server: &mut CudaServer,
+        device: DeviceId,
+        handles: [Handle; 4],
+    ) -> Result<(), String> {
+        let stream_id = StreamId::current();
+        // Resolving each operand makes the device's context current and orders this
+        // stream after the operand's producer; the resources pin the memory meanwhile.
+        let mut resources = Vec::with_capacity(4);
+        for handle in handles {
+            resources.push(
+                server
+                    .get_resource(handle.binding(), stream_id)
+                    .map_err(|error| format!("cubecl could not resolve an operand: {error:?}"))?,
+            );
+        }
+        let address: Vec<u64> = resources
+            .iter()
+            .map(|resource| resource.resource().ptr)
+            .collect();
+        let Self {
+            product,
+            types,
+            elem_bytes,
+            accumulate,
+        } = self;
+        let alignments = [
+            alignment_bytes(address[0], product.a.ld, elem_bytes[0]),
+            alignment_bytes(address[1], product.b.ld, elem_bytes[0]),
+            alignment_bytes(address[2], product.d.ld, elem_bytes[1]),
+            alignment_bytes(address[2], product.d.ld, elem_bytes[1]),
+        ];
+        let server_text = || format!("{server:?}");
+        with_device(device, |lt| {
+            let stream = lt.stream(stream_id.value, server_text)?;
+            let this_call = Refusal::ThisCall;
+            let a = Layout::new(types[0], product.a).map_err(this_call)?;
+            let b = Layout::new(types[1], product.b).map_err(this_call)?;
+            let d = Layout::new(types[2], product.d).map_err(this_call)?;
+            let desc = ProductDesc::new(&product).map_err(this_call)?;
+            let key = AlgorithmKey {
+                product,
+                types: types.map(|t| t as u32),
+                alignments,
+                accumulate,
+            };
+            let handle = lt.handle;
+            let (algorithm, workspace_bytes) = lt
+                .algorithms
+                .entry(key)
+                .or_insert_with(|| {
+                    let preference = Preference::new(WORKSPACE_BYTES as u64, alignments)?;
+                    // SAFETY: the descriptors live until the end of this task.
+                    unsafe {
+                        result::get_matmul_algo_heuristic(
+                            handle,
+                            desc.0,
+                            a.0,
+                            b.0,
+                            d.0,
+                            d.0,
+                            preference.0,
+                        )
+                    }
+                    .map(|found| (found.algo, found.workspaceSize))
+                    .map_err(|error| failed("found no algorithm", error))
+                })
+                .clone()
+                .map_err(this_call)?;
+            let alpha = 1.0f32;
+            let beta = if accumulate { 1.0f32 } else { 0.0 };
+            let pointer = |at: u64| at as usize as *mut c_void;
+            // SAFETY: the addresses are the operands' (pinned by `resources` until the
+            // product is enqueued), within the extents the layouts give them (checked
+            // by `lt_product` against the tensors' shapes and strides); C and D are one
+            // matrix with one layout, which cuBLASLt allows in place.
+            unsafe {
+                result::matmul(
+                    handle,
+                    desc.0,
+                    (&alpha as *const f32).cast(),
+                    (&beta as *const f32).cast(),
+                    pointer(address[0]),
+                    a.0,
+                    pointer(address[1]),
+                    b.0,
+                    pointer(address[2]),
+                    d.0,
+                    pointer(address[2]),
+                    d.0,
+                    &algorithm,
+                    pointer(address[3]),
+                    workspace_bytes,
+                    stream,
+                )
+            }
+            .map_err(|error| Refusal::ThisCall(failed("matmul", error)))
+        })?;
+        drop(resources);
+        Ok(())
+    }
+}

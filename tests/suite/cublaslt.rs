@@ -1,0 +1,179 @@
+//! The fused linear cross-entropy's products through NVIDIA's cuBLASLt
+//! (`LinearChunking::cublaslt`). On CUDA every product asked for must run through it (the
+//! test hooks count them; the library must be on the loader's path) and match the f64
+//! product of the same inputs, f32 ones as exact f32 products (not TF32); the whole op
+//! with it matches the f64 reference. Elsewhere nothing runs through it and the same
+//! calls take the CubeCL path.
+
+use burn::backend::ops::FloatTensorOps;
+use burn::tensor::DType;
+use burn_fused_ce::{LinearCrossEntropyBackend, Reduction, test_hooks};
+
+use crate::common::*;
+use crate::contract::poisoned;
+use crate::cube_primitives::{self as prim, C};
+use crate::linear::{
+    LinearCase, check_close, check_linear_case, matmul_f64, transpose_f64, uniform,
+};
+
+/// Whether this build's products must run through cuBLASLt.
+const ON_CUDA: bool = cfg!(feature = "cuda");
+
+/// Checks that the product just formed ran through cuBLASLt on CUDA (`before`: the
+/// count ahead of it), and through nothing of it elsewhere.
+fn check_cublaslt_ran(before: usize, context: &str) {
+    let count = test_hooks::cublaslt_product_count();
+    if ON_CUDA {
+        assert!(
+            count > before,
+            "{context}: did not run through cuBLASLt: {:?} (cuBLASLt: {})",
+            test_hooks::cublaslt_refusal(),
+            library_state(),
+        );
+    } else {
+        assert_eq!(count, 0, "{context}: cuBLASLt ran without CUDA");
+    }
+}
+
+fn library_state() -> String {
+    #[cfg(feature = "cuda")]
+    {
+        format!("{:?}", burn_fused_ce::cublaslt_version())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        "not built".into()
+    }
+}
+
+/// The bound on a product's relative L2 error in `dtype`: f32 as an exact f32 product
+/// (TF32 operands would be near 3e-4), half types rounded once.
+fn product_bound(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-5,
+        DType::F16 => 2e-3,
+        _ => 8e-3,
+    }
+}
+
+/// The chunk product (`h_c W`, and `dlogits W^T` through a transposed view), the split-K
+/// op asked for cuBLASLt (unsplit there), and the in-place sum (`sum += h_c^T dlogits`,
+/// the sum of the operands' dtype or f32; one held elsewhere too gets the product in its
+/// dtype added, and must stay unchanged), on the plain backend's
+/// primitives, in every dtype, on shapes with odd sizes and a single row.
+#[test]
+fn cublaslt_products_on_the_cube_backend_primitives() {
+    poisoned();
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    for dtype in float_dtypes() {
+        let bound = product_bound(dtype);
+        for (m, k, n) in [(64, 200, 384), (24, 40, 67), (1, 33, 5), (130, 1000, 64)] {
+            let context = format!("{dtype:?} {m}x{k}x{n} seed={seed}");
+            let lhs = prim::floats(uniform(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let rhs = prim::floats(uniform(&mut rng, k * n, 1.0), &[k, n], dtype);
+            // `rhs` also as the transpose of `[n, k]` rows, as `W^T` is.
+            let rhs_rows = prim::floats(uniform(&mut rng, n * k, 1.0), &[n, k], dtype);
+            let rhs_t = C::float_transpose(rhs_rows.clone());
+            let lhs64 = prim::read(lhs.clone()).values;
+            let rhs64 = prim::read(rhs.clone()).values;
+            let rhs_t64 = transpose_f64(&prim::read(rhs_rows).values, n, k);
+            for (name, right, right64) in
+                [("lhs rhs", &rhs, &rhs64), ("lhs rhs^T", &rhs_t, &rhs_t64)]
+            {
+                let expected = matmul_f64(&lhs64, right64, m, k, n);
+                let before = test_hooks::cublaslt_product_count();
+                let got = prim::read(C::chunk_product(lhs.clone(), right.clone(), true));
+                let context = format!("{context}: chunk_product {name}");
+                check_cublaslt_ran(before, &context);
+                assert_eq!(
+                    (got.dims.clone(), got.dtype),
+                    (vec![m, n], dtype),
+                    "{context}"
+                );
+                check_close(&got.values, &expected, bound, &context);
+
+                let before = test_hooks::cublaslt_product_count();
+                let got = prim::read(C::matmul_split_k(lhs.clone(), right.clone(), true));
+                let context = format!("{context} (split-K op)");
+                check_cublaslt_ran(before, &context);
+                check_close(&got.values, &expected, bound, &context);
+            }
+            // `sum += lhs^T rhs` with `lhs^T` a transposed view, as the weight gradient's.
+            let lhs_rows = prim::floats(uniform(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let lhs_t = C::float_transpose(lhs_rows.clone());
+            let lhs_t64 = transpose_f64(&prim::read(lhs_rows).values, m, k);
+            let grad = prim::floats(uniform(&mut rng, m * n, 1.0), &[m, n], dtype);
+            let grad64 = prim::read(grad.clone()).values;
+            let product64 = matmul_f64(&lhs_t64, &grad64, k, m, n);
+            let scale = (m as f64).sqrt() as f32;
+            let sum_dtypes = if dtype == DType::F32 {
+                vec![dtype]
+            } else {
+                vec![dtype, DType::F32]
+            };
+            for sum_dtype in sum_dtypes {
+                for held in [false, true] {
+                    let context =
+                        format!("{context}: accumulate_product into {sum_dtype:?} held={held}");
+                    let sum = prim::floats(uniform(&mut rng, k * n, scale), &[k, n], sum_dtype);
+                    let start64 = prim::read(sum.clone()).values;
+                    let kept = held.then(|| sum.clone());
+                    let before = test_hooks::cublaslt_product_count();
+                    let got = prim::read(C::accumulate_product(
+                        sum,
+                        lhs_t.clone(),
+                        grad.clone(),
+                        true,
+                    ));
+                    check_cublaslt_ran(before, &context);
+                    assert_eq!(got.dtype, sum_dtype, "{context}: the sum keeps its dtype");
+                    let expected: Vec<f64> =
+                        start64.iter().zip(&product64).map(|(s, p)| s + p).collect();
+                    // cuBLASLt adds the f32 product to an f32 sum; the fallback rounds
+                    // the product to the operands' dtype first.
+                    let sum_bound = if ON_CUDA && sum_dtype == DType::F32 {
+                        1e-5
+                    } else {
+                        bound
+                    };
+                    check_close(&got.values, &expected, sum_bound, &context);
+                    if let Some(kept) = kept {
+                        let context = format!("{context}: a held sum changed");
+                        crate::call::assert_same_values(
+                            &prim::read(kept).values,
+                            &start64,
+                            &context,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The fused linear cross-entropy with its products through cuBLASLt against the f64
+/// reference (loss and every gradient), through `Fusion<CubeBackend>` under autodiff:
+/// each dtype and reduction, with a bias, 3-D input, an f32 weight-gradient sum, the
+/// split-K option on and off, chunks of 48 rows and a last partial one.
+#[test]
+fn fused_linear_cross_entropy_through_cublaslt() {
+    poisoned();
+    let reductions = [Reduction::Mean, Reduction::Sum, Reduction::None];
+    for (n, dtype) in float_dtypes().into_iter().enumerate() {
+        for (r, reduction) in reductions.into_iter().enumerate() {
+            let mut case = LinearCase::new(200, 96, 520, dtype, reduction);
+            case.cublaslt = true;
+            case.chunk_rows = 48;
+            case.in_place = true;
+            case.bias = (n + r) % 2 == 0;
+            case.three_d = r == 1;
+            case.split_k = r != 2;
+            case.f32_weight_gradient = dtype != DType::F32 && r == 0;
+            let context = format!("{case:?}");
+            let before = test_hooks::cublaslt_product_count();
+            check_linear_case(crate::common::TestBackend::Fusion, case);
+            check_cublaslt_ran(before, &context);
+        }
+    }
+}
