@@ -11,6 +11,8 @@
 # compilation cache is turned on for the run (a cubecl.toml in the bundle folder), and
 # it lives in target/environment of the outermost folder with a Cargo.toml above it,
 # else in the user's cache folder. TESTS=FILE runs the names listed in FILE instead.
+# TEST_TIMEOUT (seconds, 300 by default) stops a test that runs longer: a hang costs
+# that, not the whole run.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="$(mkdir -p "${1:?usage: suite.sh LOGDIR [JOBS] [NAME-FILTER]}" && cd "$1" && pwd)"
@@ -39,13 +41,18 @@ run_one() {
   local name="$1" logs="$2" start end status log
   log="$logs/test-${name//::/-}.log"
   start=$(date +%s.%N)
-  if ./suite --exact "$name" --test-threads=1 > "$log" 2>&1; then status=ok; else status=FAILED; fi
+  if timeout -k 10 "${TEST_TIMEOUT:-300}" ./suite --exact "$name" --test-threads=1 > "$log" 2>&1; then
+    status=ok
+  else
+    status=FAILED
+  fi
   end=$(date +%s.%N)
   awk -v n="$name" -v s="$status" -v a="$start" -v b="$end" \
     'BEGIN { printf "%s\t%s\t%.1f\n", n, s, b - a }' >> "$logs/tests.tsv"
   if [ "$status" = ok ]; then rm -f "$log"; else mv "$log" "$logs/failed-${name//::/-}.log"; fi
 }
 export -f run_one
+export TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
 printf '%s\n' "$names" | xargs -P "$jobs" -I{} bash -c 'run_one "$1" "$2"' _ {} "$logs"
 total=$(grep -c . "$logs/tests.tsv")
 failed=$(grep -c $'\tFAILED\t' "$logs/tests.tsv")
