@@ -111,6 +111,75 @@ mod tests {
         assert_eq!(regular_slots("StreamPool { streams: [None] }"), None);
     }
 
+    /// cubecl-server's own stream pool (the version cubecl-cuda runs on), with a stand-in
+    /// for cubecl-cuda's `Stream` (`sys` first, as there): the text holds each created
+    /// slot's stream where `stream_of_slot` looks, and the special stream past them.
+    #[test]
+    fn cubecl_servers_pool_reads_as_expected() {
+        use core::sync::atomic::{AtomicUsize, Ordering};
+        use cubecl_environment::stream::StreamId;
+        use cubecl_server::logging::ServerLogger;
+        use cubecl_server::memory_management::{ErrorGraph, FailureId};
+        use cubecl_server::server::{BufferBinding, ServerError};
+        use cubecl_server::stream::{EventStreamBackend, MultiStream, StreamMemory};
+        use std::sync::Arc;
+
+        static CREATED: AtomicUsize = AtomicUsize::new(0);
+
+        #[derive(Debug)]
+        #[allow(dead_code)]
+        struct Stream {
+            sys: *mut u8,
+            memory_management_gpu: Vec<(u32, String)>,
+        }
+
+        impl StreamMemory for Stream {
+            fn failure(&self, _binding: &BufferBinding) -> Option<FailureId> {
+                None
+            }
+            fn taint(&mut self, _: &BufferBinding, _: FailureId, _: &mut ErrorGraph) {}
+            fn written(&mut self, _: &BufferBinding, _: &mut ErrorGraph) {}
+        }
+
+        #[derive(Debug)]
+        struct Backend;
+
+        impl EventStreamBackend for Backend {
+            type Stream = Stream;
+            type Event = ();
+
+            fn create_stream(&self) -> Result<Stream, ServerError> {
+                let n = CREATED.fetch_add(1, Ordering::Relaxed) + 1;
+                Ok(Stream {
+                    sys: (0x7f00_0000 + n * 0x100) as *mut u8,
+                    memory_management_gpu: vec![(1, "pages [a, b]) {".into())],
+                })
+            }
+            fn handle_cursor(_: &Stream, _: &BufferBinding) -> u64 {
+                0
+            }
+            fn flush(_: &mut Stream, _: &mut ErrorGraph) {}
+            fn wait_event(_: &mut Stream, _: ()) -> Result<(), ServerError> {
+                Ok(())
+            }
+            fn wait_event_sync(_: ()) -> Result<(), ServerError> {
+                Ok(())
+            }
+        }
+
+        let mut pool = MultiStream::new(Arc::new(ServerLogger::default()), Backend, 4);
+        // Stream 6 lands in slot 2, then stream 1 in slot 1.
+        for value in [6, 1] {
+            assert!(pool.resolve(StreamId { value }, [].into_iter()).is_ok());
+        }
+        let text = format!("{pool:?}");
+        assert_eq!(regular_slots(&text), Some(4), "{text}");
+        assert_eq!(stream_of_slot(&text, 2), Some(0x7f00_0100), "{text}");
+        assert_eq!(stream_of_slot(&text, 1), Some(0x7f00_0200), "{text}");
+        assert_eq!(stream_of_slot(&text, 0), None, "{text}");
+        assert_eq!(stream_of_slot(&text, 3), None, "{text}");
+    }
+
     #[test]
     fn a_null_stream_is_refused() {
         let text = "StreamPool { streams: [Some(StreamWrapper { stream: Stream { sys: 0x0 } })] }";
