@@ -96,6 +96,14 @@ impl Add for MeanDenominators {
     }
 }
 
+/// The least `n` (counted rows) the mean divides by: an all-ignored batch gives 0, not
+/// NaN, as in PyTorch.
+pub(crate) const LEAST_ROWS: f64 = 1.0;
+
+/// The least `D` (class-weight total) the mean divides by: f32's smallest normal, so that
+/// an all-ignored batch or all-zero weights give 0, not NaN.
+pub(crate) const LEAST_WEIGHT_TOTAL: f64 = f32::MIN_POSITIVE as f64;
+
 /// The given denominators of a `Mean` call as the ops divide by them: f32 `[2]` (`D`,
 /// `n`) on `device`, clamped; `None` when the call's own apply.
 pub(crate) fn given_denominators<B: Backend>(
@@ -106,8 +114,8 @@ pub(crate) fn given_denominators<B: Backend>(
         .mean_denominators
         .filter(|_| options.reduction == Reduction::Mean)?;
     let values = [
-        (given.weight_total as f32).max(f32::MIN_POSITIVE),
-        (given.rows as f32).max(1.0),
+        given.weight_total.max(LEAST_WEIGHT_TOTAL) as f32,
+        given.rows.max(LEAST_ROWS) as f32,
     ];
     Some(FloatOf::from_data(
         TensorData::new(values.to_vec(), [2]),

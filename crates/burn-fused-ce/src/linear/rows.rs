@@ -12,6 +12,7 @@ use crate::linear::{
     chunking::LinearChunking, extension::LinearCrossEntropyBackend, types::LinearInputs,
 };
 use crate::loss::types::{ClassWeights, CrossEntropyInputs, OptionalInt, RowStats, row_stat};
+use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL};
 use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
 
@@ -157,7 +158,7 @@ pub(crate) fn mean_denominators_of<B: Backend>(
     let targets = &typed.targets;
     let vocab = typed.vocab();
     let counted = targets.clone().not_equal_elem(ignore_index);
-    let n = counted.clone().float(DType::F32).sum().clamp_min(1.0);
+    let n = counted.clone().float(DType::F32).sum().clamp_min(LEAST_ROWS);
     let d = match &typed.class_weights {
         ClassWeights::Unweighted => n.clone(),
         ClassWeights::Weighted { weights, .. } => {
@@ -171,7 +172,7 @@ pub(crate) fn mean_denominators_of<B: Backend>(
                 .mask_fill(is_class.not(), 1.0)
                 .mask_fill(counted.not(), 0.0)
                 .sum()
-                .clamp_min(f32::MIN_POSITIVE as f64)
+                .clamp_min(LEAST_WEIGHT_TOTAL)
         }
     };
     FloatOf::cat(vec![d, n], 0)

@@ -9,7 +9,7 @@ use burn::backend::{
 use burn::tensor::DType;
 
 use crate::loss::types::{LossParts, OptionalFloat, OptionalInt, Reduced, RowStats, row_stat};
-use crate::mean_denominators::given_denominators;
+use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL, given_denominators};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{BoolOf, FloatOf, IntOf};
 
@@ -136,11 +136,11 @@ fn clamped_denominators<B: Backend>(
     stats: &FloatOf<B, 2>,
     weighted: bool,
 ) -> (FloatOf<B, 1>, FloatOf<B, 1>) {
-    let n = stat_row(stats, row_stat::VALID).sum().clamp_min(1.0);
+    let n = stat_row(stats, row_stat::VALID).sum().clamp_min(LEAST_ROWS);
     let weight_total = if weighted {
         stat_row(stats, row_stat::WEIGHT)
             .sum()
-            .clamp_min(f32::MIN_POSITIVE as f64)
+            .clamp_min(LEAST_WEIGHT_TOTAL)
     } else {
         n.clone()
     };
