@@ -41,8 +41,11 @@ def report(shape, dtype, name, flops, ms):
     lines.append(line)
 
 
-# (N, H, V, rows per chunk): the benches' two LM-head shapes with the 1 GiB default chunks.
-SHAPES = [(8192, 4096, 128256, 4096), (16384, 2048, 151936, 3328)]
+# (N, H, V, rows per chunk): the benches' two LM-head shapes with the 1 GiB default chunks,
+# and smaller chunks (less memory: the rate they keep decides the chunk budget).
+SHAPES = [
+    (8192, 4096, 128256, c) for c in (4096, 1024, 512)
+] + [(16384, 2048, 151936, c) for c in (3328, 1024, 512)]
 
 print("| N x H x V (chunk) | dtype | product | ms | TFLOP/s |")
 print("|---|---|---|---:|---:|")
