@@ -1,6 +1,6 @@
 """Times the fused linear cross-entropy's three chunk products with PyTorch's matmuls
-(cuBLAS / cuBLASLt) on the GPU the benches run on: the rate a cuBLASLt path of the LM head
-would reach, before it is built (issue: the LM head at Hopper speed).
+(cuBLAS / cuBLASLt) on the GPU the benches run on: the anchor for the same products
+through this crate's cuBLASLt path (the LM-head bench's breakdown).
 
 Per LM-head shape (rows N, hidden H, vocabulary V) and chunk of C rows:
   logits   = h_c [C, H] @ W [H, V]
