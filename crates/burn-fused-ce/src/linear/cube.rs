@@ -13,7 +13,7 @@ use fused_ce_kernels::{
 };
 
 use crate::cube_tensors::{buffer, elem, has_separate_contiguous_rows, poison, view_of};
-use crate::linear::cublaslt::cublaslt_product;
+use crate::linear::cublaslt::{cublaslt_may_run, cublaslt_product};
 use crate::linear::extension::LinearCrossEntropyBackend;
 use crate::linear::products::{product, product_added};
 use crate::primitive::FloatOf;
@@ -49,6 +49,12 @@ fn cublaslt_new_product(
     cublaslt: bool,
 ) -> Option<CubeTensor> {
     if !cublaslt {
+        return None;
+    }
+    if !cublaslt_may_run(lhs) {
+        test_hooks::note_cublaslt_refusal(|| {
+            "not a CUDA device, or the library did not load".into()
+        });
         return None;
     }
     let shape = Shape::new([lhs.meta.shape()[0], rhs.meta.shape()[1]]);

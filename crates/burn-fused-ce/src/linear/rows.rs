@@ -158,7 +158,11 @@ pub(crate) fn mean_denominators_of<B: Backend>(
     let targets = &typed.targets;
     let vocab = typed.vocab();
     let counted = targets.clone().not_equal_elem(ignore_index);
-    let n = counted.clone().float(DType::F32).sum().clamp_min(LEAST_ROWS);
+    let n = counted
+        .clone()
+        .float(DType::F32)
+        .sum()
+        .clamp_min(LEAST_ROWS);
     let d = match &typed.class_weights {
         ClassWeights::Unweighted => n.clone(),
         ClassWeights::Weighted { weights, .. } => {

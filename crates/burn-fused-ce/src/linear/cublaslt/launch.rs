@@ -9,6 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
+use cubecl::client::Client;
 use cubecl::device::DeviceId;
 use cubecl::device_handle::DeviceHandle;
 use cubecl_cuda::CudaRuntime;
@@ -47,6 +48,15 @@ fn matrix(tensor: &CubeTensor) -> Option<Matrix> {
     })
 }
 
+fn is_cuda(client: &Client) -> bool {
+    client.service_id().service == TypeId::of::<CudaServer>()
+}
+
+/// See [`super::cublaslt_may_run`].
+pub(crate) fn may_run(client: &Client) -> bool {
+    is_cuda(client) && !client.is_capturing() && cublaslt_version().is_ok()
+}
+
 /// `out = lhs rhs`, or `out += lhs rhs` when `accumulate`, for 2-D `lhs [M, K]` and
 /// `rhs [K, N]` of one dtype and `out [M, N]` of theirs or f32, accumulated in f32
 /// (`CUBLAS_COMPUTE_32F`: f32 operands are multiplied in f32, not TF32). `Err` says why
@@ -58,7 +68,7 @@ pub(crate) fn launch_product(
     accumulate: bool,
 ) -> Result<(), String> {
     let client = &out.client;
-    if client.service_id().service != TypeId::of::<CudaServer>() {
+    if !is_cuda(client) {
         return Err("not a CUDA device".into());
     }
     if client.is_capturing() {

@@ -28,6 +28,20 @@ use burn_cubecl::tensor::CubeTensor;
 #[cfg(feature = "cuda")]
 pub use library::cublaslt_version;
 
+/// Whether cuBLASLt can run products on `tensor`'s device: a CUDA device, the library
+/// loaded, no CUDA graph being captured. Checked before an output is allocated for it.
+pub(crate) fn cublaslt_may_run(tensor: &CubeTensor) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        launch::may_run(&tensor.client)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = tensor;
+        false
+    }
+}
+
 /// `out = lhs rhs`, or `out += lhs rhs` when `accumulate`, through cuBLASLt (see
 /// [`launch::launch_product`]). `Err` says why not; `out` is untouched then.
 pub(crate) fn cublaslt_product(
