@@ -226,6 +226,14 @@ fn run(args: &Args, replicas: &[Device]) {
         config.seq_len,
         run.steps,
     );
+    #[cfg(feature = "cuda")]
+    println!(
+        "cuBLASLt for the fused linear cross-entropy's products: {}",
+        match burn_fused_ce::cublaslt_version() {
+            Ok(version) => format!("version {version}"),
+            Err(why) => format!("not used ({why})"),
+        }
+    );
     println!(
         "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); the results are cached (in target/environment of the Cargo workspace run from, else in the user cache directory) for later runs."
     );
