@@ -10,9 +10,34 @@ static IN_PLACE_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
 static IN_PLACE_ACCUMULATES: AtomicUsize = AtomicUsize::new(0);
 static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static UNSPLIT_KERNEL_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
-static IN_PLACE_ACCUMULATE_REFUSAL: Mutex<Option<String>> = Mutex::new(None);
 static CUBLASLT_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
-static CUBLASLT_REFUSAL: Mutex<Option<String>> = Mutex::new(None);
+
+/// Why the in-place matmul last refused a product (see [`in_place_accumulate_refusal`]).
+pub(crate) static IN_PLACE_ACCUMULATE_REFUSAL: LastRefusal = LastRefusal::new();
+/// Why cuBLASLt last refused a product (see [`cublaslt_refusal`]).
+pub(crate) static CUBLASLT_REFUSAL: LastRefusal = LastRefusal::new();
+
+/// The last reason one kind of launch was refused, kept for the tests.
+pub(crate) struct LastRefusal(Mutex<Option<String>>);
+
+impl LastRefusal {
+    const fn new() -> Self {
+        Self(Mutex::new(None))
+    }
+
+    fn last(&self) -> Option<String> {
+        self.0.lock().map_or(None, |refusal| refusal.clone())
+    }
+
+    /// Keeps `why()`; formed only where the hooks are on.
+    pub(crate) fn note(&self, why: impl FnOnce() -> String) {
+        if cfg!(feature = "test-hooks")
+            && let Ok(mut refusal) = self.0.lock()
+        {
+            *refusal = Some(why());
+        }
+    }
+}
 
 /// Fill every output buffer with NaN before its kernel runs (one extra launch each).
 pub fn set_poison_outputs(enabled: bool) {
@@ -45,18 +70,7 @@ pub(crate) fn count_in_place_accumulate() {
 /// Why the in-place matmul last refused a product it was given (its error: a weight
 /// gradient summed in place, or a split hidden-state gradient), if it did.
 pub fn in_place_accumulate_refusal() -> Option<String> {
-    IN_PLACE_ACCUMULATE_REFUSAL
-        .lock()
-        .map_or(None, |refusal| refusal.clone())
-}
-
-/// Keeps `why()` for [`in_place_accumulate_refusal`]; formed only where the hooks are on.
-pub(crate) fn note_in_place_accumulate_refusal(why: impl FnOnce() -> String) {
-    if cfg!(feature = "test-hooks")
-        && let Ok(mut refusal) = IN_PLACE_ACCUMULATE_REFUSAL.lock()
-    {
-        *refusal = Some(why());
-    }
+    IN_PLACE_ACCUMULATE_REFUSAL.last()
 }
 
 /// How many products ran split along their inner dimension so far
@@ -92,16 +106,5 @@ pub(crate) fn count_cublaslt_product() {
 
 /// Why cuBLASLt last refused a product it was asked for, if it did.
 pub fn cublaslt_refusal() -> Option<String> {
-    CUBLASLT_REFUSAL
-        .lock()
-        .map_or(None, |refusal| refusal.clone())
-}
-
-/// Keeps `why()` for [`cublaslt_refusal`]; formed only where the hooks are on.
-pub(crate) fn note_cublaslt_refusal(why: impl FnOnce() -> String) {
-    if cfg!(feature = "test-hooks")
-        && let Ok(mut refusal) = CUBLASLT_REFUSAL.lock()
-    {
-        *refusal = Some(why());
-    }
+    CUBLASLT_REFUSAL.last()
 }

@@ -34,7 +34,7 @@ fn matmul_launched(launched: Result<(), impl core::fmt::Debug>, count: fn()) -> 
             true
         }
         Err(error) => {
-            test_hooks::note_in_place_accumulate_refusal(|| format!("{error:?}"));
+            test_hooks::IN_PLACE_ACCUMULATE_REFUSAL.note(|| format!("{error:?}"));
             false
         }
     }
@@ -52,9 +52,8 @@ fn cublaslt_new_product(
         return None;
     }
     if !cublaslt_may_run(lhs) {
-        test_hooks::note_cublaslt_refusal(|| {
-            "not a CUDA device, or the library did not load".into()
-        });
+        test_hooks::CUBLASLT_REFUSAL
+            .note(|| "not a CUDA device, or the library did not load".into());
         return None;
     }
     let shape = Shape::new([lhs.meta.shape()[0], rhs.meta.shape()[1]]);
@@ -70,7 +69,7 @@ fn cublaslt_ran(launched: Result<(), String>) -> bool {
             true
         }
         Err(why) => {
-            test_hooks::note_cublaslt_refusal(|| why);
+            test_hooks::CUBLASLT_REFUSAL.note(|| why);
             false
         }
     }
@@ -129,7 +128,7 @@ impl LinearCrossEntropyBackend for CubeBackend {
         // only into rows that are each contiguous and apart (CUDA pads the rows of some
         // of Burn's matmul outputs, the first chunk's product among them).
         if !(sum.can_mut() && has_separate_contiguous_rows(&sum) && sum.meta.num_elements() > 0) {
-            test_hooks::note_in_place_accumulate_refusal(|| {
+            test_hooks::IN_PLACE_ACCUMULATE_REFUSAL.note(|| {
                 format!(
                     "the sum is shared or its rows are not contiguous and apart \
                      ({:?}, can_mut {}, shape {:?}, strides {:?})",

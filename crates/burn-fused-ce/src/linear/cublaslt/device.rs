@@ -37,8 +37,8 @@ static DEVICES: LazyLock<Mutex<HashMap<DeviceId, Result<LtDevice, String>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Runs `task` with `device`'s state, made on first use (the device's context must be
-/// current: the task runs after cubecl resolved the operands). A failure of `task`
-/// marked `disables` turns cuBLASLt off for the device.
+/// current: the task runs after cubecl resolved the operands). A [`Refusal::Device`]
+/// from `task` turns cuBLASLt off for the device.
 pub(crate) fn with_device<R>(
     device: DeviceId,
     task: impl FnOnce(&mut LtDevice) -> Result<R, Refusal>,

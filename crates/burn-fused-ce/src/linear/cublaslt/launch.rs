@@ -48,13 +48,21 @@ fn matrix(tensor: &CubeTensor) -> Option<Matrix> {
     })
 }
 
-fn is_cuda(client: &Client) -> bool {
-    client.service_id().service == TypeId::of::<CudaServer>()
+/// Why cuBLASLt cannot run products on `client`'s device, if it cannot: not a CUDA
+/// device, a CUDA graph being captured, or the library not loaded.
+fn unavailable(client: &Client) -> Result<(), String> {
+    if client.service_id().service != TypeId::of::<CudaServer>() {
+        return Err("not a CUDA device".into());
+    }
+    if client.is_capturing() {
+        return Err("a CUDA graph is being captured".into());
+    }
+    cublaslt_version().map(|_| ())
 }
 
 /// See [`super::cublaslt_may_run`].
 pub(crate) fn may_run(client: &Client) -> bool {
-    is_cuda(client) && !client.is_capturing() && cublaslt_version().is_ok()
+    unavailable(client).is_ok()
 }
 
 /// `out = lhs rhs`, or `out += lhs rhs` when `accumulate`, for 2-D `lhs [M, K]` and
@@ -68,12 +76,7 @@ pub(crate) fn launch_product(
     accumulate: bool,
 ) -> Result<(), String> {
     let client = &out.client;
-    if !is_cuda(client) {
-        return Err("not a CUDA device".into());
-    }
-    if client.is_capturing() {
-        return Err("a CUDA graph is being captured".into());
-    }
+    unavailable(client)?;
     let (Some(operand_type), Some(out_type)) = (data_type(lhs.dtype), data_type(out.dtype)) else {
         return Err(format!("dtypes {:?} into {:?}", lhs.dtype, out.dtype));
     };
@@ -98,7 +101,6 @@ pub(crate) fn launch_product(
             out.meta.strides()
         )
     })?;
-    cublaslt_version()?;
     let call = Call {
         product,
         types: [operand_type, operand_type, out_type],
@@ -160,11 +162,13 @@ impl Call {
             elem_bytes,
             accumulate,
         } = self;
+        // C and D are one matrix.
+        let out_alignment = alignment_bytes(address[2], product.d.ld, elem_bytes[1]);
         let alignments = [
             alignment_bytes(address[0], product.a.ld, elem_bytes[0]),
             alignment_bytes(address[1], product.b.ld, elem_bytes[0]),
-            alignment_bytes(address[2], product.d.ld, elem_bytes[1]),
-            alignment_bytes(address[2], product.d.ld, elem_bytes[1]),
+            out_alignment,
+            out_alignment,
         ];
         let server_text = || format!("{server:?}");
         with_device(device, |lt| {
