@@ -18,4 +18,4 @@ else
     fi
   done
 fi
-echo "cuBLASLt: ${cuda_libs_found:-not found (the products run on CubeCL's kernels)}"
+echo "cuBLASLt: ${cuda_libs_found:-not found, the products run on the CubeCL kernels}"

@@ -25,9 +25,11 @@ mod runtime {
         Device::cuda(0)
     }
 
-    /// The first `count` GPUs.
+    /// `count` devices: one GPU each while the machine has enough, then replicas of the
+    /// first ones again (a test of several shards still runs on one GPU).
     pub fn devices(count: usize) -> Vec<Device> {
-        (0..count).map(Device::cuda).collect()
+        let gpus = device_count().max(1);
+        (0..count).map(|index| Device::cuda(index % gpus)).collect()
     }
 
     /// How many GPUs this machine has.

@@ -73,10 +73,12 @@ pub(crate) fn gradient_coefficients(
     if comptime!(options.weighted) {
         target_weight = class_weights[select(target_col < vocab, target_col, 0usize)];
     }
+    let target_prob = target_grad + f32::new(1.0);
     let mut one_minus_ls = f32::new(1.0);
     let mut smooth_coef = f32::new(0.0);
-    // `prob_coef` minus the target coefficient: what multiplies `p_y` beyond `p_y - 1`.
-    let mut extra = f32::new(0.0);
+    // Smoothing's part of `prob_coef` and of the target's value.
+    let mut smooth_extra = f32::new(0.0);
+    let mut smooth_target = f32::new(0.0);
     if comptime!(options.smoothing) {
         let ls = scalars.label_smoothing;
         one_minus_ls = f32::new(1.0) - ls;
@@ -85,19 +87,22 @@ pub(crate) fn gradient_coefficients(
             weight_sum = weight_total[0];
         }
         smooth_coef = ce_scale * ls / f32::cast_from(vocab);
-        extra = smooth_coef * weight_sum;
+        smooth_extra = smooth_coef * weight_sum;
+        // `sc (W p_y - w_y)`, not `sc W p_y - sc w_y`: with one class `W p_y - w_y` is an
+        // exact 0, where a fused multiply-add of the two products leaves one's rounding.
+        smooth_target = smooth_coef * (weight_sum * target_prob - target_weight);
     }
+    let mut z_extra = f32::new(0.0);
     if comptime!(options.z_loss) {
-        extra += z_scale * f32::new(2.0) * scalars.z_loss_scale * lse;
+        z_extra = z_scale * f32::new(2.0) * scalars.z_loss_scale * lse;
     }
     let target_coef = ce_scale * one_minus_ls * target_weight;
-    let target_prob = target_grad + f32::new(1.0);
     RowGradient {
         target_col,
         lse,
-        prob_coef: target_coef + extra,
+        prob_coef: target_coef + smooth_extra + z_extra,
         smooth_coef,
-        target_value: target_coef * target_grad + extra * target_prob - smooth_coef * target_weight,
+        target_value: target_coef * target_grad + z_extra * target_prob + smooth_target,
     }
 }
 

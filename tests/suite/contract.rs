@@ -284,9 +284,16 @@ fn check_per_row_stat(
 pub(crate) fn check_grad(grad: &[f64], ref_grad: &[f64], dtype: DType, context: &str) {
     let (_, grad_tol) = tolerance(dtype);
     if ref_grad.iter().all(|v| *v == 0.0) {
+        let nonzero: Vec<(usize, f64)> = grad
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|(_, v)| *v != 0.0)
+            .take(4)
+            .collect();
         assert!(
-            grad.iter().all(|v| *v == 0.0),
-            "{context}: gradient must be exactly 0"
+            nonzero.is_empty(),
+            "{context}: gradient must be exactly 0, got (index, value) {nonzero:?}"
         );
     } else {
         let err = relative_l2(grad, ref_grad);

@@ -1077,7 +1077,8 @@ fn linear_guess_across_steps() {
         if scale == 0.0 {
             assert!(got.iter().all(|v| *v == 0.0), "{context}: zero gradient");
         } else {
-            check_close(&got, &expected, 1e-4, &context);
+            // The expected gradient comes from Burn's matmul: TF32 for f32 on CUDA.
+            check_close(&got, &expected, bound(DType::F32), &context);
         }
     }
 }

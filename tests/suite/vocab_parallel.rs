@@ -462,7 +462,7 @@ fn logical_shards_match_the_whole_vocabulary() {
 }
 
 /// The shards' devices as the runtime lists them (on wgpu: replicas of the one device;
-/// on CUDA: one GPU each), summing in this process: each shard moves the others'
+/// on CUDA: one GPU each, replicas where it has fewer), summing in this process: each shard moves the others'
 /// statistics to its own device.
 #[test]
 fn shards_on_the_runtimes_devices_through_the_in_process_exchange() {

@@ -91,16 +91,23 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
                 logits_grad.clone().into_primitive(),
                 cublaslt,
             )),
-            // Under Burn's fusion backend the add runs as the matmul's epilogue; the
-            // product is still a whole [H, V] buffer until then.
-            (Some(sum), None) => sum.add(summed_as(hidden_t.matmul(logits_grad.clone()))),
+            // The product is a whole [H, V] buffer beside the sum until the add.
+            (Some(sum), None) => sum.add(summed_as(FloatOf::new(B::chunk_product(
+                hidden_t.into_primitive(),
+                logits_grad.clone().into_primitive(),
+                cublaslt,
+            )))),
             (Some(mut sum), Some(columns)) => {
                 for first in (0..vocab).step_by(columns) {
                     let block_grad =
                         logits_grad
                             .clone()
                             .narrow(1, first, columns.min(vocab - first));
-                    let block = summed_as(hidden_t.clone().matmul(block_grad));
+                    let block = summed_as(FloatOf::new(B::chunk_product(
+                        hidden_t.clone().into_primitive(),
+                        block_grad.into_primitive(),
+                        cublaslt,
+                    )));
                     sum = FloatOf::new(B::add_into_columns(
                         sum.into_primitive(),
                         block.into_primitive(),
