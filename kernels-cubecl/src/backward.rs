@@ -6,9 +6,10 @@ use cubecl::prelude::*;
 use crate::ptx::{load_vector, store_vector};
 use crate::row::{
     RowOptions, RowScalars, fast_exp, is_class, read_target, row_of_cube, row_offset, stat_index,
-    target_share, transformed, weights_vector,
+    transformed, weights_vector,
 };
 use crate::row_stat;
+use crate::row_state::target_share;
 
 /// How backward reads the incoming gradient.
 #[derive_cube_comptime]

@@ -3,10 +3,11 @@
 use cubecl::prelude::*;
 
 use crate::row::{
-    RowOptions, RowScalars, RowState, cube_merge, is_class, ln_one_plus, read_target, reduce_span,
-    row_of_cube, row_offset, runtime_nan, stat_index,
+    RowOptions, RowScalars, is_class, ln_one_plus, read_target, row_of_cube, row_offset,
+    runtime_nan, stat_index,
 };
 use crate::row_stat;
+use crate::row_state::{RowState, cube_merge, reduce_span};
 
 /// What the rest of the cube needs of a row after [`forward_row`].
 #[derive(CubeType, Clone, Copy)]

@@ -20,6 +20,7 @@ mod plan;
 mod ptx;
 mod reduce;
 mod row;
+mod row_state;
 mod shards;
 mod staged_exps;
 mod sum_writer;

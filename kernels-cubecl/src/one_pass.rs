@@ -27,9 +27,10 @@ use crate::backward::{
 use crate::forward::{finish_row, write_ignored_row};
 use crate::ptx::{load_vector, store_vector};
 use crate::row::{
-    RUNNING_MAX_START, RowOptions, RowScalars, RowState, cube_merge, fast_exp_scalar, is_class,
-    mean_denominators, read_target, reduce_span, rescaled_entropy_sum, row_offset, target_share,
+    RUNNING_MAX_START, RowOptions, RowScalars, fast_exp_scalar, is_class, mean_denominators,
+    read_target, row_offset,
 };
+use crate::row_state::{RowState, cube_merge, reduce_span, rescaled_entropy_sum, target_share};
 use crate::staged_exps::{
     gradient_from_staged_exps, reduce_chunk_staging_exps, write_staged_exps_gradient,
 };

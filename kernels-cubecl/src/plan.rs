@@ -254,8 +254,7 @@ impl OnePassPlan {
             reread_loads: tuning.reread_loads,
             staged_exps: tuning.staged_exps
                 && shape.settings.softcap.is_none()
-                && shape.settings.temperature.is_none()
-                && !shape.settings.entropy,
+                && shape.settings.temperature.is_none(),
             cache_hints: if inline_ptx {
                 tuning.cache_hints.bits()
             } else {
@@ -378,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn staged_exps_never_with_softcap_temperature_or_entropy() {
+    fn staged_exps_never_with_softcap_or_temperature() {
         let mut launch = shape(8, 128_256, FloatKind::BF16, 8);
         let staged = |launch: &RowLaunch| {
             OnePassPlan::for_device(launch, true, true)
@@ -392,8 +391,9 @@ mod tests {
         launch.settings.temperature = Some(0.7);
         assert!(!staged(&launch));
         launch.settings.temperature = None;
+        // The entropy is summed as the staged vectors turn into exponentials.
         launch.settings.entropy = true;
-        assert!(!staged(&launch));
+        assert!(staged(&launch));
     }
 
     #[test]

@@ -7,9 +7,10 @@ use cubecl::prelude::*;
 use crate::backward::{RowGradient, gradient_from_probs};
 use crate::ptx::{load_vector, store_vector};
 use crate::row::{
-    RUNNING_MAX_START, RowOptions, RowScalars, RowState, absorb_held_target, fast_exp,
-    fast_exp_scalar, lane_max, lane_sum, target_share, weights_vector,
+    RUNNING_MAX_START, RowOptions, RowScalars, fast_exp, fast_exp_scalar, lane_max, lane_sum,
+    weights_vector,
 };
+use crate::row_state::{RowState, absorb_held_target, rescaled_entropy_sum, target_share};
 
 /// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
 /// maximum `m` of the unit's kept exponentials. No barrier: a unit reads back only what
@@ -163,6 +164,7 @@ fn staged_to_exps<F: Float, N: Size>(
     let mut best = state.best;
     let mut best_col = state.best_col;
     let mut smooth = state.smooth;
+    let mut entropy_sum = state.entropy_sum;
     let mut local = UNIT_POS as usize;
     while local < staged_len {
         let values = Vector::<f32, N>::cast_from(staged[local]);
@@ -174,8 +176,10 @@ fn staged_to_exps<F: Float, N: Size>(
             best,
             best_col,
             smooth,
+            entropy_sum,
             values,
             exps,
+            reference,
             (first + local) * vector_size,
             class_weights,
             take,
@@ -185,6 +189,7 @@ fn staged_to_exps<F: Float, N: Size>(
         best = next.1;
         best_col = next.2;
         smooth = next.3;
+        entropy_sum = next.4;
         local += options.cube_size;
     }
     RowState {
@@ -194,8 +199,7 @@ fn staged_to_exps<F: Float, N: Size>(
         best,
         best_col,
         smooth,
-        // The entropy turns the staged exponentials off (`OnePassOptions::staged_exps`).
-        entropy_sum: state.entropy_sum,
+        entropy_sum,
     }
 }
 
@@ -224,6 +228,7 @@ fn reduce_rest<F: Float, N: Size>(
     let mut best = state.best;
     let mut best_col = state.best_col;
     let mut smooth = state.smooth;
+    let mut entropy_sum = state.entropy_sum;
     let mut loaded = Array::<Vector<F, N>>::new(loads);
     let rest = len - staged_len;
     let mut local = UNIT_POS as usize;
@@ -242,7 +247,12 @@ fn reduce_rest<F: Float, N: Size>(
             running_max,
             lane_max::<N>(Vector::<f32, N>::cast_from(step_top)),
         );
-        others *= fast_exp_scalar(running_max - step_max, options.exp_flush_to_zero);
+        let rescale = fast_exp_scalar(running_max - step_max, options.exp_flush_to_zero);
+        if comptime!(options.entropy) {
+            entropy_sum =
+                rescaled_entropy_sum(entropy_sum, others, running_max - step_max, rescale);
+        }
+        others *= rescale;
         running_max = step_max;
         #[unroll]
         for step in 0..loads {
@@ -257,8 +267,10 @@ fn reduce_rest<F: Float, N: Size>(
                 best,
                 best_col,
                 smooth,
+                entropy_sum,
                 values,
                 exps,
+                step_max,
                 first_col,
                 class_weights,
                 take,
@@ -268,6 +280,7 @@ fn reduce_rest<F: Float, N: Size>(
             best = next.1;
             best_col = next.2;
             smooth = next.3;
+            entropy_sum = next.4;
         }
         local += loads * cube_size;
     }
@@ -278,14 +291,14 @@ fn reduce_rest<F: Float, N: Size>(
         best,
         best_col,
         smooth,
-        // The entropy turns the staged exponentials off (`OnePassOptions::staged_exps`).
-        entropy_sum: state.entropy_sum,
+        entropy_sum,
     }
 }
 
 /// One vector (`values`, columns `first_col..`, with `exps` their exponentials on the
-/// running maximum) folded, when `take`, into `(others, best, best_col, smooth)`: the sum
-/// of exponentials, the argmax and label smoothing's weighted sum.
+/// running maximum `max`) folded, when `take`, into `(others, best, best_col, smooth,
+/// entropy_sum)`: the sum of exponentials, the argmax, label smoothing's weighted sum and
+/// the entropy's `sum exp(x - max) (x - max)`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn absorb_exps<N: Size>(
@@ -293,14 +306,31 @@ fn absorb_exps<N: Size>(
     best: f32,
     best_col: u32,
     smooth: f32,
+    entropy_sum: f32,
     values: Vector<f32, N>,
     exps: Vector<f32, N>,
+    max: f32,
     first_col: usize,
     class_weights: &Tensor<f32>,
     take: bool,
     #[comptime] options: RowOptions,
-) -> (f32, f32, u32, f32) {
+) -> (f32, f32, u32, f32, f32) {
     let others = others + select(take, lane_sum::<N>(exps), f32::new(0.0));
+    let mut entropy_sum = entropy_sum;
+    if comptime!(options.entropy) {
+        let mut added = f32::new(0.0);
+        #[unroll]
+        for lane in 0..values.vector_size() {
+            let exp = exps.extract(lane);
+            // A -inf logit's exp is 0: its term is 0, not 0 * -inf.
+            added += select(
+                exp > f32::new(0.0),
+                exp * (values.extract(lane) - max),
+                f32::new(0.0),
+            );
+        }
+        entropy_sum += select(take, added, f32::new(0.0));
+    }
     let mut best = best;
     let mut best_col = best_col;
     let mut smooth = smooth;
@@ -320,7 +350,7 @@ fn absorb_exps<N: Size>(
         }
         smooth += select(take, lane_sum::<N>(values * weights), f32::new(0.0));
     }
-    (others, best, best_col, smooth)
+    (others, best, best_col, smooth, entropy_sum)
 }
 
 /// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
