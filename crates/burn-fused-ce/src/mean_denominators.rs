@@ -21,6 +21,30 @@ use crate::primitive::FloatOf;
 /// The mean is PyTorch's: the cross-entropy part is divided by `weight_total`, the
 /// z-loss by `rows`. Both are clamped as the call's own are (`weight_total` to at least
 /// `f32::MIN_POSITIVE`, `rows` to at least 1), so an all-ignored batch gives 0.
+///
+/// # Example
+///
+/// Two micro-batches, their denominators counted on the host and summed:
+///
+/// ```rust
+/// # use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
+/// # let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
+/// # let loss_fn = burn_fused_ce::FusedCrossEntropyLossConfig::new().init(&device);
+/// use burn_fused_ce::MeanDenominators;
+///
+/// let parts: Vec<Vec<i64>> = vec![vec![1, 2, -100, 9], vec![-100, -100, 3, 4]];
+/// let whole = parts
+///     .iter()
+///     .map(|targets| MeanDenominators::of_targets(targets, -100, None))
+///     .fold(MeanDenominators::rows(0), |sum, part| sum + part); // 5 counted rows
+/// let part_loss = loss_fn.with_mean_denominators(Some(whole));
+/// for targets in &parts {
+///     let logits = Tensor::<2>::random([4, 10], Distribution::Default, &device).require_grad();
+///     let targets = Tensor::<1, Int>::from_ints(targets.as_slice(), &device);
+///     let loss = part_loss.forward(logits.clone(), targets);
+///     let _grad = logits.grad(&loss.backward()).unwrap(); // this part's share of the whole
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MeanDenominators {
     /// `D`: the targets' class weights summed over the whole batch's counted rows (rows

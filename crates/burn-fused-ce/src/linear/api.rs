@@ -28,6 +28,38 @@ use crate::output::{CrossEntropyOutput, shaped_output};
 /// ([`crate::max_buffer_bytes`]). The one pass guesses an incoming gradient of 1 (a
 /// [`crate::FusedLinearCrossEntropyLoss`] remembers the last one instead). Errors as
 /// [`crate::try_fused_cross_entropy`].
+///
+/// # Example
+///
+/// Any weight and bias, nothing kept between calls:
+///
+/// ```rust
+/// # use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
+/// # let (rows, d_model, vocab) = (6, 32, 1000);
+/// # let hidden = Tensor::<2>::random([rows, d_model], Distribution::Default, &device).require_grad();
+/// # let targets = Tensor::<1, Int>::from_ints([1, 2, 3, -100, 5, 6], &device);
+/// use burn_fused_ce::{CrossEntropyOptions, LinearChunking, Reduction, try_fused_linear_cross_entropy};
+///
+/// let weight = Tensor::<2>::random([d_model, vocab], Distribution::Default, &device).require_grad();
+/// let bias = Tensor::<1>::zeros([vocab], &device).require_grad();
+/// let chunking = LinearChunking {
+///     logits_bytes: Some(64 << 20), // at most 64 MiB of logits per chunk
+///     f32_weight_gradient: true,    // an f32 [H, V] sum, for bf16 weights
+///     ..LinearChunking::default()
+/// };
+/// let options = CrossEntropyOptions::new(Reduction::Sum);
+/// let class_weights = None;
+/// let out = try_fused_linear_cross_entropy(
+///     hidden.clone(), weight.clone(), Some(bias.clone()), targets, class_weights, &options, &chunking,
+/// )?;
+/// let grads = out.loss.backward();
+/// let (_grad_hidden, _grad_weight) = (hidden.grad(&grads).unwrap(), weight.grad(&grads).unwrap());
+/// assert_eq!(bias.grad(&grads).unwrap().dims(), [vocab]);
+/// # Ok(())
+/// # }
+/// ```
 pub fn try_fused_linear_cross_entropy<const DH: usize, const DT: usize>(
     hidden: Tensor<DH>,
     weight: Tensor<2>,

@@ -190,6 +190,37 @@ pub(crate) fn defer(check: PendingTargetCheck) {
 /// ([`TargetCheck::Deferred`]) and returns the first bad target among them, oldest call
 /// first. Call it where a training loop syncs anyway (after the last step, before
 /// reading the loss) to learn of a bad target at once.
+///
+/// # Example
+///
+/// A bad target under `Deferred` (the default) and under `Immediate`:
+///
+/// ```rust
+/// # use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
+/// # let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
+/// # let logits = Tensor::<2>::random([4, 10], Distribution::Default, &device).require_grad();
+/// use burn_fused_ce::{
+///     CrossEntropyError, FusedCrossEntropyLossConfig, TargetCheck, wait_for_target_checks,
+/// };
+///
+/// let bad = Tensor::<1, Int>::from_ints([1, 2, 10, 3], &device); // 10 is not in [0, 10)
+/// let loss_fn = FusedCrossEntropyLossConfig::new().init(&device); // Deferred
+/// let _loss = loss_fn.forward(logits.clone(), bad.clone()); // runs: NaN loss, zero gradient on row 2
+/// let found = wait_for_target_checks(); // or the second call after this one
+/// assert_eq!(found, Err(CrossEntropyError::TargetOutOfRange {
+///     row: 2, value: 10, vocab: 10, earlier_call: true,
+/// }));
+///
+/// // Immediate: the call itself refuses the batch, at one blocking read per call.
+/// let strict = FusedCrossEntropyLossConfig::new()
+///     .with_target_check(TargetCheck::Immediate)
+///     .init(&device);
+/// let refused = strict.try_forward(logits, bad);
+/// assert!(matches!(
+///     refused,
+///     Err(CrossEntropyError::TargetOutOfRange { row: 2, earlier_call: false, .. })
+/// ));
+/// ```
 pub fn wait_for_target_checks() -> Result<(), CrossEntropyError> {
     first_error(PENDING.with(|pending| pending.borrow_mut().drain(..).collect()))
 }

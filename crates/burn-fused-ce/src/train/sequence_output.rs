@@ -20,6 +20,76 @@ use crate::train::metric_rows::{accuracy_rows, perplexity_rows};
 /// `exp` of the loss's cross-entropy part (the loss without its z-loss), which is the
 /// mean negative log-likelihood per counted token unless label smoothing, class weights
 /// or given mean denominators are on.
+///
+/// # Example
+///
+/// A model whose head is a `Linear`, trained and validated through the `Learner`:
+///
+/// ```rust
+/// # mod learner_example {
+/// use burn::module::Module;
+/// use burn::nn::Linear;
+/// use burn::tensor::{Int, Tensor};
+/// use burn::train::{InferenceStep, TrainOutput, TrainStep};
+/// use burn_fused_ce::{
+///     ExtraOutputs, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLoss,
+///     FusedLinearCrossEntropyLossConfig, FusedSequenceOutput,
+/// };
+///
+/// #[derive(Module, Debug)]
+/// pub struct Model {
+///     head: Linear, // and the layers before it
+///     loss: FusedLinearCrossEntropyLoss,
+/// }
+///
+/// pub fn loss_config() -> FusedLinearCrossEntropyLossConfig {
+///     let accuracy = ExtraOutputs { accuracy: true, ..ExtraOutputs::default() };
+///     FusedLinearCrossEntropyLossConfig::new()
+///         .with_loss(FusedCrossEntropyLossConfig::new().with_outputs(accuracy))
+/// }
+///
+/// #[derive(Debug, Clone)]
+/// pub struct Batch {
+///     hidden: Tensor<2>, // in a real model: the tokens, and `hidden` from the layers
+///     targets: Tensor<1, Int>,
+/// }
+///
+/// impl Model {
+///     fn output(&self, batch: Batch) -> FusedSequenceOutput {
+///         let bias = self.head.bias.as_ref().map(|bias| bias.val());
+///         let targets = batch.targets;
+///         let output = self
+///             .loss
+///             .try_forward_with_outputs(batch.hidden, self.head.weight.val(), bias, targets.clone())
+///             .expect("valid inputs");
+///         FusedSequenceOutput::new(output, targets, self.loss.options()).expect("Mean, with accuracy")
+///     }
+/// }
+///
+/// impl TrainStep for Model {
+///     type Input = Batch;
+///     type Output = FusedSequenceOutput;
+///     fn step(&self, batch: Batch) -> TrainOutput<FusedSequenceOutput> {
+///         let output = self.output(batch);
+///         let grads = output.loss.backward();
+///         TrainOutput::new(self, grads, output)
+///     }
+/// }
+///
+/// impl InferenceStep for Model {
+///     type Input = Batch;
+///     type Output = FusedSequenceOutput;
+///     fn step(&self, batch: Batch) -> FusedSequenceOutput {
+///         self.output(batch)
+///     }
+/// }
+/// // Then, as with any model: SupervisedTraining::new(dir, train_loader, valid_loader)
+/// //     .metric_train_numeric(LossMetric::new())
+/// //     .metric_train_numeric(AccuracyMetric::new())
+/// //     .metric_train_numeric(PerplexityMetric::new())
+/// //     .launch(Learner::new(model, optimizer, schedule));
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct FusedSequenceOutput {
     /// The step's loss (`[1]`); the only tensor with a gradient until the Learner syncs

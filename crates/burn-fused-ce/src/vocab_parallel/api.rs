@@ -26,6 +26,46 @@ use crate::vocab_parallel::shard::{VocabShard, exchanged_rows};
 /// exchange. Every option and reduction of [`crate::try_fused_cross_entropy`] applies but
 /// given mean denominators, the temperature and the entropy output (refused).
 /// Errors as [`crate::try_fused_cross_entropy`], and the exchange's.
+///
+/// # Example
+///
+/// Two shards on one device, one thread each:
+///
+/// ```rust
+/// # use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
+/// # let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
+/// use burn_fused_ce::{
+///     CrossEntropyOptions, InProcessExchange, VocabShard, try_vocab_parallel_cross_entropy,
+/// };
+///
+/// let (shards, vocab) = (2, 1000); // two shards on one device, one thread each
+/// let exchange = InProcessExchange::new(shards);
+/// let losses: Vec<f32> = std::thread::scope(|scope| {
+///     let workers: Vec<_> = (0..shards)
+///         .map(|k| {
+///             let (exchange, device) = (&exchange, &device);
+///             scope.spawn(move || {
+///                 let shard = VocabShard::new(k, shards, vocab).unwrap(); // 500 classes each
+///                 // This shard's columns of the logits, e.g. from its part of the LM head.
+///                 let columns = shard.classes().len();
+///                 let logits = Tensor::<2>::random([4, columns], Distribution::Default, device)
+///                     .require_grad();
+///                 let targets = Tensor::<1, Int>::from_ints([1, 999, -100, 7], device);
+///                 let options = CrossEntropyOptions::default();
+///                 let out = try_vocab_parallel_cross_entropy(
+///                     logits.clone(), targets, None, &shard, &options, exchange,
+///                 )
+///                 .unwrap();
+///                 let grads = out.loss.backward(); // the whole vocabulary's mean loss
+///                 assert_eq!(logits.grad(&grads).unwrap().dims(), [4, 500]); // this shard's columns
+///                 out.loss.into_scalar::<f32>()
+///             })
+///         })
+///         .collect();
+///     workers.into_iter().map(|worker| worker.join().unwrap()).collect()
+/// });
+/// assert_eq!(losses[0], losses[1]); // the same loss on every shard
+/// ```
 pub fn try_vocab_parallel_cross_entropy<
     E: ShardExchange + ?Sized,
     const DL: usize,

@@ -83,6 +83,22 @@ impl ShardExchange for InProcessExchange {
 /// the communication between those devices first
 /// ([`distributed::DistributedContext::init`]) and keeps it while the loss runs. It needs
 /// a backend that moves tensors between devices (CUDA); other backends panic in Burn.
+///
+/// # Example
+///
+/// The exchange for one shard per device:
+///
+/// ```rust,no_run
+/// use burn::tensor::Device;
+/// use burn::tensor::distributed::{DistributedConfig, DistributedContext, ReduceOperation};
+/// use burn_fused_ce::DistributedExchange;
+///
+/// /// For one shard per device, e.g. `vec![Device::cuda(0), Device::cuda(1)]`.
+/// fn exchange_over(devices: Vec<Device>) -> (DistributedContext, DistributedExchange) {
+///     let config = DistributedConfig { all_reduce_op: ReduceOperation::Sum };
+///     (DistributedContext::init(devices.clone(), config), DistributedExchange::new(devices))
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct DistributedExchange {
     devices: Vec<Device>,
