@@ -25,8 +25,8 @@ pub struct LinearChunking {
     /// time, each block at most this many bytes in the dtype the sum is kept in, and add
     /// each block into the sum in place
     /// ([`LinearCrossEntropyBackend::add_into_columns`](crate::LinearCrossEntropyBackend::add_into_columns)). `None`: the whole `[H, V]`
-    /// product of a chunk at once, added to the sum (under Burn's fusion backend as the
-    /// matmul's epilogue), which holds a second `[H, V]` buffer while it is summed. A
+    /// product of a chunk at once, added to the sum, which holds a second `[H, V]` buffer
+    /// while it is summed. A
     /// block below one column of the sum is an error ([`LinearChunking::validate`]).
     pub weight_gradient_block_bytes: Option<usize>,
     /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
