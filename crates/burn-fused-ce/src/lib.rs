@@ -68,8 +68,9 @@ pub use loss::check_read::TargetCheckRead;
 pub use loss::extension::FusedCrossEntropyBackend;
 pub use loss::incoming_guess::IncomingGuess;
 pub use loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
+pub use loss::pending_read::PendingRead;
 pub use loss::portable;
-pub use loss::target_check::{PendingRead, wait_for_target_checks};
+pub use loss::target_check::wait_for_target_checks;
 pub use loss::types::{
     ClassWeights, CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat,
     OptionalInt, Reduced, RowStats, TwoPassBackward, row_stat,

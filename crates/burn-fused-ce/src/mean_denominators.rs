@@ -3,12 +3,7 @@
 
 use core::ops::Add;
 
-use burn::backend::Backend;
-use burn::tensor::TensorData;
 use serde::{Deserialize, Serialize};
-
-use crate::options::{CrossEntropyError, CrossEntropyOptions, Reduction};
-use crate::primitive::FloatOf;
 
 /// What `Reduction::Mean` divides by, given instead of the call's own: the denominators
 /// of a whole batch that is passed in parts, one call each (gradient accumulation over
@@ -16,7 +11,7 @@ use crate::primitive::FloatOf;
 /// parts' losses, and their gradients, add up to the whole batch's, whatever each part's
 /// count of ignored rows. Set it per call with
 /// [`FusedCrossEntropyLoss::with_mean_denominators`](crate::FusedCrossEntropyLoss::with_mean_denominators)
-/// (or the linear loss's), or in [`CrossEntropyOptions::mean_denominators`].
+/// (or the linear loss's), or in [`CrossEntropyOptions::mean_denominators`](crate::CrossEntropyOptions::mean_denominators).
 ///
 /// The mean is PyTorch's: the cross-entropy part is divided by `weight_total`, the
 /// z-loss by `rows`. Both are clamped as the call's own are (`weight_total` to at least
@@ -86,27 +81,6 @@ impl MeanDenominators {
             rows: counted.count() as f64,
         }
     }
-
-    /// Refuses denominators that are negative, not finite, or given to a reduction other
-    /// than `Mean`.
-    pub(crate) fn validate(&self, reduction: Reduction) -> Result<(), CrossEntropyError> {
-        let invalid = |value: String, expected| {
-            Err(CrossEntropyError::invalid_option(
-                "mean_denominators",
-                value,
-                expected,
-            ))
-        };
-        if reduction != Reduction::Mean {
-            return invalid(format!("{self:?}"), "none, except with Reduction::Mean");
-        }
-        for value in [self.weight_total, self.rows] {
-            if !(value.is_finite() && value >= 0.0) {
-                return invalid(value.to_string(), "finite numbers >= 0");
-            }
-        }
-        Ok(())
-    }
 }
 
 impl Add for MeanDenominators {
@@ -127,22 +101,3 @@ pub(crate) const LEAST_ROWS: f64 = 1.0;
 /// The least `D` (class-weight total) the mean divides by: f32's smallest normal, so that
 /// an all-ignored batch or all-zero weights give 0, not NaN.
 pub(crate) const LEAST_WEIGHT_TOTAL: f64 = f32::MIN_POSITIVE as f64;
-
-/// The given denominators of a `Mean` call as the ops divide by them: f32 `[2]` (`D`,
-/// `n`) on `device`, clamped; `None` when the call's own apply.
-pub(crate) fn given_denominators<B: Backend>(
-    options: &CrossEntropyOptions,
-    device: &B::Device,
-) -> Option<FloatOf<B, 1>> {
-    let given = options
-        .mean_denominators
-        .filter(|_| options.reduction == Reduction::Mean)?;
-    let values = [
-        given.weight_total.max(LEAST_WEIGHT_TOTAL) as f32,
-        given.rows.max(LEAST_ROWS) as f32,
-    ];
-    Some(FloatOf::from_data(
-        TensorData::new(values.to_vec(), [2]),
-        device,
-    ))
-}

@@ -220,7 +220,7 @@ impl CrossEntropyOptions {
             return invalid("temperature", temperature, "a finite number > 0");
         }
         if let Some(denominators) = &self.mean_denominators {
-            denominators.validate(self.reduction)?;
+            validate_mean_denominators(denominators, self.reduction)?;
         }
         if let Some(tuning) = &self.tuning
             && let Err(error) = tuning.validate()
@@ -327,6 +327,33 @@ impl core::fmt::Display for CrossEntropyError {
 }
 
 impl std::error::Error for CrossEntropyError {}
+
+/// Refuses mean denominators that are negative, not finite, or given to a reduction
+/// other than `Mean`.
+fn validate_mean_denominators(
+    denominators: &MeanDenominators,
+    reduction: Reduction,
+) -> Result<(), CrossEntropyError> {
+    let invalid = |value: String, expected| {
+        Err(CrossEntropyError::invalid_option(
+            "mean_denominators",
+            value,
+            expected,
+        ))
+    };
+    if reduction != Reduction::Mean {
+        return invalid(
+            format!("{denominators:?}"),
+            "none, except with Reduction::Mean",
+        );
+    }
+    for value in [denominators.weight_total, denominators.rows] {
+        if !(value.is_finite() && value >= 0.0) {
+            return invalid(value.to_string(), "finite numbers >= 0");
+        }
+    }
+    Ok(())
+}
 
 #[cfg(test)]
 mod tests {

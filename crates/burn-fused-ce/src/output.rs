@@ -6,7 +6,7 @@ use burn::tensor::{Int, Shape, Tensor};
 use crate::loss::types::LossParts;
 use crate::options::Reduction;
 
-/// The loss and the extra outputs asked for in [`CrossEntropyOptions::outputs`].
+/// The loss and the extra outputs asked for in [`CrossEntropyOptions::outputs`](crate::CrossEntropyOptions::outputs).
 ///
 /// `D` is the targets' rank. Per-row tensors have the targets' shape (`[N]` or `[B, T]`);
 /// reduced ones have one element (`[1]` or `[1, 1]`).

@@ -13,8 +13,8 @@ use crate::linear::{
     rows::{Typed, chunks, joined, mean_denominators_of},
     types::LinearInputs,
 };
+use crate::loss::reduce::given_denominators;
 use crate::loss::types::{OnePassScale, OptionalFloat, RowStats, TwoPassBackward};
-use crate::mean_denominators::given_denominators;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::FloatOf;
 

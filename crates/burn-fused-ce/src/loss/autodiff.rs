@@ -26,11 +26,11 @@ use crate::autodiff_conversions::{
 use crate::loss::check_read::TargetCheckRead;
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
+use crate::loss::reduce::given_denominators;
 use crate::loss::types::{
     CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat, OptionalInt,
     Reduced, RowStats, TwoPassBackward,
 };
-use crate::mean_denominators::given_denominators;
 use crate::options::CrossEntropyOptions;
 #[cfg(doc)]
 use crate::options::GradientPlan;

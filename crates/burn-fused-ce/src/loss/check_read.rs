@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::loss::target_check::PendingRead;
+use crate::loss::pending_read::PendingRead;
 
 /// The slot a deferred check's op hands the read of its result to. Clones share it.
 #[derive(Clone, Default)]

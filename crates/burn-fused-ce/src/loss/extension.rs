@@ -140,7 +140,7 @@ pub trait FusedCrossEntropyBackend: Backend {
         read: TargetCheckRead,
     ) -> IntTensor<Self> {
         let found = Self::first_bad_target(targets, vocab, ignore_index);
-        read.start(crate::loss::target_check::PendingRead::start(
+        read.start(crate::loss::pending_read::PendingRead::start(
             Self::int_into_data(found.clone()),
         ));
         found

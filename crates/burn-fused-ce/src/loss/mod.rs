@@ -13,6 +13,7 @@ mod flex;
 mod fusion_meta;
 pub(crate) mod incoming_guess;
 pub(crate) mod module;
+pub(crate) mod pending_read;
 pub mod portable;
 pub(crate) mod reduce;
 pub(crate) mod target_check;

@@ -6,10 +6,10 @@ use burn::backend::{
     Backend,
     tensor::{FloatTensor, IntTensor},
 };
-use burn::tensor::DType;
+use burn::tensor::{DType, TensorData};
 
 use crate::loss::types::{LossParts, OptionalFloat, OptionalInt, Reduced, RowStats, row_stat};
-use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL, given_denominators};
+use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{BoolOf, FloatOf, IntOf};
 
@@ -207,4 +207,23 @@ fn reduce_no_rows<B: Backend>(
                 .then(|| FloatOf::<B, 1>::ones([2], device, DType::F32).into_primitive()),
         ),
     }
+}
+
+/// The given denominators of a `Mean` call as the ops divide by them: f32 `[2]` (`D`,
+/// `n`) on `device`, clamped; `None` when the call's own apply.
+pub(crate) fn given_denominators<B: Backend>(
+    options: &CrossEntropyOptions,
+    device: &B::Device,
+) -> Option<FloatOf<B, 1>> {
+    let given = options
+        .mean_denominators
+        .filter(|_| options.reduction == Reduction::Mean)?;
+    let values = [
+        given.weight_total.max(LEAST_WEIGHT_TOTAL) as f32,
+        given.rows.max(LEAST_ROWS) as f32,
+    ];
+    Some(FloatOf::from_data(
+        TensorData::new(values.to_vec(), [2]),
+        device,
+    ))
 }
