@@ -7,7 +7,7 @@ use crate::row::{
     runtime_nan, stat_index,
 };
 use crate::row_stat;
-use crate::row_state::{RowState, cube_merge, reduce_span};
+use crate::row_state::{RowState, cube_merge, entropy_term, reduce_span};
 
 /// What the rest of the cube needs of a row after [`forward_row`].
 #[derive(CubeType, Clone, Copy)]
@@ -232,11 +232,7 @@ pub(crate) fn finish_row<I: Int>(
     let mut entropy = f32::new(0.0);
     if comptime!(options.entropy) {
         // H = ln(sum) - sum_c p_c (x'_c - max), the target's term added to `entropy_sum`.
-        let target_term = select(
-            target_exp > f32::new(0.0),
-            target_exp * (target_logit - merged.max),
-            f32::new(0.0),
-        );
+        let target_term = entropy_term(target_exp, target_logit - merged.max);
         entropy = log_sum - (merged.entropy_sum + target_term) / sum;
     }
     if write {

@@ -87,13 +87,7 @@ pub(crate) fn absorb<N: Size>(
             if comptime!(with_target) {
                 skip = u32::cast_from(target_col - first_col) == lane as u32;
             }
-            let exp = exps.extract(lane);
-            // A -inf logit's exp is 0: its term is 0, not 0 * -inf.
-            let term = select(
-                exp > f32::new(0.0),
-                exp * (values.extract(lane) - new_max),
-                f32::new(0.0),
-            );
+            let term = entropy_term(exps.extract(lane), values.extract(lane) - new_max);
             added += select(skip, f32::new(0.0), term);
         }
         entropy_sum = rescaled_entropy_sum(
@@ -112,6 +106,13 @@ pub(crate) fn absorb<N: Size>(
         smooth,
         entropy_sum,
     }
+}
+
+/// One class's term of `entropy_sum`, `exp(x - m) (x - m)`, from `exp = exp(x - m)` and
+/// `shifted = x - m`. A -inf logit's exp is 0: its term is 0, not 0 * -inf.
+#[cube]
+pub(crate) fn entropy_term(exp: f32, shifted: f32) -> f32 {
+    select(exp > f32::new(0.0), exp * shifted, f32::new(0.0))
 }
 
 /// An `entropy_sum` (with its `others`) taken from maximum `m` to `m'`, `shift = m - m'`

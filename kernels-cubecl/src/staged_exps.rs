@@ -10,7 +10,9 @@ use crate::row::{
     RUNNING_MAX_START, RowOptions, RowScalars, fast_exp, fast_exp_scalar, lane_max, lane_sum,
     weights_vector,
 };
-use crate::row_state::{RowState, absorb_held_target, rescaled_entropy_sum, target_share};
+use crate::row_state::{
+    RowState, absorb_held_target, entropy_term, rescaled_entropy_sum, target_share,
+};
 
 /// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
 /// maximum `m` of the unit's kept exponentials. No barrier: a unit reads back only what
@@ -321,13 +323,7 @@ fn absorb_exps<N: Size>(
         let mut added = f32::new(0.0);
         #[unroll]
         for lane in 0..values.vector_size() {
-            let exp = exps.extract(lane);
-            // A -inf logit's exp is 0: its term is 0, not 0 * -inf.
-            added += select(
-                exp > f32::new(0.0),
-                exp * (values.extract(lane) - max),
-                f32::new(0.0),
-            );
+            added += entropy_term(exps.extract(lane), values.extract(lane) - max);
         }
         entropy_sum += select(take, added, f32::new(0.0));
     }

@@ -73,18 +73,22 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
         } else {
             typed.weight.dtype()
         };
-        let summed_as = |product: FloatOf<B, 2>| product.cast(sum_dtype);
+        // `h^T d` for these columns of the chunk's gradient, in the sum's dtype.
+        let weight_product = |hidden_t: FloatOf<B, 2>, grad: FloatOf<B, 2>| {
+            FloatOf::<B, 2>::new(B::chunk_product(
+                hidden_t.into_primitive(),
+                grad.into_primitive(),
+                cublaslt,
+            ))
+            .cast(sum_dtype)
+        };
         let vocab = typed.vocab();
         let block_columns =
             self.chunking
                 .weight_gradient_block_columns(typed.width(), vocab, sum_dtype);
         let in_place = self.chunking.weight_gradient_in_place;
         self.weight = Some(match (self.weight.take(), block_columns) {
-            (None, _) => summed_as(FloatOf::new(B::chunk_product(
-                hidden_t.into_primitive(),
-                logits_grad.clone().into_primitive(),
-                cublaslt,
-            ))),
+            (None, _) => weight_product(hidden_t, logits_grad.clone()),
             (Some(sum), _) if in_place => FloatOf::new(B::accumulate_product(
                 sum.into_primitive(),
                 hidden_t.into_primitive(),
@@ -92,22 +96,14 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
                 cublaslt,
             )),
             // The product is a whole [H, V] buffer beside the sum until the add.
-            (Some(sum), None) => sum.add(summed_as(FloatOf::new(B::chunk_product(
-                hidden_t.into_primitive(),
-                logits_grad.clone().into_primitive(),
-                cublaslt,
-            )))),
+            (Some(sum), None) => sum.add(weight_product(hidden_t, logits_grad.clone())),
             (Some(mut sum), Some(columns)) => {
                 for first in (0..vocab).step_by(columns) {
                     let block_grad =
                         logits_grad
                             .clone()
                             .narrow(1, first, columns.min(vocab - first));
-                    let block = summed_as(FloatOf::new(B::chunk_product(
-                        hidden_t.clone().into_primitive(),
-                        block_grad.into_primitive(),
-                        cublaslt,
-                    )));
+                    let block = weight_product(hidden_t.clone(), block_grad);
                     sum = FloatOf::new(B::add_into_columns(
                         sum.into_primitive(),
                         block.into_primitive(),
