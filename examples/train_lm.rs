@@ -235,7 +235,7 @@ fn run(args: &Args, replicas: &[Device]) {
         }
     );
     println!(
-        "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); the results are cached (in target/environment of the Cargo workspace run from, else in the user cache directory) for later runs."
+        "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); this workspace's CUDA builds keep the results on disk for later runs (Burn's `persistence` feature: in target/environment of the Cargo workspace run from, else in the user cache directory)."
     );
     if args.learner {
         let directory = args.out.join("learner");

@@ -8,9 +8,10 @@
 #   gpu-bundle/suite.sh LOGDIR [JOBS] [NAME-FILTER]      (JOBS: 8 by default)
 #
 # Kernels compiled by one process are kept for the others and for later runs: cubecl's
-# compilation cache is turned on for the run (a cubecl.toml in the bundle folder), and
-# it lives in target/environment of the outermost folder with a Cargo.toml above it,
-# else in the user's cache folder. TESTS=FILE runs the names listed in FILE instead.
+# compilation cache is turned on for the run (a cubecl.toml in the bundle folder; the
+# workspace's `cuda` feature builds with Burn's `persistence`), and it lives in
+# target/environment of the outermost folder with a Cargo.toml above it, else in the
+# user's cache folder. TESTS=FILE runs the names listed in FILE instead.
 # TEST_TIMEOUT (seconds, 300 by default) stops a test that runs longer: a hang costs
 # that, not the whole run.
 set -uo pipefail

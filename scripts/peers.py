@@ -1,12 +1,12 @@
 """Times the peers on the benches' main shapes, on the GPU the benches run on: PyTorch's
-eager cross-entropy and LM head, Liger-Kernel's (fused linear) cross-entropy and Cut
+eager cross-entropy and LM head (the head under torch.compile too), Liger-Kernel's (fused linear) cross-entropy and Cut
 Cross-Entropy's linear cross-entropy, whichever are installed. Random bf16 inputs as the
 benches draw them (logits in [-6, 6); hidden states and weights scaled so the logits
 have unit scale), `Mean`, ignore index -100, one training step (forward + backward).
 
 Usage: python3 peers.py [OUT.md]
 Per row: the median step of 20 after 5 warm-ups by CUDA events, and the peak memory the
-step allocated beyond its inputs (torch.cuda.max_memory_allocated)."""
+step allocated beyond its inputs, its gradients included (torch.cuda.max_memory_allocated)."""
 import sys
 import torch
 import torch.nn.functional as F
@@ -16,9 +16,11 @@ torch.manual_seed(0)
 rows_out = []
 
 
-def timed(name, shape, step):
+def timed(name, shape, step, clear):
     for _ in range(5):
         step()
+    # The inputs alone: the gradients a step makes count as its memory.
+    clear()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -43,21 +45,24 @@ def loss_peers(n, v):
     y[::17] = -100
     shape = f"{n}x{v}"
 
-    def torch_step():
+    def clear():
         x.grad = None
+
+    def torch_step():
+        clear()
         F.cross_entropy(x, y).backward()
 
-    timed("PyTorch eager F.cross_entropy", shape, torch_step)
+    timed("PyTorch eager F.cross_entropy", shape, torch_step, clear)
     try:
         from liger_kernel.transformers import LigerCrossEntropyLoss
 
         liger = LigerCrossEntropyLoss()
 
         def liger_step():
-            x.grad = None
+            clear()
             liger(x, y).backward()
 
-        timed("Liger-Kernel LigerCrossEntropyLoss", shape, liger_step)
+        timed("Liger-Kernel LigerCrossEntropyLoss", shape, liger_step, clear)
     except ImportError as error:
         print(f"Liger-Kernel: {error}")
 
@@ -77,7 +82,17 @@ def head_peers(n, h, v):
         clear()
         F.cross_entropy((hs @ w.T).float(), y).backward()
 
-    timed("PyTorch eager (matmul, f32 cross_entropy)", shape, torch_step)
+    timed("PyTorch eager (matmul, f32 cross_entropy)", shape, torch_step, clear)
+    try:
+        head = torch.compile(lambda hs, w, y: F.cross_entropy((hs @ w.T).float(), y))
+
+        def compiled_step():
+            clear()
+            head(hs, w, y).backward()
+
+        timed("torch.compile (the same step)", shape, compiled_step, clear)
+    except Exception as error:  # no compiler on the host
+        print(f"torch.compile: {error}")
     try:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
@@ -87,7 +102,7 @@ def head_peers(n, h, v):
             clear()
             liger(w, hs, y).backward()
 
-        timed("Liger-Kernel LigerFusedLinearCrossEntropyLoss", shape, liger_step)
+        timed("Liger-Kernel LigerFusedLinearCrossEntropyLoss", shape, liger_step, clear)
     except ImportError as error:
         print(f"Liger-Kernel: {error}")
     try:
@@ -97,7 +112,7 @@ def head_peers(n, h, v):
             clear()
             linear_cross_entropy(hs, w, y).backward()
 
-        timed("Cut Cross-Entropy linear_cross_entropy", shape, cce_step)
+        timed("Cut Cross-Entropy linear_cross_entropy", shape, cce_step, clear)
     except ImportError as error:
         print(f"Cut Cross-Entropy: {error}")
 
@@ -108,6 +123,8 @@ print("|---|---|---:|---:|")
 loss_peers(8192, 128256)
 torch.cuda.empty_cache()
 head_peers(8192, 4096, 128256)
+torch.cuda.empty_cache()
+head_peers(16384, 2048, 151936)
 if len(sys.argv) > 1:
     with open(sys.argv[1], "w") as out:
         out.write("\n".join(rows_out) + "\n")

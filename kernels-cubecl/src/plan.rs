@@ -251,7 +251,13 @@ impl OnePassPlan {
                 .next_power_of_two()
                 .clamp(32, tuning.one_pass_units.max(32)),
             loads_per_step: tuning.one_pass_loads,
-            reread_loads: tuning.reread_loads,
+            reread_loads: tuning.reread_loads.unwrap_or(
+                if known_device && shape.float_dtype.size() == 2 {
+                    2
+                } else {
+                    4
+                },
+            ),
             staged_exps: tuning.staged_exps
                 && shape.settings.softcap.is_none()
                 && shape.settings.temperature.is_none(),

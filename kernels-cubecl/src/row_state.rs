@@ -43,7 +43,8 @@ pub(crate) fn absorb<N: Size>(
     #[comptime] options: RowOptions,
     #[comptime] with_target: bool,
 ) -> RowState {
-    let new_max = f32::max(state.max, lane_max::<N>(values));
+    let vector_max = lane_max::<N>(values);
+    let new_max = f32::max(state.max, vector_max);
     let exps = fast_exp::<N>(values, new_max, options.exp_flush_to_zero);
     let mut exp_sum = f32::new(0.0);
     let mut target_logit = state.target_logit;
@@ -63,12 +64,11 @@ pub(crate) fn absorb<N: Size>(
         exp_sum = lane_sum::<N>(exps);
     }
     if comptime!(options.argmax) {
-        #[unroll]
-        for lane in 0..values.vector_size() {
-            // Strictly greater: the first column wins ties, as in `argmax`.
-            let better = values.extract(lane) > best;
-            best = select(better, values.extract(lane), best);
-            best_col = select(better, u32::cast_from(first_col + lane), best_col);
+        // Strictly greater: the first column wins ties, as in `argmax`. A new best is
+        // rare after a row's first vectors, so its lane is looked for only then.
+        if vector_max > best {
+            best_col = first_col_of::<N>(values, vector_max, first_col);
+            best = vector_max;
         }
     }
     let mut smooth = state.smooth;
@@ -109,10 +109,27 @@ pub(crate) fn absorb<N: Size>(
 }
 
 /// One class's term of `entropy_sum`, `exp(x - m) (x - m)`, from `exp = exp(x - m)` and
-/// `shifted = x - m`. A -inf logit's exp is 0: its term is 0, not 0 * -inf.
+/// `shifted = x - m`. A -inf logit's exp is 0: its term is 0, not 0 * -inf (the shift is
+/// clamped to the lowest finite value; a NaN logit's term stays NaN). A multiply the
+/// compiler fuses with the sum it goes to: this runs once per element.
 #[cube]
 pub(crate) fn entropy_term(exp: f32, shifted: f32) -> f32 {
-    select(exp > f32::new(0.0), exp * shifted, f32::new(0.0))
+    exp * f32::max(shifted, f32::MIN)
+}
+
+/// The first column of `values` (columns `first_col..`) that holds `top`, one of its
+/// lanes' values.
+#[cube]
+pub(crate) fn first_col_of<N: Size>(values: Vector<f32, N>, top: f32, first_col: usize) -> u32 {
+    let mut col = u32::cast_from(first_col);
+    let mut found = false;
+    #[unroll]
+    for lane in 0..values.vector_size() {
+        let hit = !found && values.extract(lane) == top;
+        col = select(hit, u32::cast_from(first_col + lane), col);
+        found = found || hit;
+    }
+    col
 }
 
 /// An `entropy_sum` (with its `others`) taken from maximum `m` to `m'`, `shift = m - m'`

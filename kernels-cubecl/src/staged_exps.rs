@@ -11,7 +11,7 @@ use crate::row::{
     weights_vector,
 };
 use crate::row_state::{
-    RowState, absorb_held_target, entropy_term, rescaled_entropy_sum, target_share,
+    RowState, absorb_held_target, entropy_term, first_col_of, rescaled_entropy_sum, target_share,
 };
 
 /// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
@@ -331,12 +331,12 @@ fn absorb_exps<N: Size>(
     let mut best_col = best_col;
     let mut smooth = smooth;
     if comptime!(options.argmax) {
-        #[unroll]
-        for lane in 0..values.vector_size() {
-            // Strictly greater: the first column wins ties, as in `argmax`.
-            let better = take && values.extract(lane) > best;
-            best = select(better, values.extract(lane), best);
-            best_col = select(better, u32::cast_from(first_col + lane), best_col);
+        // Strictly greater: the first column wins ties, as in `argmax`; the lane is
+        // looked for only on a new best, rare after a row's first vectors.
+        let top = lane_max::<N>(values);
+        if take && top > best {
+            best_col = first_col_of::<N>(values, top, first_col);
+            best = top;
         }
     }
     if comptime!(options.smoothing) {

@@ -60,8 +60,8 @@ pub struct KernelTuning {
     /// Vectors each unit of the one-pass reduction loads before using any (1 to 8).
     pub one_pass_loads: usize,
     /// Vectors each unit of the one-pass re-reading loop loads before storing any (1, 2
-    /// or 4).
-    pub reread_loads: usize,
+    /// or 4); `None`: 2 for 16-bit logits on a device that reports its SM count, else 4.
+    pub reread_loads: Option<usize>,
     /// Keep the staged vectors as exponentials, so their gradient is a multiply (never
     /// with softcap, whose derivative needs the logits).
     pub staged_exps: bool,
@@ -88,7 +88,7 @@ impl KernelTuning {
             stage_bytes: if known_device { 32 * 1024 } else { 16 * 1024 },
             one_pass_units: 256,
             one_pass_loads: if known_device { 4 } else { 2 },
-            reread_loads: 4,
+            reread_loads: None,
             staged_exps: true,
             one_pass_vector: None,
             cache_hints: if on_cuda {
@@ -142,7 +142,7 @@ impl KernelTuning {
             ),
             (
                 "reread_loads",
-                [1, 2, 4].contains(&self.reread_loads),
+                self.reread_loads.is_none_or(|v| [1, 2, 4].contains(&v)),
                 "1, 2 or 4",
             ),
             (
@@ -190,7 +190,7 @@ impl KernelTuning {
                 "stage_bytes" => self.stage_bytes = number()?,
                 "one_pass_units" => self.one_pass_units = number()?,
                 "one_pass_loads" => self.one_pass_loads = number()?,
-                "reread_loads" => self.reread_loads = number()?,
+                "reread_loads" => self.reread_loads = optional()?,
                 "staged_exps" => self.staged_exps = number()? != 0,
                 "one_pass_vector" => self.one_pass_vector = optional()?,
                 "chunks" => self.chunks = optional()?,

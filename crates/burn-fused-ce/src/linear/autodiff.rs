@@ -25,9 +25,8 @@ use burn::tensor::Shape;
 use crate::autodiff_conversions::{inner_weights, outer_parts};
 use crate::linear::{
     chunking::LinearChunking,
-    extension::{LinearCrossEntropyBackend, with_aligned_weight},
+    extension::{LinearCrossEntropyBackend, linear_rows, with_aligned_weight},
     gradients::{LinearGradients, linear_backward, linear_one_pass},
-    rows::linear_rows,
     types::{LinearHead, LinearInputs},
 };
 use crate::loss::incoming_guess::IncomingGuess;

@@ -4,7 +4,9 @@
 //! dispatch routes a call to the backend of its tensors: [`burn_cubecl::CubeBackend`]
 //! runs our in-place matmul (`cube.rs`), `Fusion<CubeBackend>` defers each product as a
 //! custom op (`fusion_meta.rs`), Flex takes every default (`flex.rs`) and `Autodiff<B, C>`
-//! records the backward step (`autodiff.rs`).
+//! records the backward step (`autodiff.rs`). Also the op's default forward, chunk by
+//! chunk: each chunk's logits from the backend's chunk product, read in place by the
+//! loss kernels.
 
 use burn::backend::{TensorMetadata, backend_extension, tensor::FloatTensor};
 
@@ -14,12 +16,13 @@ use crate::linear::types::{LinearHead, LinearInputs};
 use crate::linear::{
     chunking::LinearChunking,
     products::{columns_added, product, product_added},
-    rows::linear_rows,
+    rows::{Typed, chunks, joined},
 };
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
-use crate::loss::types::LossParts;
+use crate::loss::types::{CrossEntropyInputs, LossParts, RowStats};
 use crate::options::CrossEntropyOptions;
+use crate::primitive::FloatOf;
 
 /// A Burn backend that can run the fused linear cross-entropy.
 ///
@@ -151,4 +154,46 @@ pub(crate) fn with_aligned_weight<B: LinearCrossEntropyBackend>(
         },
         ..inputs
     }
+}
+
+impl<B: LinearCrossEntropyBackend> Typed<B> {
+    /// The loss kernels' inputs for the chunk `start..end`: its logits `h_c W (+ b)`, from
+    /// the backend's chunk product (through cuBLASLt where `cublaslt` asks for it and
+    /// it runs), which nothing else holds.
+    // A slice of a rank-1 tensor is an array of one range.
+    #[allow(clippy::single_range_in_vec_init)]
+    pub fn chunk_inputs(&self, start: usize, end: usize, cublaslt: bool) -> CrossEntropyInputs<B> {
+        let logits = FloatOf::<B, 2>::new(B::chunk_product(
+            self.hidden_rows(start, end).into_primitive(),
+            self.weight.clone().into_primitive(),
+            cublaslt,
+        ));
+        let logits = match &self.bias {
+            Some(bias) => logits.add(bias.clone().reshape([1, self.vocab()])),
+            None => logits,
+        };
+        CrossEntropyInputs {
+            logits: logits.into_primitive(),
+            targets: self.targets.clone().slice([start..end]).into_primitive(),
+            class_weights: self.class_weights.clone(),
+        }
+    }
+}
+
+/// Forward alone: the per-row statistics of every row, one chunk of logits at a time.
+/// The weight is read as given (see [`Typed::of`]).
+pub(crate) fn linear_rows<B: LinearCrossEntropyBackend>(
+    inputs: LinearInputs<B>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+) -> RowStats<B> {
+    let typed = Typed::of(inputs);
+    let per_chunk = typed.rows_per_chunk(chunking);
+    let parts = chunks(typed.rows(), per_chunk)
+        .map(|(start, end)| {
+            let inputs = typed.chunk_inputs(start, end, chunking.cublaslt);
+            B::cross_entropy_rows(inputs, options.clone())
+        })
+        .collect();
+    joined(parts, &typed, options.outputs.needs_argmax())
 }

@@ -1,19 +1,14 @@
-//! The fused linear cross-entropy's forward, on any backend that runs the loss: the LM
-//! head `logits = h W + b` and the loss over rows in chunks, so that the N x V logits are
-//! never whole in memory. Each chunk's logits come from the backend's own (autotuned)
-//! matmul; the loss kernels then read them in place. Also what the passes that form the
-//! gradients (`gradients.rs`) share with it: the call's tensors as typed views, the
-//! chunks, and the mean's denominators over all rows.
+//! What the fused linear cross-entropy's forward (`extension.rs`) and the passes that form
+//! its gradients (`gradients.rs`) share, on any backend: the call's tensors as typed
+//! views, the chunks of rows (so that the N x V logits are never whole in memory), their
+//! per-row statistics joined, and the mean's denominators over all rows.
 
 use burn::backend::Backend;
 use burn::tensor::DType;
 
-use crate::linear::{
-    chunking::LinearChunking, extension::LinearCrossEntropyBackend, types::LinearInputs,
-};
-use crate::loss::types::{ClassWeights, CrossEntropyInputs, OptionalInt, RowStats, row_stat};
+use crate::linear::{chunking::LinearChunking, types::LinearInputs};
+use crate::loss::types::{ClassWeights, OptionalInt, RowStats, row_stat};
 use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL};
-use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
 
 /// The tensors of a call as typed views.
@@ -61,30 +56,6 @@ impl<B: Backend> Typed<B> {
     }
 }
 
-impl<B: LinearCrossEntropyBackend> Typed<B> {
-    /// The loss kernels' inputs for the chunk `start..end`: its logits `h_c W (+ b)`, from
-    /// the backend's chunk product (through cuBLASLt where `cublaslt` asks for it and
-    /// it runs), which nothing else holds.
-    // A slice of a rank-1 tensor is an array of one range.
-    #[allow(clippy::single_range_in_vec_init)]
-    pub fn chunk_inputs(&self, start: usize, end: usize, cublaslt: bool) -> CrossEntropyInputs<B> {
-        let logits = FloatOf::<B, 2>::new(B::chunk_product(
-            self.hidden_rows(start, end).into_primitive(),
-            self.weight.clone().into_primitive(),
-            cublaslt,
-        ));
-        let logits = match &self.bias {
-            Some(bias) => logits.add(bias.clone().reshape([1, self.vocab()])),
-            None => logits,
-        };
-        CrossEntropyInputs {
-            logits: logits.into_primitive(),
-            targets: self.targets.clone().slice([start..end]).into_primitive(),
-            class_weights: self.class_weights.clone(),
-        }
-    }
-}
-
 /// The chunks of `rows` rows: `(start, end)` pairs.
 pub(crate) fn chunks(rows: usize, per_chunk: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..rows)
@@ -127,24 +98,6 @@ pub(crate) fn joined<B: Backend>(
         ),
         weighted,
     }
-}
-
-/// Forward alone: the per-row statistics of every row, one chunk of logits at a time.
-/// The weight is read as given (see [`Typed::of`]).
-pub(crate) fn linear_rows<B: LinearCrossEntropyBackend>(
-    inputs: LinearInputs<B>,
-    options: &CrossEntropyOptions,
-    chunking: &LinearChunking,
-) -> RowStats<B> {
-    let typed = Typed::of(inputs);
-    let per_chunk = typed.rows_per_chunk(chunking);
-    let parts = chunks(typed.rows(), per_chunk)
-        .map(|(start, end)| {
-            let inputs = typed.chunk_inputs(start, end, chunking.cublaslt);
-            B::cross_entropy_rows(inputs, options.clone())
-        })
-        .collect();
-    joined(parts, &typed, options.outputs.needs_argmax())
 }
 
 /// The mean's denominators over all rows, f32 `[2]`: `D` (the targets' class weights over
