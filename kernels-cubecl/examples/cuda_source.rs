@@ -38,8 +38,14 @@ fn main() {
         softcap: Some(30.0),
         ..plain
     };
+    let outputs = LossSettings {
+        argmax: true,
+        entropy: true,
+        ..plain
+    };
     let cases = [
         ("bf16_128256", bf16, 8, 128256, plain),
+        ("bf16_128256_acc_entropy", bf16, 8, 128256, outputs),
         ("f32_128256", f32_, 4, 128256, plain),
         ("bf16_32000", bf16, 8, 32000, plain),
         ("bf16_128256_4_lanes", bf16, 4, 128256, plain),

@@ -95,6 +95,7 @@ fn scalars() -> RowScalarsCompilationArg {
         label_smoothing: (),
         z_loss_scale: (),
         softcap: (),
+        inv_temperature: (),
     }
 }
 
