@@ -33,8 +33,8 @@ export FUSED_CE_COMMIT
 # And so does the bundle (run.sh copies it to the logs).
 echo "$FUSED_CE_COMMIT" > "$bundle/commit.txt"
 # Builds the named targets with the given features and copies their executables into the
-# bundle, stripped and compressed (xz: a third smaller than gzip, so that two
-# executables travel within 64 MiB).
+# bundle, stripped and compressed (xz with its x86 filter and a dictionary larger than
+# the executable: a tenth smaller than plain xz, which is a third smaller than gzip).
 bundle_targets() {
   local features="$1" suffix="$2"; shift 2
   [ $# -gt 0 ] || return 0
@@ -52,7 +52,7 @@ for line in sys.stdin:
         print(msg["target"]["name"], msg["executable"])
 ' | while read -r name exe; do
       cp "$exe" "$bundle/$name$suffix" && strip "$bundle/$name$suffix" \
-        && xz -6 -T0 -f "$bundle/$name$suffix"
+        && xz --x86 --lzma2=preset=9e,dict=192MiB -T1 -f "$bundle/$name$suffix"
     done
 }
 tuned=()
