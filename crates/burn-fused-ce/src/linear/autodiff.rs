@@ -48,7 +48,8 @@ enum LinearState<B: LinearCrossEntropyBackend> {
     Rows {
         inputs: LinearInputs<B>,
         stats: FloatTensor<B>,
-        options: CrossEntropyOptions,
+        // Boxed: the options are most of the state's size, and this variant is the rare one.
+        options: Box<CrossEntropyOptions>,
         chunking: LinearChunking,
     },
 }
@@ -165,7 +166,7 @@ fn tracked<B: LinearCrossEntropyBackend, C: CheckpointStrategy, const N: usize>(
             let state = LinearState::Rows {
                 inputs,
                 stats,
-                options,
+                options: Box::new(options),
                 chunking,
             };
             (prep.finish(state, parts.loss.clone()), parts)
