@@ -324,6 +324,15 @@ fn options_on_flex_through_the_portable_path() {
 
 /// Each extra output alone (the others absent) x reduction, with logits rounded to
 /// integers so rows have exact ties (argmax: the first of them).
+/// Every extra output asked for, with `reduction` and the gradient plan `one_pass` picks.
+fn every_output(reduction: Reduction, one_pass: bool) -> CrossEntropyOptions {
+    CrossEntropyOptions {
+        outputs: ExtraOutputs::all(),
+        gradient_plan: plan(one_pass),
+        ..CrossEntropyOptions::new(reduction)
+    }
+}
+
 fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
     let singles = [
         ExtraOutputs {
@@ -384,11 +393,7 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
         check_case(
             backend,
             Case {
-                options: CrossEntropyOptions {
-                    outputs: ExtraOutputs::all(),
-                    gradient_plan: plan(one_pass),
-                    ..CrossEntropyOptions::new(reduction)
-                },
+                options: every_output(reduction, one_pass),
                 confident: Some(1.0),
                 ..Case::new(37, 129, DType::F32, reduction)
             },
@@ -406,6 +411,21 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
                 ..Case::new(37, 129, DType::F32, reduction)
             },
         );
+    }
+    // Rows wider than the one pass stages: the argmax and the entropy of the part that
+    // streams by (each step's maximum, the column looked for after the loop), ties
+    // included, in vectors of several lanes (the vocabulary is a multiple of 8).
+    for &dtype in dtypes {
+        for ties in [false, true] {
+            check_case(
+                backend,
+                Case {
+                    options: every_output(Reduction::Mean, one_pass),
+                    ties,
+                    ..Case::new(6, 20480, dtype, Reduction::Mean)
+                },
+            );
+        }
     }
 }
 
