@@ -1,12 +1,14 @@
 """Times the peers on the benches' main shapes, on the GPU the benches run on: PyTorch's
-eager cross-entropy and LM head (the head under torch.compile too), Liger-Kernel's (fused linear) cross-entropy and Cut
-Cross-Entropy's linear cross-entropy, whichever are installed. Random bf16 inputs as the
+eager cross-entropy and LM head (the head under torch.compile too), Liger-Kernel's
+(fused linear) cross-entropy and Cut Cross-Entropy's linear cross-entropy, whichever
+are installed. Random bf16 inputs as the
 benches draw them (logits in [-6, 6); hidden states and weights scaled so the logits
 have unit scale), `Mean`, ignore index -100, one training step (forward + backward).
 
 Usage: python3 peers.py [OUT.md]
 Per row: the median step of 20 after 5 warm-ups by CUDA events, and the peak memory the
-step allocated beyond its inputs, its gradients included (torch.cuda.max_memory_allocated)."""
+step allocated beyond its inputs, its gradients included
+(torch.cuda.max_memory_allocated)."""
 import sys
 import torch
 import torch.nn.functional as F

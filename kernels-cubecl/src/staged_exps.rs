@@ -11,7 +11,8 @@ use crate::row::{
     weights_vector,
 };
 use crate::row_state::{
-    RowState, absorb_held_target, entropy_term, first_col_of, rescaled_entropy_sum, target_share,
+    RowState, absorb_held_target, entropy_term, first_col_of, rescaled_entropy_sum, search_col,
+    target_share,
 };
 
 /// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
@@ -205,8 +206,9 @@ fn staged_to_exps<F: Float, N: Size>(
     }
     let mut best_col = state.best_col;
     if comptime!(options.argmax) {
-        let found = best_local < staged_len;
-        if found {
+        // Some staged vector beat the best the state came with.
+        let improved = best_local < staged_len;
+        if improved {
             let values = Vector::<f32, N>::cast_from(logits[row_start + first + best_local]);
             best_col = first_col_of::<N>(values, best, (first + best_local) * vector_size);
         }
@@ -318,13 +320,15 @@ fn reduce_rest<F: Float, N: Size>(
                 let safe = select(at < rest, at, 0usize);
                 let values =
                     Vector::<f32, N>::cast_from(logits[row_start + first + staged_len + safe]);
-                let first_col = (first + staged_len + safe) * vector_size;
-                #[unroll]
-                for lane in 0..values.vector_size() {
-                    let hit = !found && values.extract(lane) == best;
-                    best_col = select(hit, u32::cast_from(first_col + lane), best_col);
-                    found = found || hit;
-                }
+                let searched = search_col::<N>(
+                    values,
+                    best,
+                    (first + staged_len + safe) * vector_size,
+                    found,
+                    best_col,
+                );
+                found = searched.0;
+                best_col = searched.1;
             }
         }
     }

@@ -322,8 +322,6 @@ fn options_on_flex_through_the_portable_path() {
     );
 }
 
-/// Each extra output alone (the others absent) x reduction, with logits rounded to
-/// integers so rows have exact ties (argmax: the first of them).
 /// Every extra output asked for, with `reduction` and the gradient plan `one_pass` picks.
 fn every_output(reduction: Reduction, one_pass: bool) -> CrossEntropyOptions {
     CrossEntropyOptions {
@@ -333,6 +331,8 @@ fn every_output(reduction: Reduction, one_pass: bool) -> CrossEntropyOptions {
     }
 }
 
+/// Each extra output alone (the others absent) x reduction, with logits rounded to
+/// integers so rows have exact ties (argmax: the first of them).
 fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
     let singles = [
         ExtraOutputs {
