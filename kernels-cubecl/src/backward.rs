@@ -28,7 +28,9 @@ pub struct GradOptions {
 pub(crate) struct RowGradient {
     /// `vocab` when the row's gradient is zero (ignored, or not a class).
     pub(crate) target_col: usize,
-    pub(crate) lse: f32,
+    /// The row's maximum: the loops form `exp(x' - max)`, which `prob_coef` turns into
+    /// `p`.
+    pub(crate) max: f32,
     pub(crate) prob_coef: f32,
     pub(crate) smooth_coef: f32,
     pub(crate) target_value: f32,
@@ -54,6 +56,9 @@ pub(crate) fn incoming_scales(
 /// A row's gradient coefficients (spec, "Gradient"): with `sc = g / N_ce`, `sz = g / N_z`,
 /// `grad_c = sc ((1 - ls) w_y (p_c - [c = y]) + (ls / V)(W p_c - w_c)) + 2 s sz lse p_c`.
 /// At the target, `(1 - ls) w_y sc (p_y - 1)` uses forward's cancellation-free `p_y - 1`.
+/// The loops form `exp(x' - max)`; `prob_coef` carries the `exp(-log_sum)` that makes it
+/// `p_c` (`exp(x' - lse)` from the log-sum-exp rounded to f32 would be off by up to its
+/// ulp, 5e-4 relative near 1e4).
 /// `target_col` is `vocab` for a row whose gradient is zero; `ce_scale` and `z_scale` are
 /// then 0.
 #[cube]
@@ -63,6 +68,8 @@ pub(crate) fn gradient_coefficients(
     ce_scale: f32,
     z_scale: f32,
     lse: f32,
+    max: f32,
+    log_sum: f32,
     target_grad: f32,
     class_weights: &Tensor<f32>,
     weight_total: &Tensor<f32>,
@@ -100,8 +107,8 @@ pub(crate) fn gradient_coefficients(
     let target_coef = ce_scale * one_minus_ls * target_weight;
     RowGradient {
         target_col,
-        lse,
-        prob_coef: target_coef + smooth_extra + z_extra,
+        max,
+        prob_coef: (target_coef + smooth_extra + z_extra) * f32::exp(-log_sum),
         smooth_coef,
         target_value: target_coef * target_grad + z_extra * target_prob + smooth_target,
     }
@@ -138,6 +145,8 @@ fn row_gradient<I: Int, G: Float>(
         ce_scale,
         z_scale,
         stats[stat_index(stats, row_stat::LSE, row)],
+        stats[stat_index(stats, row_stat::MAX, row)],
+        stats[stat_index(stats, row_stat::LOG_SUM, row)],
         stats[stat_index(stats, row_stat::TARGET_GRAD, row)],
         class_weights,
         weight_total,
@@ -163,7 +172,7 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
         scalars.clone(),
         options,
     );
-    let probs = fast_exp::<N>(logits, row.lse, options.exp_flush_to_zero);
+    let probs = fast_exp::<N>(logits, row.max, options.exp_flush_to_zero);
     let mut grad = gradient_from_probs::<N>(
         probs,
         row.prob_coef,

@@ -14,6 +14,10 @@ use crate::row_state::{RowState, cube_merge, entropy_term, reduce_span};
 #[expand(derive(Clone))]
 pub(crate) struct RowForward {
     pub(crate) lse: f32,
+    /// [`row_stat::MAX`].
+    pub(crate) max: f32,
+    /// [`row_stat::LOG_SUM`].
+    pub(crate) log_sum: f32,
     /// `p_y - 1`.
     pub(crate) target_grad: f32,
 }
@@ -22,7 +26,8 @@ pub(crate) struct RowForward {
 /// the loss `ce + z`, the z-loss, the target's class weight and a 1 (the mean's
 /// denominators sum these), whether the argmax is the target, the log-sum-exp and
 /// `p_y - 1` (backward's needs besides the logits); and the argmax into `predicted` when
-/// `options.argmax`. Returns the log-sum-exp and `p_y - 1` to every unit.
+/// `options.argmax`. Returns the log-sum-exp (and its two parts) and `p_y - 1` to every
+/// unit.
 ///
 /// The target's own exp is kept out of the running sum: with `others = sum_{c != y}
 /// exp(x_c - max)`, `p_y - 1 = -others / (others + exp(x_y - max))` keeps its relative
@@ -46,12 +51,14 @@ fn forward_row<F: Float, I: Int, N: Size>(
 ) -> RowForward {
     let target = read_target::<I>(targets, row);
 
-    let mut shared_row = Shared::<[f32]>::new_slice(2usize);
+    let mut shared_row = Shared::<[f32]>::new_slice(4usize);
     if target == scalars.ignore_index {
         if UNIT_POS == 0 {
             write_ignored_row::<I>(stats, predicted, row, options);
             shared_row[0] = f32::new(0.0);
             shared_row[1] = f32::new(0.0);
+            shared_row[2] = f32::new(0.0);
+            shared_row[3] = f32::new(0.0);
         }
     } else {
         read_row::<F, I, N>(
@@ -74,6 +81,8 @@ fn forward_row<F: Float, I: Int, N: Size>(
     let result = RowForward {
         lse: shared_row[0],
         target_grad: shared_row[1],
+        max: shared_row[2],
+        log_sum: shared_row[3],
     };
     sync_cube();
     result
@@ -163,6 +172,8 @@ fn read_row<F: Float, I: Int, N: Size>(
         );
         shared_row[0] = forward.lse;
         shared_row[1] = forward.target_grad;
+        shared_row[2] = forward.max;
+        shared_row[3] = forward.log_sum;
     }
 }
 
@@ -206,14 +217,16 @@ pub(crate) fn finish_row<I: Int>(
     }
     let mut loss = target_weight * nll;
     if comptime!(options.smoothing) {
-        // (1 - ls) w_y (lse - x_y) + (ls / V) sum_c w_c (lse - x_c)
+        // (1 - ls) w_y (lse - x_y) + (ls / V) sum_c w_c (lse - x_c), the last sum as
+        // `W (lse - r) - sum_c w_c (x_c - r)` with `r` the smoothing sum's reference.
         let mut weight_sum = f32::cast_from(vocab);
         if comptime!(options.weighted) {
             weight_sum = weight_total[0];
         }
         let ls = scalars.label_smoothing;
+        let above_reference = (merged.max - merged.smooth_reference) + log_sum;
         loss = (f32::new(1.0) - ls) * loss
-            + ls / f32::cast_from(vocab) * (weight_sum * lse - merged.smooth);
+            + ls / f32::cast_from(vocab) * (weight_sum * above_reference - merged.smooth);
     }
     let mut z_loss = f32::new(0.0);
     if comptime!(options.z_loss) {
@@ -252,11 +265,20 @@ pub(crate) fn finish_row<I: Int>(
         stats[at] = target_grad;
         let at = stat_index(&*stats, row_stat::ENTROPY, row);
         stats[at] = entropy;
+        let at = stat_index(&*stats, row_stat::MAX, row);
+        stats[at] = merged.max;
+        let at = stat_index(&*stats, row_stat::LOG_SUM, row);
+        stats[at] = log_sum;
         if comptime!(options.argmax) {
             predicted[row] = I::cast_from(best_col);
         }
     }
-    RowForward { lse, target_grad }
+    RowForward {
+        lse,
+        max: merged.max,
+        log_sum,
+        target_grad,
+    }
 }
 
 /// Forward: one cube per row, see [`forward_row`].

@@ -45,7 +45,7 @@ pub use plan::{LossSettings, OnePassPlan, RowLaunch};
 pub use reduce::{ReduceOptions, reduce_stats_kernel};
 pub use row::{RUNNING_MAX_START, RowOptions, RowScalars, RowScalarsLaunch};
 pub use shards::{
-    ELSEWHERE, PackOptions, SHARD_IGNORE, ShardGradientOptions, ShardRowsOptions,
+    ELSEWHERE, PackOptions, SHARD_IGNORE, ShardGradientOptions, ShardRowsOptions, log_sum_rows,
     pack_shard_rows_kernel, shard_gradient_rows_kernel, shard_targets_kernel,
     whole_vocabulary_rows_kernel,
 };
@@ -65,13 +65,20 @@ pub mod row_stat {
     pub const VALID: usize = 3;
     /// 1 when the argmax is the target (only when the argmax is tracked).
     pub const CORRECT: usize = 4;
-    /// Log-sum-exp of the (soft-capped) logits.
+    /// Log-sum-exp of the (soft-capped) logits, rounded to f32.
     pub const LSE: usize = 5;
     /// `p_y - 1`, formed without cancellation.
     pub const TARGET_GRAD: usize = 6;
     /// The softmax's entropy `-sum_c p_c ln p_c` of the (transformed) logits (only when
     /// asked for; 0 otherwise).
     pub const ENTROPY: usize = 7;
+    /// The row's maximum `m` of the (transformed) logits.
+    pub const MAX: usize = 8;
+    /// `ln sum_c exp(x'_c - m)`: the log-sum-exp is `MAX + LOG_SUM`, which `LSE` rounds
+    /// (by up to 5e-4 near 1e4). The gradient forms `p_c = exp(x'_c - MAX) exp(-LOG_SUM)`,
+    /// whose first argument is exact for the columns that matter, so its error does not
+    /// grow with the logits' scale.
+    pub const LOG_SUM: usize = 9;
     /// Number of statistics.
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 10;
 }

@@ -434,6 +434,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         best: row_best,
         best_col: row_best_col,
         smooth: row_smooth,
+        smooth_reference: merged.smooth_reference,
         entropy_sum: row_entropy,
     };
     let forward = finish_row::<I>(
@@ -459,6 +460,8 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         ce_scale,
         z_scale,
         forward.lse,
+        forward.max,
+        forward.log_sum,
         forward.target_grad,
         class_weights,
         weight_total,
@@ -540,7 +543,7 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         if comptime!(one_pass.staged_exps) {
             if from_exps {
                 let coefficient =
-                    fast_exp_scalar(reference - row_grad.lse, options.exp_flush_to_zero)
+                    fast_exp_scalar(reference - row_grad.max, options.exp_flush_to_zero)
                         * row_grad.prob_coef;
                 let value = gradient_from_staged_exps::<F, N>(
                     target_in_stage,

@@ -22,8 +22,13 @@ pub(crate) struct RowState {
     /// Argmax so far (value, column; column `vocab` until a value is seen).
     pub(crate) best: f32,
     pub(crate) best_col: u32,
-    /// `sum_c w_c x'_c` (label smoothing).
+    /// `sum_c w_c (x'_c - smooth_reference)` (label smoothing).
     pub(crate) smooth: f32,
+    /// The row's transformed logit at column 0 (0 when it is not finite, or without label
+    /// smoothing), the same in every unit and chunk: summed relative to it, `smooth` keeps
+    /// its digits for logits far from 0, where `sum_c w_c x'_c` and `W lse` would be
+    /// large and nearly cancel.
+    pub(crate) smooth_reference: f32,
     /// `sum_{c != y} exp(x'_c - max) (x'_c - max)`, over the classes `others` sums (the
     /// entropy; rescaled with `others` when the maximum moves).
     pub(crate) entropy_sum: f32,
@@ -73,7 +78,7 @@ pub(crate) fn absorb<N: Size>(
     }
     let mut smooth = state.smooth;
     if comptime!(options.smoothing) {
-        smooth += lane_sum::<N>(values * weights);
+        smooth += lane_sum::<N>((values - Vector::new(state.smooth_reference)) * weights);
     }
     // The fast exponential here too (its argument is <= 0): the accurate `expf` per
     // vector cost about 2.5 instructions per element.
@@ -104,6 +109,7 @@ pub(crate) fn absorb<N: Size>(
         best,
         best_col,
         smooth,
+        smooth_reference: state.smooth_reference,
         entropy_sum,
     }
 }
@@ -157,6 +163,29 @@ pub(crate) fn rescaled_entropy_sum(entropy_sum: f32, others: f32, shift: f32, re
         rescale * (entropy_sum + shift * others),
         f32::new(0.0),
     )
+}
+
+/// [`smooth_reference`](RowState::smooth_reference) of the row whose first vector is
+/// `row_start` (read only with label smoothing).
+#[cube]
+pub(crate) fn smooth_reference<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+) -> f32 {
+    let mut reference = f32::new(0.0);
+    if comptime!(options.smoothing) {
+        let first = transformed::<N>(
+            Vector::<f32, N>::cast_from(logits[row_start]),
+            scalars,
+            options,
+        )
+        .extract(0usize);
+        // NaN fails the comparison too.
+        reference = select(f32::abs(first) <= f32::MAX, first, f32::new(0.0));
+    }
+    reference
 }
 
 /// [`absorb`] of one vector as loaded (`raw`, columns `first_col..`): in f32,
@@ -235,6 +264,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     let mut best = f32::new(RUNNING_MAX_START);
     let mut best_col = u32::cast_from(vocab);
     let mut smooth = f32::new(0.0);
+    let reference = smooth_reference::<F, N>(logits, row_start, scalars.clone(), options);
     let mut entropy_sum = f32::new(0.0);
     // `vocab / vector_size` (no vector) when the target is not a class.
     let target_vector = target_col / vector_size;
@@ -267,6 +297,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
                 best,
                 best_col,
                 smooth,
+                smooth_reference: reference,
                 entropy_sum,
             };
             let next = absorb_vector::<F, N>(
@@ -297,6 +328,7 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
         best,
         best_col,
         smooth,
+        smooth_reference: reference,
         entropy_sum,
     };
     // The target's vector, by the unit whose share it is (re-read: from L1, or from
@@ -351,6 +383,7 @@ pub(crate) fn absorb_held_target<F: Float, N: Size>(
         best: select(holds, next.best, state.best),
         best_col: select(holds, next.best_col, state.best_col),
         smooth: select(holds, next.smooth, state.smooth),
+        smooth_reference: state.smooth_reference,
         entropy_sum: select(holds, next.entropy_sum, state.entropy_sum),
     }
 }

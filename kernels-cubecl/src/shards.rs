@@ -13,7 +13,7 @@ use crate::row_stat;
 /// Which terms a launch forms (each combination compiles its own kernel).
 #[derive_cube_comptime]
 pub struct ShardRowsOptions {
-    /// Shards `K`: the exchanged matrix's first `K` rows are their log-sum-exps.
+    /// Shards `K`: the exchanged matrix's first `K` rows are their maxima.
     pub shards: usize,
     /// Label smoothing > 0: one more exchanged row, the shards' smoothing sums.
     pub smoothing: bool,
@@ -24,16 +24,27 @@ pub struct ShardRowsOptions {
     pub argmax: bool,
 }
 
+/// The first of the exchanged matrix's last `K` rows, the shards' `row_stat::LOG_SUM`:
+/// after `K` maxima, the target's two rows, the smoothing row and the argmax's `2K` rows,
+/// as asked.
+pub const fn log_sum_rows(shards: usize, smoothing: bool, argmax: bool) -> usize {
+    shards + 2 + smoothing as usize + if argmax { 2 * shards } else { 0 }
+}
+
 /// One unit per row `n` of `summed [R, N]` (f32), the element-wise sum over the shards of
 /// what each contributed (`burn-fused-ce`'s `vocab_parallel.rs` packs it): rows `0..K`
-/// the shards' log-sum-exps `lse_k` (each shard fills its own row); row `K` the owning
-/// shard's `lse_y - x_y`, row `K + 1` its `p'_y - 1` (over its own classes); with
-/// smoothing, row `K + 2` the shards' `sum_c w_c (lse_k - x_c)`; with the argmax, `K` rows
-/// of best values then `K` rows of their columns. Writes the row's statistics of the whole
+/// the shards' maxima `m_k` (each shard fills its own row); row `K` the owning shard's
+/// `lse_y - x_y`, row `K + 1` its `p'_y - 1` (over its own classes); with smoothing, row
+/// `K + 2` the shards' `sum_c w_c (lse_k - x_c)`; with the argmax, `K` rows of best values
+/// then `K` rows of their columns; last, from [`log_sum_rows`], the shards' `s_k =
+/// ln sum_{c in k} exp(x_c - m_k)`, so that `lse_k = m_k + s_k`. Writes the row's statistics of the whole
 /// vocabulary into `stats [COUNT, N]` in [`row_stat`]'s layout (every statistic 0 for an
 /// ignored row) and, with the argmax, `predicted [N]` (-1 for an ignored row).
 ///
-/// `lse = logsumexp_k lse_k`; `lse - x_y = (lse_y - x_y) + (lse - lse_y)`;
+/// `lse = m + s` with `m = max_k m_k` and `s = ln sum_k exp((m_k - m) + s_k)`, and every
+/// difference of two log-sum-exps below taken as that of their maxima (exact when it
+/// matters) plus that of their `s` (a log-sum-exp rounded to f32 is off by up to 5e-4
+/// near 1e4); `lse - x_y = (lse_y - x_y) + (lse - lse_y)`;
 /// `p_y - 1 = (p'_y - 1) r - (1 - r)` with `r = exp(lse_y - lse)` and `1 - r` summed
 /// over the other shards (no cancellation); the smoothing term is
 /// `sum_k (W_k (lse - lse_k) + sum_{c in k} w_c (lse_k - x_c))` with `W_k` the shard's
@@ -78,24 +89,38 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
     for k in 0..shards {
         max = f32::max(max, exchanged(summed, k, row));
     }
+    let log_sums = comptime!(log_sum_rows(
+        options.shards,
+        options.smoothing,
+        options.argmax
+    ));
     let mut total = f32::new(0.0);
     #[unroll]
     for k in 0..shards {
-        total += f32::exp(exchanged(summed, k, row) - max);
+        total += f32::exp((exchanged(summed, k, row) - max) + exchanged(summed, log_sums + k, row));
     }
-    let lse = max + f32::ln(total);
-    let mut lse_owner = f32::new(0.0);
+    let log_sum = f32::ln(total);
+    let lse = max + log_sum;
+    let mut max_owner = f32::new(0.0);
+    let mut log_sum_owner = f32::new(0.0);
     let mut share_elsewhere = f32::new(0.0);
     #[unroll]
     for k in 0..shards {
-        let lse_k = exchanged(summed, k, row);
+        let max_k = exchanged(summed, k, row);
+        let log_sum_k = exchanged(summed, log_sums + k, row);
         let here = owner == comptime!(k as u32);
-        lse_owner = select(here, lse_k, lse_owner);
-        share_elsewhere += select(here, f32::new(0.0), f32::exp(lse_k - lse));
+        max_owner = select(here, max_k, max_owner);
+        log_sum_owner = select(here, log_sum_k, log_sum_owner);
+        share_elsewhere += select(
+            here,
+            f32::new(0.0),
+            f32::exp((max_k - max) + (log_sum_k - log_sum)),
+        );
     }
-    let nll = exchanged(summed, shards, row) + (lse - lse_owner);
-    let target_grad =
-        exchanged(summed, shards + 1, row) * f32::exp(lse_owner - lse) - share_elsewhere;
+    // `lse - lse_y`.
+    let above_owner = (max - max_owner) + (log_sum - log_sum_owner);
+    let nll = exchanged(summed, shards, row) + above_owner;
+    let target_grad = exchanged(summed, shards + 1, row) * f32::exp(-above_owner) - share_elsewhere;
 
     let mut target_weight = f32::new(1.0);
     if comptime!(options.weighted) {
@@ -107,7 +132,10 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
         let mut spread = f32::new(0.0);
         #[unroll]
         for k in 0..shards {
-            spread += (lse - exchanged(summed, k, row)) * shard_totals[k];
+            // `lse - lse_k`.
+            let above = (max - exchanged(summed, k, row))
+                + (log_sum - exchanged(summed, log_sums + k, row));
+            spread += above * shard_totals[k];
         }
         let smooth = spread + exchanged(summed, shards + 2, row);
         ce += smooth * (label_smoothing / f32::cast_from(vocab));
@@ -148,6 +176,10 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
     stats[at] = select(counted, lse, zero);
     let at = stat_index(&*stats, row_stat::TARGET_GRAD, row);
     stats[at] = select(counted, target_grad, zero);
+    let at = stat_index(&*stats, row_stat::MAX, row);
+    stats[at] = select(counted, max, zero);
+    let at = stat_index(&*stats, row_stat::LOG_SUM, row);
+    stats[at] = select(counted, log_sum, zero);
 }
 
 /// Row `stat` of the exchanged matrix at row `row` of the batch.
@@ -208,13 +240,14 @@ pub struct PackOptions {
 
 /// One unit per row: what the shard `index` of `K` (classes `start..start + width`)
 /// contributes to the exchanged sums, `packed [R, N]` in the layout
-/// [`whole_vocabulary_rows_kernel`] reads: its row kernel's log-sum-exp in row `index`
-/// and 0 in the other shards' rows; where the target is one of its classes, the row
+/// [`whole_vocabulary_rows_kernel`] reads: its row kernel's maximum in row `index` and 0
+/// in the other shards' rows; where the target is one of its classes, the row
 /// kernel's loss and `p'_y - 1`, else 0; with `smoothing`, the smoothing pass's loss
 /// (`own` and `smoothed` are those passes' statistics `[COUNT, N]`) times `width`; with
 /// the argmax, the value of the logits at the row kernel's argmax (`predicted [N]`,
 /// soft-capped) and that column in the whole vocabulary, in row `index` of each block of
-/// `K` rows, 0 elsewhere and for ignored rows. `logits` are bound as `[1, N, width]` and
+/// `K` rows, 0 elsewhere and for ignored rows; last, its row kernel's `row_stat::LOG_SUM`
+/// in row `index` of the block at [`log_sum_rows`]. `logits` are bound as `[1, N, width]` and
 /// `targets` as `[1, N]`; `smoothed`, `predicted` and `logits` are read only when the
 /// options ask for them.
 #[allow(clippy::too_many_arguments)]
@@ -244,12 +277,12 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
     let counted = target != ignore_index;
     let first = i32::cast_from(start);
     let here = counted && target >= first && target < first + i32::cast_from(width);
-    let lse = own[stat_index(own, row_stat::LSE, row)];
+    let max = own[stat_index(own, row_stat::MAX, row)];
     #[unroll]
     for k in 0..shards {
         let mine = index == comptime!(k as u32);
         let at = packed_index(&*packed, k, row);
-        packed[at] = select(mine, lse, zero);
+        packed[at] = select(mine, max, zero);
     }
     let at = packed_index(&*packed, shards, row);
     packed[at] = select(here, own[stat_index(own, row_stat::LOSS, row)], zero);
@@ -259,6 +292,18 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
         let smooth = smoothed[stat_index(smoothed, row_stat::LOSS, row)];
         let at = packed_index(&*packed, shards + 2, row);
         packed[at] = smooth * f32::cast_from(width);
+    }
+    let log_sums = comptime!(log_sum_rows(
+        options.shards,
+        options.smoothing,
+        options.argmax
+    ));
+    let log_sum = own[stat_index(own, row_stat::LOG_SUM, row)];
+    #[unroll]
+    for k in 0..shards {
+        let mine = index == comptime!(k as u32);
+        let at = packed_index(&*packed, log_sums + k, row);
+        packed[at] = select(mine, log_sum, zero);
     }
     if comptime!(options.argmax) {
         let best_at = comptime!(options.shards + 2 + options.smoothing as usize);
@@ -392,7 +437,9 @@ pub fn shard_gradient_rows_kernel<F: Float, G: Float, I: Int>(
     if comptime!(options.softcap) {
         logit = softcap * f32::tanh(logit / softcap);
     }
-    let elsewhere = f32::exp(logit - lse);
+    // `p` of column 0 as the backward kernel forms the others'.
+    let elsewhere = f32::exp(logit - stats[stat_index(stats, row_stat::MAX, row)])
+        * f32::exp(-stats[stat_index(stats, row_stat::LOG_SUM, row)]);
     let written = select(
         coefficient == zero,
         zero,

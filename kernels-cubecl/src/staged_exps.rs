@@ -12,14 +12,14 @@ use crate::row::{
 };
 use crate::row_state::{
     RowState, absorb_held_target, entropy_term, first_col_of, rescaled_entropy_sum, search_col,
-    target_share,
+    smooth_reference, target_share,
 };
 
 /// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
 /// maximum `m` of the unit's kept exponentials. No barrier: a unit reads back only what
 /// it staged. The unit's staged vectors (the chunk's first `staged_limit`) go to shared
 /// memory; then they are turned into `exp(x - m)` in place (in the logits' type) and
-/// summed, so their gradient is `exp(x - m) * exp(m - lse) * coefficient`, a multiply per
+/// summed, so their gradient is `exp(x - m) * exp(m - max) * coefficient`, a multiply per
 /// element instead of an exponential (`write_staged_exps_gradient`); the rest of the
 /// chunk is reduced as it streams by (one maximum per step of `loads_per_step` vectors, so
 /// one rescale per step). In bf16 the kept `exp(x - m)` is rounded once more than a
@@ -54,6 +54,7 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         best: f32::new(RUNNING_MAX_START),
         best_col: u32::cast_from(vocab),
         smooth: f32::new(0.0),
+        smooth_reference: smooth_reference::<F, N>(logits, row_start, scalars.clone(), options),
         entropy_sum: f32::new(0.0),
     };
     let top = stage_logits::<F, N>(
@@ -190,6 +191,7 @@ fn staged_to_exps<F: Float, N: Size>(
         let next = absorb_exps::<N>(
             others,
             smooth,
+            state.smooth_reference,
             entropy_sum,
             values,
             exps,
@@ -220,6 +222,7 @@ fn staged_to_exps<F: Float, N: Size>(
         best,
         best_col,
         smooth,
+        smooth_reference: state.smooth_reference,
         entropy_sum,
     }
 }
@@ -293,6 +296,7 @@ fn reduce_rest<F: Float, N: Size>(
             let next = absorb_exps::<N>(
                 others,
                 smooth,
+                state.smooth_reference,
                 entropy_sum,
                 values,
                 exps,
@@ -339,6 +343,7 @@ fn reduce_rest<F: Float, N: Size>(
         best,
         best_col,
         smooth,
+        smooth_reference: state.smooth_reference,
         entropy_sum,
     }
 }
@@ -352,6 +357,7 @@ fn reduce_rest<F: Float, N: Size>(
 fn absorb_exps<N: Size>(
     others: f32,
     smooth: f32,
+    smooth_reference: f32,
     entropy_sum: f32,
     values: Vector<f32, N>,
     exps: Vector<f32, N>,
@@ -377,7 +383,8 @@ fn absorb_exps<N: Size>(
         if comptime!(options.weighted) {
             weights = weights_vector::<N>(class_weights, first_col);
         }
-        smooth += select(take, lane_sum::<N>(values * weights), f32::new(0.0));
+        let spread = (values - Vector::new(smooth_reference)) * weights;
+        smooth += select(take, lane_sum::<N>(spread), f32::new(0.0));
     }
     (others, smooth, entropy_sum)
 }
@@ -403,7 +410,7 @@ pub(crate) fn write_staged_exps_gradient<F: Float, N: Size>(
     let cube_size = options.cube_size;
     let vector_size = grad.vector_size();
     let coefficient =
-        fast_exp_scalar(reference - row_grad.lse, options.exp_flush_to_zero) * row_grad.prob_coef;
+        fast_exp_scalar(reference - row_grad.max, options.exp_flush_to_zero) * row_grad.prob_coef;
     let mut local = UNIT_POS as usize;
     while local < staged_len {
         let value = gradient_from_staged_exps::<F, N>(

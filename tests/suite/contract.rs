@@ -44,6 +44,8 @@ pub(crate) struct Case {
     pub(crate) unit_grad: bool,
     /// `Some(m)`: logits uniform in `[-m, m)` instead of a few units.
     pub(crate) magnitude: Option<f32>,
+    /// Added to every logit last: rows far from 0 whose probabilities are spread.
+    pub(crate) shift: f32,
 }
 
 impl Case {
@@ -63,6 +65,7 @@ impl Case {
             ties: false,
             unit_grad: false,
             magnitude: None,
+            shift: 0.0,
         }
     }
 
@@ -375,6 +378,7 @@ pub(crate) fn check_case_seeded(backend: TestBackend, case: Case, seed: u64) {
     if let Some(margin) = case.confident {
         make_confident(&mut values, vocab, &targets, margin);
     }
+    values.iter_mut().for_each(|v| *v += case.shift);
     let reference = RefOptions::new(&options, weights.as_deref());
     let mut call = Call {
         exclusive: case.exclusive_logits,

@@ -271,7 +271,7 @@ pub fn cross_entropy_rows<B: Backend>(
         drop(exps);
         FloatOf::zeros([rows, 1], &device, DType::F32)
     };
-    let lse = max.add(log_sum.clone());
+    let lse = max.clone().add(log_sum.clone());
     // lse - x_y = (max - x_y) + ln(sum): exact in its first term.
     let nll = log_sum.clone().sub(target_shifted);
 
@@ -329,6 +329,8 @@ pub fn cross_entropy_rows<B: Backend>(
         (row_stat::LSE, lse),
         (row_stat::TARGET_GRAD, target_grad),
         (row_stat::ENTROPY, entropy),
+        (row_stat::MAX, max),
+        (row_stat::LOG_SUM, log_sum.clone()),
     ];
     columns.sort_by_key(|(stat, _)| *stat);
     debug_assert_eq!(columns.len(), row_stat::COUNT);
@@ -410,6 +412,8 @@ pub fn cross_entropy_backward<B: Backend>(
     let not_counted = t.counted.clone().not();
     let stats = FloatOf::<B, 2>::new(stats);
     let lse = stat_column(&stats, row_stat::LSE, rows);
+    let max = stat_column(&stats, row_stat::MAX, rows);
+    let log_sum = stat_column(&stats, row_stat::LOG_SUM, rows);
     let target_grad = stat_column(&stats, row_stat::TARGET_GRAD, rows);
 
     // The incoming gradient per row, f32 `[N, 1]`, 0 on rows without a gradient.
@@ -465,7 +469,9 @@ pub fn cross_entropy_backward<B: Backend>(
         target_value = target_value.sub(coef.clone().mul(weights.target.clone()));
     }
 
-    let probs = x.clone().sub(lse).exp();
+    // `x - max` first: exact for the columns whose probability matters, where the
+    // log-sum-exp rounded to f32 is off by up to its ulp.
+    let probs = x.clone().sub(max).sub(log_sum).exp();
     let mut grad = probs.mul(prob_coef);
     if let Some(coef) = smooth_coef {
         grad = match weights.row {

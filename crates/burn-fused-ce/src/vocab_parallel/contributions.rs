@@ -28,8 +28,8 @@ pub(crate) fn shard_contributions_by_tensor_ops<B: FusedCrossEntropyBackend>(
         |targets: IntOf<B, 1>| B::int_reshape(targets.into_primitive(), targets_shape.clone());
     let here = shard.classes();
 
-    // The shard's statistics: its log-sum-exp, and at the target's shard its `lse - x_y`
-    // and `p_y - 1`.
+    // The shard's statistics: its maximum and `ln sum exp(x - max)`, and at the target's
+    // shard its `lse - x_y` and `p_y - 1`.
     let own = B::cross_entropy_rows(
         CrossEntropyInputs {
             logits: inputs.logits.clone(),
@@ -42,7 +42,7 @@ pub(crate) fn shard_contributions_by_tensor_ops<B: FusedCrossEntropyBackend>(
     let mut contributions: Vec<FloatOf<B, 1>> = (0..shard.count())
         .map(|k| {
             if k == shard.index() {
-                stat_row(&own_stats, row_stat::LSE)
+                stat_row(&own_stats, row_stat::MAX)
             } else {
                 target_rows.zeros()
             }
@@ -105,6 +105,14 @@ pub(crate) fn shard_contributions_by_tensor_ops<B: FusedCrossEntropyBackend>(
                 });
             }
         }
+    }
+    // Last, the shard's `ln sum exp(x - max)`, in its own row of `K`.
+    for k in 0..shard.count() {
+        contributions.push(if k == shard.index() {
+            stat_row(&own_stats, row_stat::LOG_SUM)
+        } else {
+            target_rows.zeros()
+        });
     }
     let contributions = contributions
         .into_iter()

@@ -14,10 +14,11 @@ use crate::loss::types::{ClassWeights, OptionalFloat};
 #[extension_type(fusion: cfg(feature = "fusion"))]
 pub struct ExchangedRows<B: Backend> {
     /// The element-wise sum over the shards of what each contributed, f32 `[R, N]`: rows
-    /// `0..K` the shards' log-sum-exps (each shard fills its own row); row `K` the owning
+    /// `0..K` the shards' row maxima (each shard fills its own row); row `K` the owning
     /// shard's `lse_y - x_y`, row `K + 1` its `p'_y - 1`; with label smoothing, row `K + 2`
     /// the shards' `sum_c w_c (lse_k - x_c)`; with the argmax, `K` rows of the shards' best
-    /// values, then `K` rows of their columns in the whole vocabulary.
+    /// values, then `K` rows of their columns in the whole vocabulary; last, `K` rows of
+    /// the shards' `ln sum exp(x - max)` (their log-sum-exp is the maximum plus it).
     pub summed: FloatTensor<B>,
     /// The targets, `[N]`.
     pub targets: IntTensor<B>,

@@ -64,8 +64,12 @@ fn elementwise_gradient<B: VocabParallelBackend>(
         &flowing,
         rows,
     );
-    // Rows with no gradient get a log-sum-exp that makes every probability 0, not `inf * 0`.
-    let lse = stat_row(&stats, row_stat::LSE).mask_fill(flowing.not(), f32::MAX as f64);
+    // Rows with no gradient get a maximum that makes every probability 0, and finite
+    // statistics (not `inf * 0`).
+    let stopped = flowing.not();
+    let lse = stat_row(&stats, row_stat::LSE).mask_fill(stopped.clone(), 0.0);
+    let max = stat_row(&stats, row_stat::MAX).mask_fill(stopped.clone(), f32::MAX as f64);
+    let log_sum = stat_row(&stats, row_stat::LOG_SUM).mask_fill(stopped, 0.0);
     let coefficients = RowCoefficients::new(
         scales,
         &stats,
@@ -87,7 +91,9 @@ fn elementwise_gradient<B: VocabParallelBackend>(
         }
         None => logits,
     };
-    let probs = capped.clone().sub(column(lse)).exp();
+    // `x - max` first: exact for the columns whose probability matters, where the
+    // log-sum-exp rounded to f32 is off by up to its ulp.
+    let probs = capped.clone().sub(column(max)).sub(column(log_sum)).exp();
     let int_dtype = target_rows.targets.dtype();
     let local_target = target_rows
         .targets

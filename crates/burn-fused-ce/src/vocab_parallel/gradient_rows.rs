@@ -148,7 +148,11 @@ pub(crate) fn shard_gradient_rows_by_tensor_ops<B: Backend>(
         }
         None => first,
     };
-    let elsewhere = first.sub(lse).exp();
+    // As the backward kernel forms the other columns' probabilities.
+    let elsewhere = first
+        .sub(stat_row(&stats, row_stat::MAX))
+        .sub(stat_row(&stats, row_stat::LOG_SUM))
+        .exp();
     let written = elsewhere
         .mask_where(target_rows.here.clone(), target_grad)
         .mask_fill(zero, 0.0);

@@ -92,11 +92,14 @@ pub(crate) fn smoothing_options(options: &CrossEntropyOptions) -> CrossEntropyOp
 
 /// Rows of the exchanged matrix (see [`crate::ExchangedRows::summed`]).
 pub(crate) fn exchanged_rows(shard: &VocabShard, options: &CrossEntropyOptions) -> usize {
-    let smoothing = usize::from(options.label_smoothing > 0.0);
-    let argmax = if options.outputs.needs_argmax() {
-        2 * shard.count
-    } else {
-        0
-    };
-    shard.count + 2 + smoothing + argmax
+    log_sum_rows(shard, options) + shard.count
+}
+
+/// The first of the exchanged matrix's last `K` rows: the shards' `row_stat::LOG_SUM`.
+pub(crate) fn log_sum_rows(shard: &VocabShard, options: &CrossEntropyOptions) -> usize {
+    fused_ce_kernels::log_sum_rows(
+        shard.count,
+        options.label_smoothing > 0.0,
+        options.outputs.needs_argmax(),
+    )
 }

@@ -10,7 +10,7 @@ use crate::loss::types::{ClassWeights, OptionalInt, RowStats, row_stat};
 use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
 use crate::vocab_parallel::extension_types::ExchangedRows;
-use crate::vocab_parallel::shard::VocabShard;
+use crate::vocab_parallel::shard::{VocabShard, log_sum_rows};
 use crate::vocab_parallel::target_rows::TargetRows;
 
 /// The statistics in [`row_stat`]'s layout; ignored rows all 0.
@@ -28,23 +28,34 @@ pub(crate) fn whole_vocabulary_rows_by_tensor_ops<B: Backend>(
     let rows = summed.dims()[1];
     let across = |row: FloatOf<B, 1>| row.reshape([1, rows]).expand([count, rows]);
 
-    let lse_per_shard = summed.clone().slice([0..count, 0..rows]);
-    let max = lse_per_shard.clone().max_dim(0);
-    let lse = lse_per_shard
+    let max_per_shard = summed.clone().slice([0..count, 0..rows]);
+    let log_sums = log_sum_rows(shard, options);
+    let log_sum_per_shard = summed.clone().slice([log_sums..log_sums + count, 0..rows]);
+    // `lse = max + log_sum`, and a difference of two log-sum-exps is that of their maxima
+    // plus that of their `log_sum` (the log-sum-exps rounded to f32 are off by up to
+    // their ulp).
+    let max = max_per_shard.clone().max_dim(0);
+    let log_sum = max_per_shard
         .clone()
         .sub(max.clone().expand([count, rows]))
+        .add(log_sum_per_shard.clone())
         .exp()
         .sum_dim(0)
         .log()
-        .add(max)
         .reshape([rows]);
+    let max = max.reshape([rows]);
+    let lse = max.clone().add(log_sum.clone());
     let owner = target_rows
         .targets
         .clone()
         .div_scalar(shard.width() as i64)
         .clamp(0, count as i64 - 1)
         .reshape([1, rows]);
-    let lse_owner = lse_per_shard
+    let max_owner = max_per_shard
+        .clone()
+        .gather(0, owner.clone())
+        .reshape([rows]);
+    let log_sum_owner = log_sum_per_shard
         .clone()
         .gather(0, owner.clone())
         .reshape([rows]);
@@ -53,15 +64,21 @@ pub(crate) fn whole_vocabulary_rows_by_tensor_ops<B: Backend>(
         .expand([count, rows])
         .equal(owner.expand([count, rows]))
         .not();
-    let share_elsewhere = lse_per_shard
+    let share_elsewhere = max_per_shard
         .clone()
-        .sub(across(lse.clone()))
+        .sub(across(max.clone()))
+        .add(log_sum_per_shard.clone().sub(across(log_sum.clone())))
         .exp()
         .mask_fill(others.not(), 0.0)
         .sum_dim(0)
         .reshape([rows]);
-    let owner_share = lse_owner.clone().sub(lse.clone()).exp();
-    let nll = stat_row(&summed, count).add(lse.clone().sub(lse_owner));
+    // `lse - lse_y`.
+    let above_owner = max
+        .clone()
+        .sub(max_owner)
+        .add(log_sum.clone().sub(log_sum_owner));
+    let owner_share = above_owner.clone().neg().exp();
+    let nll = stat_row(&summed, count).add(above_owner);
     let target_grad = stat_row(&summed, count + 1)
         .mul(owner_share)
         .sub(share_elsewhere);
@@ -85,8 +102,9 @@ pub(crate) fn whole_vocabulary_rows_by_tensor_ops<B: Backend>(
         let totals = FloatOf::<B, 1>::new(totals)
             .reshape([count, 1])
             .expand([count, rows]);
-        let spread = across(lse.clone())
-            .sub(lse_per_shard)
+        let spread = across(max.clone())
+            .sub(max_per_shard)
+            .add(across(log_sum.clone()).sub(log_sum_per_shard))
             .mul(totals)
             .sum_dim(0)
             .reshape([rows]);
@@ -134,6 +152,8 @@ pub(crate) fn whole_vocabulary_rows_by_tensor_ops<B: Backend>(
     stats[row_stat::CORRECT] = correct;
     stats[row_stat::LSE] = lse;
     stats[row_stat::TARGET_GRAD] = target_grad;
+    stats[row_stat::MAX] = max;
+    stats[row_stat::LOG_SUM] = log_sum;
     let stats = stats
         .into_iter()
         .map(|stat| TargetRows::masked(counted, stat).reshape([1, rows]))
