@@ -56,9 +56,9 @@ pub(crate) fn incoming_scales(
 /// A row's gradient coefficients (spec, "Gradient"): with `sc = g / N_ce`, `sz = g / N_z`,
 /// `grad_c = sc ((1 - ls) w_y (p_c - [c = y]) + (ls / V)(W p_c - w_c)) + 2 s sz lse p_c`.
 /// At the target, `(1 - ls) w_y sc (p_y - 1)` uses forward's cancellation-free `p_y - 1`.
-/// The loops form `exp(x' - max)`; `prob_coef` carries the `exp(-log_sum)` that makes it
-/// `p_c` (`exp(x' - lse)` from the log-sum-exp rounded to f32 would be off by up to its
-/// ulp, 5e-4 relative near 1e4).
+/// `lse = max + log_sum`. The loops form `exp(x' - max)`; `prob_coef` carries the
+/// `exp(-log_sum)` that makes it `p_c` (`exp(x' - lse)` from the log-sum-exp rounded to
+/// f32 would be off by up to its ulp, 5e-4 relative near 1e4).
 /// `target_col` is `vocab` for a row whose gradient is zero; `ce_scale` and `z_scale` are
 /// then 0.
 #[cube]
@@ -67,7 +67,6 @@ pub(crate) fn gradient_coefficients(
     target_col: usize,
     ce_scale: f32,
     z_scale: f32,
-    lse: f32,
     max: f32,
     log_sum: f32,
     target_grad: f32,
@@ -102,7 +101,7 @@ pub(crate) fn gradient_coefficients(
     }
     let mut z_extra = f32::new(0.0);
     if comptime!(options.z_loss) {
-        z_extra = z_scale * f32::new(2.0) * scalars.z_loss_scale * lse;
+        z_extra = z_scale * f32::new(2.0) * scalars.z_loss_scale * (max + log_sum);
     }
     let target_coef = ce_scale * one_minus_ls * target_weight;
     RowGradient {
@@ -144,7 +143,6 @@ fn row_gradient<I: Int, G: Float>(
         target_col,
         ce_scale,
         z_scale,
-        stats[stat_index(stats, row_stat::LSE, row)],
         stats[stat_index(stats, row_stat::MAX, row)],
         stats[stat_index(stats, row_stat::LOG_SUM, row)],
         stats[stat_index(stats, row_stat::TARGET_GRAD, row)],

@@ -9,11 +9,10 @@ use crate::row::{
 use crate::row_stat;
 use crate::row_state::{RowState, cube_merge, entropy_term, reduce_span};
 
-/// What the rest of the cube needs of a row after [`forward_row`].
+/// What the one pass's gradient needs of a row after [`finish_row`].
 #[derive(CubeType, Clone, Copy)]
 #[expand(derive(Clone))]
 pub(crate) struct RowForward {
-    pub(crate) lse: f32,
     /// [`row_stat::MAX`].
     pub(crate) max: f32,
     /// [`row_stat::LOG_SUM`].
@@ -26,8 +25,7 @@ pub(crate) struct RowForward {
 /// the loss `ce + z`, the z-loss, the target's class weight and a 1 (the mean's
 /// denominators sum these), whether the argmax is the target, the log-sum-exp and
 /// `p_y - 1` (backward's needs besides the logits); and the argmax into `predicted` when
-/// `options.argmax`. Returns the log-sum-exp (and its two parts) and `p_y - 1` to every
-/// unit.
+/// `options.argmax`.
 ///
 /// The target's own exp is kept out of the running sum: with `others = sum_{c != y}
 /// exp(x_c - max)`, `p_y - 1 = -others / (others + exp(x_y - max))` keeps its relative
@@ -48,17 +46,11 @@ fn forward_row<F: Float, I: Int, N: Size>(
     row: usize,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
-) -> RowForward {
+) {
     let target = read_target::<I>(targets, row);
-
-    let mut shared_row = Shared::<[f32]>::new_slice(4usize);
     if target == scalars.ignore_index {
         if UNIT_POS == 0 {
             write_ignored_row::<I>(stats, predicted, row, options);
-            shared_row[0] = f32::new(0.0);
-            shared_row[1] = f32::new(0.0);
-            shared_row[2] = f32::new(0.0);
-            shared_row[3] = f32::new(0.0);
         }
     } else {
         read_row::<F, I, N>(
@@ -69,23 +61,10 @@ fn forward_row<F: Float, I: Int, N: Size>(
             predicted,
             row.clone(),
             target,
-            &mut shared_row,
             scalars.clone(),
             options,
         );
     }
-    // Publishes `shared_row`; the second barrier keeps a unit that moves on to another
-    // row (the forward-gradient kernel walks rows) from overwriting it before every unit
-    // has read it.
-    sync_cube();
-    let result = RowForward {
-        lse: shared_row[0],
-        target_grad: shared_row[1],
-        max: shared_row[2],
-        log_sum: shared_row[3],
-    };
-    sync_cube();
-    result
 }
 
 /// An ignored row's statistics (all 0) and prediction (-1).
@@ -117,7 +96,6 @@ fn read_row<F: Float, I: Int, N: Size>(
     predicted: &mut Tensor<I>,
     row: usize,
     target: i32,
-    shared_row: &mut Shared<[f32]>,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
 ) {
@@ -156,7 +134,7 @@ fn read_row<F: Float, I: Int, N: Size>(
     if UNIT_POS == 0 {
         // A target that is not a class reads a zero logit and gets a NaN loss.
         let target_logit = select(target_is_class, shared_target_logit[0], f32::new(0.0));
-        let forward = finish_row::<I>(
+        finish_row::<I>(
             merged.clone(),
             target_logit,
             target,
@@ -170,16 +148,12 @@ fn read_row<F: Float, I: Int, N: Size>(
             scalars.clone(),
             options,
         );
-        shared_row[0] = forward.lse;
-        shared_row[1] = forward.target_grad;
-        shared_row[2] = forward.max;
-        shared_row[3] = forward.log_sum;
     }
 }
 
 /// A row's loss and statistics from its merged state (one unit calls it): writes them to
-/// `stats` (and the argmax to `predicted`) when `write`, and returns the log-sum-exp and
-/// `p_y - 1`. `target_logit` is 0 when the target is not a class (the loss is then NaN).
+/// `stats` (and the argmax to `predicted`) when `write`, and returns what the one pass's
+/// gradient needs. `target_logit` is 0 when the target is not a class (the loss is then NaN).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn finish_row<I: Int>(
@@ -274,7 +248,6 @@ pub(crate) fn finish_row<I: Int>(
         }
     }
     RowForward {
-        lse,
         max: merged.max,
         log_sum,
         target_grad,

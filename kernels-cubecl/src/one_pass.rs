@@ -459,7 +459,6 @@ fn one_pass_chunk<F: Float, I: Int, N: Size>(
         target_col,
         ce_scale,
         z_scale,
-        forward.lse,
         forward.max,
         forward.log_sum,
         forward.target_grad,

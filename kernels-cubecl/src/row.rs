@@ -119,9 +119,9 @@ pub(crate) fn lane_sum<N: Size>(values: Vector<f32, N>) -> f32 {
 }
 
 /// `exp(values - shift)` per lane, for an argument <= 0 (a logit minus its row's maximum,
-/// or a maximum minus a larger one). With `flush_to_zero` (CUDA C++ only: see `RowOptions::exp_flush_to_zero`)
-/// as `ex2.approx.ftz.f32` (`ptx::exp_flush_to_zero`): the accurate `expf` made the forward
-/// pass instruction-bound on the H200. Else cubecl's `exp`, allowed its fast forms.
+/// or a maximum minus a larger one). With `flush_to_zero` (CUDA C++ only: see
+/// `RowOptions::exp_flush_to_zero`) as `ex2.approx.ftz.f32` (`ptx::exp_flush_to_zero`):
+/// the accurate `expf` made the forward pass instruction-bound on the H200. Else cubecl's `exp`, allowed its fast forms.
 #[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(crate) fn fast_exp<N: Size>(
     values: Vector<f32, N>,

@@ -78,7 +78,7 @@ pub(crate) fn absorb<N: Size>(
     }
     let mut smooth = state.smooth;
     if comptime!(options.smoothing) {
-        smooth += lane_sum::<N>((values - Vector::new(state.smooth_reference)) * weights);
+        smooth += smoothing_term::<N>(values, state.smooth_reference, weights);
     }
     // The fast exponential here too (its argument is <= 0): the accurate `expf` per
     // vector cost about 2.5 instructions per element.
@@ -163,6 +163,16 @@ pub(crate) fn rescaled_entropy_sum(entropy_sum: f32, others: f32, shift: f32, re
         rescale * (entropy_sum + shift * others),
         f32::new(0.0),
     )
+}
+
+/// One vector's part of [`RowState::smooth`]: `sum_c w_c (x'_c - reference)`.
+#[cube]
+pub(crate) fn smoothing_term<N: Size>(
+    values: Vector<f32, N>,
+    reference: f32,
+    weights: Vector<f32, N>,
+) -> f32 {
+    lane_sum::<N>((values - Vector::new(reference)) * weights)
 }
 
 /// [`smooth_reference`](RowState::smooth_reference) of the row whose first vector is

@@ -278,12 +278,7 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
     let first = i32::cast_from(start);
     let here = counted && target >= first && target < first + i32::cast_from(width);
     let max = own[stat_index(own, row_stat::MAX, row)];
-    #[unroll]
-    for k in 0..shards {
-        let mine = index == comptime!(k as u32);
-        let at = packed_index(&*packed, k, row);
-        packed[at] = select(mine, max, zero);
-    }
+    pack_own_row(packed, 0usize, row, index, max, shards);
     let at = packed_index(&*packed, shards, row);
     packed[at] = select(here, own[stat_index(own, row_stat::LOSS, row)], zero);
     let at = packed_index(&*packed, shards + 1, row);
@@ -299,12 +294,7 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
         options.argmax
     ));
     let log_sum = own[stat_index(own, row_stat::LOG_SUM, row)];
-    #[unroll]
-    for k in 0..shards {
-        let mine = index == comptime!(k as u32);
-        let at = packed_index(&*packed, log_sums + k, row);
-        packed[at] = select(mine, log_sum, zero);
-    }
+    pack_own_row(packed, log_sums, row, index, log_sum, shards);
     if comptime!(options.argmax) {
         let best_at = comptime!(options.shards + 2 + options.smoothing as usize);
         let last = i32::cast_from(width) - 1;
@@ -315,14 +305,29 @@ pub fn pack_shard_rows_kernel<F: Float, I: Int>(
             best = softcap * f32::tanh(best / softcap);
         }
         let whole_column = f32::cast_from(column + first);
-        #[unroll]
-        for k in 0..shards {
-            let mine = counted && index == comptime!(k as u32);
-            let at = packed_index(&*packed, best_at + k, row);
-            packed[at] = select(mine, best, zero);
-            let at = packed_index(&*packed, best_at + shards + k, row);
-            packed[at] = select(mine, whole_column, zero);
-        }
+        let best = select(counted, best, zero);
+        pack_own_row(packed, best_at, row, index, best, shards);
+        let whole_column = select(counted, whole_column, zero);
+        pack_own_row(packed, best_at + shards, row, index, whole_column, shards);
+    }
+}
+
+/// `value` in row `index` of the packed matrix's block of `K` rows from `block`, 0 in
+/// the other shards' rows (the exchange sums them).
+#[cube]
+fn pack_own_row(
+    packed: &mut Tensor<f32>,
+    block: usize,
+    row: usize,
+    index: u32,
+    value: f32,
+    #[comptime] shards: usize,
+) {
+    #[unroll]
+    for k in 0..shards {
+        let mine = index == comptime!(k as u32);
+        let at = packed_index(&*packed, block + k, row);
+        packed[at] = select(mine, value, f32::new(0.0));
     }
 }
 

@@ -12,7 +12,7 @@ use crate::row::{
 };
 use crate::row_state::{
     RowState, absorb_held_target, entropy_term, first_col_of, rescaled_entropy_sum, search_col,
-    smooth_reference, target_share,
+    smooth_reference, smoothing_term, target_share,
 };
 
 /// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
@@ -383,8 +383,8 @@ fn absorb_exps<N: Size>(
         if comptime!(options.weighted) {
             weights = weights_vector::<N>(class_weights, first_col);
         }
-        let spread = (values - Vector::new(smooth_reference)) * weights;
-        smooth += select(take, lane_sum::<N>(spread), f32::new(0.0));
+        let term = smoothing_term::<N>(values, smooth_reference, weights);
+        smooth += select(take, term, f32::new(0.0));
     }
     (others, smooth, entropy_sum)
 }

@@ -39,15 +39,19 @@ pub(crate) fn shard_contributions_by_tensor_ops<B: FusedCrossEntropyBackend>(
         local_options(options),
     );
     let own_stats = FloatOf::<B, 2>::new(own.stats);
-    let mut contributions: Vec<FloatOf<B, 1>> = (0..shard.count())
-        .map(|k| {
+    // `value` in the shard's own row of a block of `K`, zeros in the others'.
+    let zeros_of = &target_rows;
+    let own_row = |value: FloatOf<B, 1>| {
+        (0..shard.count()).map(move |k| {
             if k == shard.index() {
-                stat_row(&own_stats, row_stat::MAX)
+                value.clone()
             } else {
-                target_rows.zeros()
+                zeros_of.zeros()
             }
         })
-        .collect();
+    };
+    let mut contributions: Vec<FloatOf<B, 1>> =
+        own_row(stat_row(&own_stats, row_stat::MAX)).collect();
     let here_mask = &target_rows.here;
     contributions.push(TargetRows::masked(
         here_mask,
@@ -97,23 +101,11 @@ pub(crate) fn shard_contributions_by_tensor_ops<B: FusedCrossEntropyBackend>(
         let at = column.add_scalar(here.start as i64).float(DType::F32);
         let counted = &target_rows.counted;
         for values in [best, at] {
-            for k in 0..shard.count() {
-                contributions.push(if k == shard.index() {
-                    TargetRows::masked(counted, values.clone())
-                } else {
-                    target_rows.zeros()
-                });
-            }
+            contributions.extend(own_row(TargetRows::masked(counted, values)));
         }
     }
     // Last, the shard's `ln sum exp(x - max)`, in its own row of `K`.
-    for k in 0..shard.count() {
-        contributions.push(if k == shard.index() {
-            stat_row(&own_stats, row_stat::LOG_SUM)
-        } else {
-            target_rows.zeros()
-        });
-    }
+    contributions.extend(own_row(stat_row(&own_stats, row_stat::LOG_SUM)));
     let contributions = contributions
         .into_iter()
         .map(|row| row.reshape([1, rows]))
