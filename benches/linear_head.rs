@@ -30,7 +30,10 @@
 //! leaves out the matmuls alone. `cublaslt=0` turns off cuBLASLt for the chunks' products
 //! (`LinearChunking::cublaslt`, on by default); with it on, on CUDA, the fused linear
 //! cross-entropy also runs with CubeCL's products (`linear-cubecl`) and the breakdown
-//! times each chunk product through cuBLASLt.
+//! times each chunk product through cuBLASLt. `ignored=P` ignores the last P% of each
+//! sequence of 1024 rows (padding) and adds the fused linear cross-entropy on only the
+//! counted rows (`CountedRows`, built from the host's targets inside the step; its
+//! TFLOP/s count the counted rows' flops).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -39,7 +42,7 @@ use burn::backend::Dispatch;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::{
-    FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, LinearChunking,
+    CountedRows, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, LinearChunking,
     LinearCrossEntropyBackend,
 };
 use fused_ce_suite::RUNTIME_NAME;
@@ -55,6 +58,8 @@ enum Way {
     FusedLinear,
     /// The same with its products on CubeCL's kernels (`LinearChunking::cublaslt` off).
     FusedLinearCubecl,
+    /// The fused linear cross-entropy on the counted rows alone (`CountedRows`).
+    FusedLinearCounted,
 }
 
 impl Way {
@@ -64,6 +69,7 @@ impl Way {
             Way::Fused => "matmul + fused loss",
             Way::FusedLinear => "fused linear CE",
             Way::FusedLinearCubecl => "fused linear CE, CubeCL products",
+            Way::FusedLinearCounted => "fused linear CE, counted rows only",
         }
     }
 }
@@ -219,6 +225,7 @@ fn main() {
                     Way::Fused,
                     Way::FusedLinear,
                     Way::FusedLinearCubecl,
+                    Way::FusedLinearCounted,
                     Way::Stock,
                 ]
             },
@@ -229,6 +236,7 @@ fn main() {
                         "fused" => Some(Way::Fused),
                         "linear" => Some(Way::FusedLinear),
                         "linear-cubecl" => Some(Way::FusedLinearCubecl),
+                        "linear-counted" => Some(Way::FusedLinearCounted),
                         _ => None,
                     })
                     .collect()
@@ -244,11 +252,20 @@ fn main() {
         cublaslt: on_off_arg("cublaslt").unwrap_or(defaults.cublaslt),
         ..defaults
     };
-    // CubeCL's products beside cuBLASLt's, only where cuBLASLt can run.
+    // Percent of each sequence's rows ignored (padding at its end).
+    let ignored_percent = std::env::args()
+        .find_map(|arg| arg.strip_prefix("ignored=")?.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(100);
+    // CubeCL's products beside cuBLASLt's, only where cuBLASLt can run; the counted rows
+    // alone only where some are ignored.
     let ways: Vec<Way> = ways
         .into_iter()
         .filter(|&way| way != Way::FusedLinearCubecl || (llm && chunking.cublaslt))
+        .filter(|&way| way != Way::FusedLinearCounted || ignored_percent > 0)
         .collect();
+    const SEQUENCE_ROWS: usize = 1024;
+    const IGNORE_INDEX: i64 = -100;
     // The cube device (its tensors run on Burn's fusion backend), and the same with
     // autodiff for the training steps.
     let device = fused_ce_suite::device();
@@ -275,10 +292,16 @@ fn main() {
             &device,
         )
         .cast(dtype);
-        let labels: Vec<i32> = (0..rows)
-            .map(|_| rng.random_range(0..vocab as i32))
+        let padding_from = SEQUENCE_ROWS - SEQUENCE_ROWS * ignored_percent / 100;
+        let labels: Vec<i64> = (0..rows)
+            .map(|row| match row % SEQUENCE_ROWS >= padding_from {
+                true => IGNORE_INDEX,
+                false => rng.random_range(0..vocab as i64),
+            })
             .collect();
-        let targets = Tensor::<1, Int>::from_data(TensorData::new(labels, [rows]), &autodiff);
+        let counted_rows = labels.iter().filter(|&&y| y != IGNORE_INDEX).count();
+        let targets =
+            Tensor::<1, Int>::from_data(TensorData::new(labels.clone(), [rows]), &autodiff);
         let hidden = hidden.autodiff().require_grad();
         let weight = weight.autodiff().require_grad();
         let flops = 6.0 * rows as f64 * width as f64 * vocab as f64;
@@ -302,6 +325,7 @@ fn main() {
             Way::Fused,
             Way::FusedLinear,
             Way::FusedLinearCubecl,
+            Way::FusedLinearCounted,
             Way::Stock,
         ]
         .into_iter()
@@ -319,9 +343,16 @@ fn main() {
                     Way::FusedLinearCubecl => {
                         linear_cubecl_loss.forward(hidden.clone(), &head, targets.clone())
                     }
+                    Way::FusedLinearCounted => {
+                        let counted =
+                            CountedRows::from_host_targets(&labels, IGNORE_INDEX, &autodiff);
+                        let counted_hidden = counted.hidden(hidden.clone()).ok()?;
+                        let counted_targets = counted.targets(targets.clone()).ok()?;
+                        linear_loss.forward(counted_hidden, &head, counted_targets)
+                    }
                 };
                 let grads = loss.backward();
-                (hidden.grad(&grads), weight.grad(&grads))
+                Some((hidden.grad(&grads), weight.grad(&grads)))
             };
             let measured = measure(&device, warmup, reps, step);
             if way == Way::Fused {
@@ -331,6 +362,10 @@ fn main() {
             let dtype_name = format!("{dtype:?}").to_lowercase();
             match measured {
                 Some(m) => {
+                    let flops = match way {
+                        Way::FusedLinearCounted => flops * counted_rows as f64 / rows as f64,
+                        _ => flops,
+                    };
                     let tflops = flops / (m.median_ms / 1e3) / 1e12;
                     let ratio =
                         fused_ms.map_or("-".to_string(), |f| format!("{:.3}", m.median_ms / f));

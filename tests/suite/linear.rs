@@ -286,6 +286,41 @@ pub(crate) fn linear_reference(
     }
 }
 
+/// [`linear_reference`] of the hidden states, weight and bias as the kernels see them:
+/// read back after the cast to the case's dtype.
+pub(crate) fn reference_as_seen(
+    case: &LinearCase,
+    values: &LinearValues,
+    (hidden, weight, bias): (&Tensor<2>, &Tensor<2>, &Tensor<1>),
+) -> LinearReference {
+    let (h64, w64, b64) = (
+        to_f64(hidden.clone()),
+        to_f64(weight.clone()),
+        to_f64(bias.clone()),
+    );
+    linear_reference(case, values, (&h64, &w64, &b64))
+}
+
+/// The module's config for `case`: its options, `class_weights` and chunking.
+pub(crate) fn module_config(
+    case: &LinearCase,
+    class_weights: Option<Vec<f32>>,
+) -> FusedLinearCrossEntropyLossConfig {
+    let options = &case.options;
+    FusedLinearCrossEntropyLossConfig::new()
+        .with_loss(
+            FusedCrossEntropyLossConfig::new()
+                .with_reduction(options.reduction)
+                .with_ignore_index(options.ignore_index)
+                .with_label_smoothing(options.label_smoothing)
+                .with_z_loss_scale(options.z_loss_scale)
+                .with_temperature(options.temperature)
+                .with_softcap(options.softcap)
+                .with_class_weights(class_weights),
+        )
+        .with_chunking(case.chunking())
+}
+
 /// Checks one case through `Tensor<D>` on `backend` (`Fusion` or `Flex`) under autodiff:
 /// the loss and the gradients of the hidden states, the weight and the bias against the
 /// f64 reference, and the loss against the unfused composition.
@@ -312,12 +347,7 @@ pub(crate) fn check_linear_case_seeded(backend: TestBackend, case: LinearCase, s
     let values = LinearValues::draw(&case, &mut rng);
 
     let (hidden, weight, bias) = values.tensors(&case, dtype, &plain);
-    let (h64, w64, b64) = (
-        to_f64(hidden.clone()),
-        to_f64(weight.clone()),
-        to_f64(bias.clone()),
-    );
-    let reference = linear_reference(&case, &values, (&h64, &w64, &b64));
+    let reference = reference_as_seen(&case, &values, (&hidden, &weight, &bias));
     let row_grad = values.row_grad.as_slice();
 
     // Ours under autodiff.
@@ -330,19 +360,7 @@ pub(crate) fn check_linear_case_seeded(backend: TestBackend, case: LinearCase, s
         .as_ref()
         .map(|w| Tensor::<1>::from_floats(w.as_slice(), &device));
     let (loss, grads) = if case.via_module {
-        let loss_fn = FusedLinearCrossEntropyLossConfig::new()
-            .with_loss(
-                FusedCrossEntropyLossConfig::new()
-                    .with_reduction(reduction)
-                    .with_ignore_index(case.options.ignore_index)
-                    .with_label_smoothing(case.options.label_smoothing)
-                    .with_z_loss_scale(case.options.z_loss_scale)
-                    .with_temperature(case.options.temperature)
-                    .with_softcap(case.options.softcap)
-                    .with_class_weights(values.class_weights.clone()),
-            )
-            .with_chunking(case.chunking())
-            .init(&device);
+        let loss_fn = module_config(&case, values.class_weights.clone()).init(&device);
         let head = Linear {
             weight: Param::from_tensor(weight_ad.clone()),
             bias: case.bias.then(|| Param::from_tensor(bias_ad.clone())),

@@ -8,6 +8,7 @@ mod bad_input;
 mod call;
 mod common;
 mod contract;
+mod counted_rows;
 mod cube_primitives;
 mod cublaslt;
 mod defaults;

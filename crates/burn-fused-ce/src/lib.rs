@@ -57,6 +57,7 @@ pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
 pub use linear::api::try_fused_linear_cross_entropy;
 pub use linear::buffer_limit::max_buffer_bytes;
 pub use linear::chunking::LinearChunking;
+pub use linear::counted_rows::CountedRows;
 #[cfg(feature = "cuda")]
 pub use linear::cublaslt::cublaslt_version;
 pub use linear::extension::LinearCrossEntropyBackend;

@@ -36,6 +36,32 @@ pub fn fused_cross_entropy<const DL: usize, const DT: usize>(
 /// (a sync point); targets as [`CrossEntropyOptions::target_check`] says. The one pass
 /// guesses an incoming gradient of 1 (a [`crate::FusedCrossEntropyLoss`] remembers the
 /// last one instead).
+///
+/// # Example
+///
+/// ```rust
+/// # use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
+/// # let logits = Tensor::<2>::random([4, 10], Distribution::Default, &device).require_grad();
+/// # let targets = Tensor::<1, Int>::from_ints([1, 2, -100, 9], &device);
+/// use burn_fused_ce::{
+///     CrossEntropyOptions, ExtraOutputs, Reduction, fused_cross_entropy, try_fused_cross_entropy,
+/// };
+///
+/// let options = CrossEntropyOptions {
+///     label_smoothing: 0.1,
+///     ..CrossEntropyOptions::new(Reduction::Sum)
+/// };
+/// let _loss = fused_cross_entropy(logits.clone(), targets.clone(), &options);
+///
+/// let weights = Tensor::<1>::from_floats([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], &device);
+/// let options = CrossEntropyOptions { outputs: ExtraOutputs::all(), ..options };
+/// let out = try_fused_cross_entropy(logits, targets, Some(weights), &options)?;
+/// let _grads = out.loss.backward();
+/// # Ok(())
+/// # }
+/// ```
 pub fn try_fused_cross_entropy<const DL: usize, const DT: usize>(
     logits: Tensor<DL>,
     targets: Tensor<DT, Int>,

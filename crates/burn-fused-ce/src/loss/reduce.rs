@@ -53,7 +53,7 @@ pub(crate) fn reduce_stats<B: Backend>(
         );
     }
     // Whole-vector sums of the statistics' rows: full reductions are fast where a
-    // `sum_dim` over the `[7, N]` matrix is far slower (one unit per row).
+    // `sum_dim` over the `[row_stat::COUNT, N]` matrix is far slower (one unit per row).
     let sum_of = |stat: usize| -> FloatOf<B, 1> { stat_row(&stats, stat).sum() };
     // `D` and `n` (clamped), once: the mean and the accuracy share `n`. A mean over
     // given denominators divides by those; the accuracy stays the call's own.
