@@ -23,6 +23,11 @@
 //! averaged by Burn's all-reduce (`burn::tensor::distributed`) where the runtime has
 //! collectives (CUDA with NCCL), else on the first device; on wgpu the replicas share the
 //! device), `--out DIR` (plots and tables; default target/train_lm).
+//!
+//! The summary's second table tells whether a long run stays flat (a soak: `--steps
+//! 10000`): the memory pool (pages reserved, bytes in use) after warm-up (step 100) and at
+//! the end, the steps whose loss is not finite, and the mean loss of the first and the
+//! last 100 steps.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -192,6 +197,21 @@ struct Outcome {
     /// Growth of the device's memory pool over the run (pages reserved).
     pool_growth_mib: f64,
     largest_batch: Option<usize>,
+    /// The pool after warm-up (at [`warm_step`]) and at the end of the run.
+    pool_warm: PoolMib,
+    pool_end: PoolMib,
+}
+
+/// The device's memory pool: pages reserved and bytes in use, in MiB.
+#[derive(Clone, Copy, Default)]
+struct PoolMib {
+    reserved: f64,
+    in_use: f64,
+}
+
+/// The step after which the memory pool should stay flat: 100, or half of a shorter run.
+fn warm_step(steps: usize) -> usize {
+    100.min(steps / 2)
 }
 
 /// Trains on the autodiff `replicas` (the first one alone unless `--devices` asks for more).
@@ -278,12 +298,17 @@ fn run(args: &Args, replicas: &[Device]) {
         );
     }
     let start = initial_model(&config, run.seed, &device);
-    let reserved = || {
+    let pool = || {
         device
             .memory_pool_usage()
-            .map(|usage| usage.bytes_reserved as f64 / 1048576.0)
-            .unwrap_or(0.0)
+            .map(|usage| PoolMib {
+                reserved: usage.bytes_reserved as f64 / 1048576.0,
+                in_use: usage.bytes_in_use as f64 / 1048576.0,
+            })
+            .unwrap_or_default()
     };
+    let reserved = || pool().reserved;
+    let warm = warm_step(run.steps);
     let mut outcomes = Vec::new();
     let mut last_model = None;
     for (&kind, &largest_batch) in args.kinds.iter().zip(&largest_batches) {
@@ -296,7 +321,11 @@ fn run(args: &Args, replicas: &[Device]) {
                 .progress_chars("=> "),
         );
         progress.set_prefix(kind.name());
+        let pool_warm = std::cell::Cell::new(PoolMib::default());
         let on_step = |step: usize, log: &StepLog| {
+            if step == warm {
+                pool_warm.set(pool());
+            }
             let tokens_per_second = log.tokens as f64 / log.seconds;
             let message = format!(
                 "loss {:.4}, {tokens_per_second:.0} tokens/s, {:.0} MiB",
@@ -338,11 +367,14 @@ fn run(args: &Args, replicas: &[Device]) {
             )
         };
         progress.finish_and_clear();
+        let pool_end = pool();
         outcomes.push(Outcome {
             kind,
             logs,
-            pool_growth_mib: reserved() - before,
+            pool_growth_mib: pool_end.reserved - before,
             largest_batch,
+            pool_warm: pool_warm.get(),
+            pool_end,
         });
         last_model = Some(model);
     }
@@ -468,6 +500,35 @@ fn median_seconds(logs: &[StepLog]) -> f64 {
     times.get(times.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// Whether a long run stays flat: the memory pool after warm-up and at the end, the steps
+/// whose loss is not finite, and the mean loss of the first and the last 100 steps (of
+/// each half of a shorter run).
+fn stability_table(steps: usize, outcomes: &[Outcome]) -> String {
+    let warm = warm_step(steps);
+    let window = 100.min(steps / 2).max(1);
+    let mut table = format!(
+        "| loss | pool MiB at step {warm} | at the end | growth | in use MiB at step {warm} | at the end | non-finite losses | mean loss, first {window} steps | last {window} |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    let mean =
+        |logs: &[StepLog]| logs.iter().map(|l| l.loss).sum::<f64>() / logs.len().max(1) as f64;
+    for o in outcomes {
+        let window = window.min(o.logs.len());
+        table += &format!(
+            "| {} | {:.0} | {:.0} | {:+.0} | {:.0} | {:.0} | {} | {:.4} | {:.4} |\n",
+            o.kind.name(),
+            o.pool_warm.reserved,
+            o.pool_end.reserved,
+            o.pool_end.reserved - o.pool_warm.reserved,
+            o.pool_warm.in_use,
+            o.pool_end.in_use,
+            o.logs.iter().filter(|l| !l.loss.is_finite()).count(),
+            mean(&o.logs[..window]),
+            mean(&o.logs[o.logs.len() - window..]),
+        );
+    }
+    table
+}
+
 /// Prints and writes the curves and the table.
 fn report(args: &Args, outcomes: &[Outcome]) {
     let mut table = String::from(
@@ -502,7 +563,8 @@ fn report(args: &Args, outcomes: &[Outcome]) {
             );
         }
     }
-    println!("\n{table}\n{agreement}");
+    let stability = stability_table(args.run.steps, outcomes);
+    println!("\n{table}\n{agreement}\n{stability}");
     let curves: Vec<Curve> = outcomes
         .iter()
         .map(|o| Curve {
@@ -532,7 +594,10 @@ fn report(args: &Args, outcomes: &[Outcome]) {
         .and_then(|()| std::fs::write(args.out.join("loss.svg"), loss_curves_svg(&title, &curves)))
         .and_then(|()| std::fs::write(args.out.join("loss.csv"), csv))
         .and_then(|()| {
-            std::fs::write(args.out.join("summary.md"), format!("{table}\n{agreement}"))
+            std::fs::write(
+                args.out.join("summary.md"),
+                format!("{table}\n{agreement}\n{stability}"),
+            )
         });
     match written {
         Ok(()) => println!(

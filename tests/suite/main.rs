@@ -16,6 +16,7 @@ mod in_place;
 mod learner;
 mod linear;
 mod linear_concurrency;
+mod linear_memory;
 mod linear_non_finite;
 mod llm_shapes;
 mod lm;

@@ -2,7 +2,7 @@
 //! only (never a device read). Not part of the loss's API; the project's tests use them to
 //! prove what the op did. Without the feature they are private and never switched on.
 
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 static POISON_OUTPUTS: AtomicBool = AtomicBool::new(false);
@@ -11,6 +11,8 @@ static IN_PLACE_ACCUMULATES: AtomicUsize = AtomicUsize::new(0);
 static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static UNSPLIT_KERNEL_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static CUBLASLT_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
+static PROBE_MEMORY: AtomicBool = AtomicBool::new(false);
+static PROBED_PEAK: AtomicU64 = AtomicU64::new(0);
 
 /// Why the in-place matmul last refused a product (see [`in_place_accumulate_refusal`]).
 pub(crate) static IN_PLACE_ACCUMULATE_REFUSAL: LastRefusal = LastRefusal::new();
@@ -107,4 +109,27 @@ pub(crate) fn count_cublaslt_product() {
 /// Why cuBLASLt last refused a product it was asked for, if it did.
 pub fn cublaslt_refusal() -> Option<String> {
     CUBLASLT_REFUSAL.last()
+}
+
+/// Read the device's bytes in use at each of the fused linear cross-entropy's products,
+/// as the product runs (inputs, output and cuBLASLt's workspace allocated), and keep the
+/// most seen; switching it on or off starts again from 0. Each reading is a round trip
+/// to the device's thread (no wait for the device): for the benches' peak memory, which
+/// readings from another thread can miss.
+pub fn set_probe_memory(enabled: bool) {
+    PROBED_PEAK.store(0, Ordering::Relaxed);
+    PROBE_MEMORY.store(enabled, Ordering::Relaxed);
+}
+
+/// The most bytes in use seen at a product since [`set_probe_memory`] (0 when off).
+pub fn probed_peak_bytes_in_use() -> u64 {
+    PROBED_PEAK.load(Ordering::Relaxed)
+}
+
+pub(crate) fn probe_memory() -> bool {
+    cfg!(feature = "test-hooks") && PROBE_MEMORY.load(Ordering::Relaxed)
+}
+
+pub(crate) fn note_bytes_in_use(bytes: u64) {
+    PROBED_PEAK.fetch_max(bytes, Ordering::Relaxed);
 }

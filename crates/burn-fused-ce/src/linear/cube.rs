@@ -6,6 +6,7 @@
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
+use cubecl::MemoryScope;
 use cubecl::prelude::TensorBinding;
 use cubecl::zspace::Strides;
 use fused_ce_kernels::{
@@ -18,6 +19,15 @@ use crate::linear::extension::LinearCrossEntropyBackend;
 use crate::linear::products::{product, product_added};
 use crate::primitive::FloatOf;
 use crate::test_hooks;
+
+/// Where the benches ask for it ([`test_hooks::set_probe_memory`]), the device's bytes in
+/// use now, with a product's operands and output allocated.
+fn probe_memory(tensor: &CubeTensor) {
+    if test_hooks::probe_memory() {
+        let usage = tensor.client.memory_report(MemoryScope::Device).usage();
+        test_hooks::note_bytes_in_use(usage.bytes_in_use);
+    }
+}
 
 /// `tensor` as an operand of `launch_matmul_accumulate`: its binding and element type.
 fn matmul_operand(tensor: &CubeTensor) -> (TensorBinding, cubecl::ir::ElemType) {
@@ -124,131 +134,147 @@ impl LinearCrossEntropyBackend for CubeBackend {
         rhs: CubeTensor,
         cublaslt: bool,
     ) -> CubeTensor {
-        // In place only where the kernel may write `sum` and nothing else reads it, and
-        // only into rows that are each contiguous and apart (CUDA pads the rows of some
-        // of Burn's matmul outputs, the first chunk's product among them).
-        if !(sum.can_mut() && has_separate_contiguous_rows(&sum) && sum.meta.num_elements() > 0) {
-            test_hooks::IN_PLACE_ACCUMULATE_REFUSAL.note(|| {
-                format!(
-                    "the sum is shared or its rows are not contiguous and apart \
-                     ({:?}, can_mut {}, shape {:?}, strides {:?})",
-                    sum.dtype,
-                    sum.can_mut(),
-                    sum.meta.shape(),
-                    sum.meta.strides()
-                )
-            });
-            // The product in the sum's dtype through cuBLASLt where it runs, then added.
-            return match cublaslt_new_product(&lhs, &rhs, sum.dtype, cublaslt) {
-                Some(product) => FloatOf::<Self, 2>::new(sum)
-                    .add(FloatOf::new(product))
-                    .into_primitive(),
-                None => product_added::<Self>(sum, lhs, rhs),
-            };
-        }
-        if cublaslt && cublaslt_ran(cublaslt_product(&lhs, &rhs, &sum, true)) {
-            return sum;
-        }
-        let launched = launch_matmul_accumulate(
-            &sum.client,
-            matmul_operand(&lhs),
-            matmul_operand(&rhs),
-            matmul_operand(&sum),
-            PlaneRows::for_product(lhs.meta.shape()[0], lhs.meta.shape()[1]),
-        );
-        if matmul_launched(launched, test_hooks::count_in_place_accumulate) {
-            sum
-        } else {
-            product_added::<Self>(sum, lhs, rhs)
-        }
+        let out = accumulated(sum, &lhs, &rhs, cublaslt);
+        probe_memory(&out);
+        out
     }
 
     fn chunk_product(lhs: CubeTensor, rhs: CubeTensor, cublaslt: bool) -> CubeTensor {
-        cublaslt_new_product(&lhs, &rhs, lhs.dtype, cublaslt)
-            .unwrap_or_else(|| product::<Self>(lhs, rhs))
+        let out = cublaslt_new_product(&lhs, &rhs, lhs.dtype, cublaslt)
+            .unwrap_or_else(|| product::<Self>(lhs.clone(), rhs.clone()));
+        probe_memory(&out);
+        out
     }
 
     fn matmul_split_k(lhs: CubeTensor, rhs: CubeTensor, cublaslt: bool) -> CubeTensor {
-        if let Some(out) = cublaslt_new_product(&lhs, &rhs, lhs.dtype, cublaslt) {
-            return out;
-        }
-        if lhs.dtype != rhs.dtype
-            || lhs.meta.num_dims() != 2
-            || rhs.meta.num_dims() != 2
-            || !has_tma(&lhs.client)
-        {
-            return product::<Self>(lhs, rhs);
-        }
-        let (lhs_operand, rhs_operand) = (matmul_operand(&lhs), matmul_operand(&rhs));
-        let (slices, slice) = split_k_slices(
-            &lhs.client,
-            (&lhs_operand.0, lhs_operand.1),
-            (&rhs_operand.0, rhs_operand.1),
-            elem(DType::F32),
-        );
-        let (m, inner, n) = (
-            lhs.meta.shape()[0],
-            lhs.meta.shape()[1],
-            rhs.meta.shape()[1],
-        );
-        let client = &lhs.client;
-        // Unsplit, the same kernel into zeros of the output's dtype: with two rows of
-        // tiles per plane over the long inner dimension it outruns Burn's matmul, whose
-        // kernels give planes two rows only on tall outputs (not on a chunk's).
-        if slices < 2 {
-            let out = FloatOf::<Self, 2>::zeros([m, n], &lhs.device, lhs.dtype).into_primitive();
-            let launched = launch_matmul_accumulate(
-                client,
-                lhs_operand,
-                rhs_operand,
-                matmul_operand(&out),
-                PlaneRows::for_product(m, inner),
-            );
-            return if matmul_launched(launched, test_hooks::count_unsplit_kernel_product) {
-                out
-            } else {
-                product::<Self>(lhs, rhs)
-            };
-        }
-        let partial =
-            FloatOf::<Self, 3>::zeros([slices, m, n], &lhs.device, DType::F32).into_primitive();
-        let cut = (slices, slice);
-        let ((lhs_slices, lhs_rest), (rhs_slices, rhs_rest)) =
-            (sliced(&lhs, 1, inner, cut), sliced(&rhs, 0, inner, cut));
-        let first = view_of(
-            &partial,
-            partial.handle.clone(),
-            Shape::new([m, n]),
-            Strides::from(vec![n, 1]),
-        );
+        let out = split_k_product(&lhs, &rhs, cublaslt);
+        probe_memory(&out);
+        out
+    }
+}
+
+/// [`LinearCrossEntropyBackend::accumulate_product`] on the cube backend.
+fn accumulated(sum: CubeTensor, lhs: &CubeTensor, rhs: &CubeTensor, cublaslt: bool) -> CubeTensor {
+    // In place only where the kernel may write `sum` and nothing else reads it, and
+    // only into rows that are each contiguous and apart (CUDA pads the rows of some
+    // of Burn's matmul outputs, the first chunk's product among them).
+    if !(sum.can_mut() && has_separate_contiguous_rows(&sum) && sum.meta.num_elements() > 0) {
+        test_hooks::IN_PLACE_ACCUMULATE_REFUSAL.note(|| {
+            format!(
+                "the sum is shared or its rows are not contiguous and apart \
+                 ({:?}, can_mut {}, shape {:?}, strides {:?})",
+                sum.dtype,
+                sum.can_mut(),
+                sum.meta.shape(),
+                sum.meta.strides()
+            )
+        });
+        // The product in the sum's dtype through cuBLASLt where it runs, then added.
+        return match cublaslt_new_product(lhs, rhs, sum.dtype, cublaslt) {
+            Some(product) => FloatOf::<CubeBackend, 2>::new(sum)
+                .add(FloatOf::new(product))
+                .into_primitive(),
+            None => product_added::<CubeBackend>(sum, lhs.clone(), rhs.clone()),
+        };
+    }
+    if cublaslt && cublaslt_ran(cublaslt_product(lhs, rhs, &sum, true)) {
+        return sum;
+    }
+    let launched = launch_matmul_accumulate(
+        &sum.client,
+        matmul_operand(lhs),
+        matmul_operand(rhs),
+        matmul_operand(&sum),
+        PlaneRows::for_product(lhs.meta.shape()[0], lhs.meta.shape()[1]),
+    );
+    if matmul_launched(launched, test_hooks::count_in_place_accumulate) {
+        sum
+    } else {
+        product_added::<CubeBackend>(sum, lhs.clone(), rhs.clone())
+    }
+}
+
+/// [`LinearCrossEntropyBackend::matmul_split_k`] on the cube backend.
+fn split_k_product(lhs: &CubeTensor, rhs: &CubeTensor, cublaslt: bool) -> CubeTensor {
+    if let Some(out) = cublaslt_new_product(lhs, rhs, lhs.dtype, cublaslt) {
+        return out;
+    }
+    if lhs.dtype != rhs.dtype
+        || lhs.meta.num_dims() != 2
+        || rhs.meta.num_dims() != 2
+        || !has_tma(&lhs.client)
+    {
+        return product::<CubeBackend>(lhs.clone(), rhs.clone());
+    }
+    let (lhs_operand, rhs_operand) = (matmul_operand(lhs), matmul_operand(rhs));
+    let (slices, slice) = split_k_slices(
+        &lhs.client,
+        (&lhs_operand.0, lhs_operand.1),
+        (&rhs_operand.0, rhs_operand.1),
+        elem(DType::F32),
+    );
+    let (m, inner, n) = (
+        lhs.meta.shape()[0],
+        lhs.meta.shape()[1],
+        rhs.meta.shape()[1],
+    );
+    let client = &lhs.client;
+    // Unsplit, the same kernel into zeros of the output's dtype: with two rows of
+    // tiles per plane over the long inner dimension it outruns Burn's matmul, whose
+    // kernels give planes two rows only on tall outputs (not on a chunk's).
+    if slices < 2 {
+        let out = FloatOf::<CubeBackend, 2>::zeros([m, n], &lhs.device, lhs.dtype).into_primitive();
         let launched = launch_matmul_accumulate(
             client,
-            matmul_operand(&lhs_slices),
-            matmul_operand(&rhs_slices),
-            matmul_operand(&partial),
-            PlaneRows::for_product(m, slice),
-        )
-        .and_then(|()| {
-            let rest = inner - slices * slice;
-            if rest > 0 {
-                launch_matmul_accumulate(
-                    client,
-                    matmul_operand(&lhs_rest),
-                    matmul_operand(&rhs_rest),
-                    matmul_operand(&first),
-                    PlaneRows::for_product(m, rest),
-                )
-            } else {
-                Ok(())
-            }
-        });
-        if !matmul_launched(launched, test_hooks::count_split_k_product) {
-            return product::<Self>(lhs, rhs);
-        }
-        FloatOf::<Self, 3>::new(partial)
-            .sum_dim(0)
-            .reshape([m, n])
-            .cast(lhs.dtype)
-            .into_primitive()
+            lhs_operand,
+            rhs_operand,
+            matmul_operand(&out),
+            PlaneRows::for_product(m, inner),
+        );
+        return if matmul_launched(launched, test_hooks::count_unsplit_kernel_product) {
+            out
+        } else {
+            product::<CubeBackend>(lhs.clone(), rhs.clone())
+        };
     }
+    let partial =
+        FloatOf::<CubeBackend, 3>::zeros([slices, m, n], &lhs.device, DType::F32).into_primitive();
+    let cut = (slices, slice);
+    let ((lhs_slices, lhs_rest), (rhs_slices, rhs_rest)) =
+        (sliced(lhs, 1, inner, cut), sliced(rhs, 0, inner, cut));
+    let first = view_of(
+        &partial,
+        partial.handle.clone(),
+        Shape::new([m, n]),
+        Strides::from(vec![n, 1]),
+    );
+    let launched = launch_matmul_accumulate(
+        client,
+        matmul_operand(&lhs_slices),
+        matmul_operand(&rhs_slices),
+        matmul_operand(&partial),
+        PlaneRows::for_product(m, slice),
+    )
+    .and_then(|()| {
+        let rest = inner - slices * slice;
+        if rest > 0 {
+            launch_matmul_accumulate(
+                client,
+                matmul_operand(&lhs_rest),
+                matmul_operand(&rhs_rest),
+                matmul_operand(&first),
+                PlaneRows::for_product(m, rest),
+            )
+        } else {
+            Ok(())
+        }
+    });
+    if !matmul_launched(launched, test_hooks::count_split_k_product) {
+        return product::<CubeBackend>(lhs.clone(), rhs.clone());
+    }
+    FloatOf::<CubeBackend, 3>::new(partial)
+        .sum_dim(0)
+        .reshape([m, n])
+        .cast(lhs.dtype)
+        .into_primitive()
 }

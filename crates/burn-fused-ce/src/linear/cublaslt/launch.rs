@@ -16,7 +16,7 @@ use cubecl_cuda::CudaRuntime;
 use cubecl_environment::stream::StreamId;
 use cubecl_runtime::{
     runtime::Runtime,
-    server::{Handle, ServerStorage},
+    server::{Handle, Server, ServerStorage},
 };
 use cudarc::cublaslt::{result, sys};
 
@@ -24,6 +24,7 @@ use super::descriptors::{Layout, Preference, ProductDesc, failed};
 use super::device::{AlgorithmKey, Refusal, with_device};
 use super::layout::{LtProduct, Matrix, alignment_bytes, lt_product};
 use super::library::cublaslt_version;
+use crate::test_hooks;
 
 type CudaServer = <CudaRuntime as Runtime>::Server;
 
@@ -117,11 +118,26 @@ pub(crate) fn launch_product(
     let device = client.service_id().device;
     DeviceHandle::<CudaServer>::new(device)
         .submit_blocking(move |server| {
+            probe_memory(server);
             // cudarc's symbols panic where missing: that refuses the product.
             catch_unwind(AssertUnwindSafe(|| call.run(server, device, handles)))
                 .unwrap_or_else(|_| Err("cuBLASLt panicked".into()))
         })
         .map_err(|error| format!("the device's task failed: {error:?}"))?
+}
+
+/// Where the benches ask for it ([`test_hooks::set_probe_memory`]), the device's bytes in
+/// use as the product is enqueued: its operands, output and workspace allocated.
+fn probe_memory(server: &mut CudaServer) {
+    if test_hooks::probe_memory() {
+        let in_use = server
+            .stream_ids()
+            .into_iter()
+            .filter_map(|stream| server.memory_report(stream))
+            .map(|report| report.usage().bytes_in_use)
+            .sum();
+        test_hooks::note_bytes_in_use(in_use);
+    }
 }
 
 /// What one product needs on the device's thread.
