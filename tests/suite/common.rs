@@ -342,7 +342,7 @@ pub fn reference_rows(
             }
             let x = options.capped(&logits[row * vocab..(row + 1) * vocab]);
             let l = lse(&x);
-            let entropy = softmax_entropy(&x, l);
+            let entropy = softmax_entropy(&x);
             let argmax = first_argmax(&x);
             let z = options.z_loss_scale * l * l;
             if y < 0 || y >= vocab as i64 {
@@ -358,12 +358,15 @@ pub fn reference_rows(
             }
             let y = y as usize;
             let w_y = options.weight(y);
+            // `lse - x_c` as `(max - x_c) + ln sum`, exact at any magnitude.
+            let (max, log_sum) = max_and_log_sum(&x);
+            let nll = |c: usize| (max - x[c]) + log_sum;
             let smooth: f64 = if ls > 0.0 {
-                (0..vocab).map(|c| options.weight(c) * (l - x[c])).sum()
+                (0..vocab).map(|c| options.weight(c) * nll(c)).sum()
             } else {
                 0.0
             };
-            let ce = (1.0 - ls) * w_y * (l - x[y]) + ls / vocab as f64 * smooth;
+            let ce = (1.0 - ls) * w_y * nll(y) + ls / vocab as f64 * smooth;
             RefRow {
                 counted: true,
                 ce,
@@ -389,11 +392,19 @@ pub fn first_argmax(x: &[f64]) -> i64 {
 }
 
 pub fn lse(x: &[f64]) -> f64 {
+    let (max, log_sum) = max_and_log_sum(x);
+    max + log_sum
+}
+
+/// A row's maximum and `ln sum_c exp(x_c - max)`, kept apart: near f64's largest
+/// magnitudes `max + ln sum` rounds the sum away (at 1e38, `ln k` of `k` tied maxima).
+/// An infinite maximum gives `(inf, 0)`.
+pub fn max_and_log_sum(x: &[f64]) -> (f64, f64) {
     let max = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     if max == f64::INFINITY {
-        return f64::INFINITY;
+        return (f64::INFINITY, 0.0);
     }
-    max + x.iter().map(|v| (v - max).exp()).sum::<f64>().ln()
+    (max, x.iter().map(|v| (v - max).exp()).sum::<f64>().ln())
 }
 
 /// `(D, n)`: the weighted count and the count of non-ignored rows.
@@ -473,12 +484,12 @@ pub fn reference_entropy(rows: &[RefRow]) -> Vec<f64> {
     rows.iter().map(|r| r.entropy).collect()
 }
 
-/// `-sum_c p_c ln p_c` of the softmax of `x` (whose log-sum-exp is `lse`); a class of
-/// probability 0 adds 0.
-pub fn softmax_entropy(x: &[f64], lse: f64) -> f64 {
+/// `-sum_c p_c ln p_c` of the softmax of `x`; a class of probability 0 adds 0.
+pub fn softmax_entropy(x: &[f64]) -> f64 {
+    let (max, log_sum) = max_and_log_sum(x);
     x.iter()
         .map(|&v| {
-            let log_p = v - lse;
+            let log_p = (v - max) - log_sum;
             let p = log_p.exp();
             if p > 0.0 { -p * log_p } else { 0.0 }
         })
@@ -517,9 +528,11 @@ pub fn reference_grad(
         let raw = &logits[row * vocab..(row + 1) * vocab];
         let x = options.capped(raw);
         let l = rows[row].lse;
+        let (max, log_sum) = max_and_log_sum(&x);
         let w_y = options.weight(y);
         for c in 0..vocab {
-            let p = (x[c] - l).exp();
+            // Not `exp(x - lse)`: at 1e38 `lse` has lost `ln sum` (ties would each get 1).
+            let p = ((x[c] - max) - log_sum).exp();
             let onehot = if c == y { 1.0 } else { 0.0 };
             let ce = (1.0 - ls) * w_y * (p - onehot)
                 + ls / vocab as f64 * (total * p - options.weight(c));
