@@ -11,7 +11,7 @@ use crate::row::{
     weights_vector,
 };
 use crate::row_state::{
-    RowState, absorb_held_target, entropy_term, first_col_of, rescaled_entropy_sum, search_col,
+    RowState, absorb_held_target, entropy_term, first_col_of, rescaled_entropy_sum,
     smooth_reference, smoothing_term, target_share,
 };
 
@@ -68,8 +68,6 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
     );
     let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
     let kept = staged_to_exps::<F, N>(
-        logits,
-        row_start,
         staged,
         first,
         staged_len,
@@ -151,14 +149,10 @@ fn stage_logits<F: Float, N: Size>(
 /// The unit's staged vectors turned into `exp(x - reference)` in place and folded into
 /// `state` (whose maximum becomes `reference`; `state` holds nothing yet): the sum, and
 /// the argmax and smoothing sum of the logits they were. The target's vector is left out
-/// of the sums (absorbed at the end). The argmax keeps the best vector's index, and its
-/// column is looked for once after the loop, in the logits (the stage then holds
-/// exponentials).
+/// of the sums (absorbed at the end).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn staged_to_exps<F: Float, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    row_start: usize,
     staged: &mut Shared<[Vector<F, N>]>,
     first: usize,
     staged_len: usize,
@@ -172,7 +166,7 @@ fn staged_to_exps<F: Float, N: Size>(
     let target_vector = target_col / vector_size;
     let mut others = state.others;
     let mut best = state.best;
-    let mut best_local = staged_len;
+    let mut best_col = state.best_col;
     let mut smooth = state.smooth;
     let mut entropy_sum = state.entropy_sum;
     let mut local = UNIT_POS as usize;
@@ -181,15 +175,10 @@ fn staged_to_exps<F: Float, N: Size>(
         let exps = fast_exp::<N>(values, reference, options.exp_flush_to_zero);
         staged[local] = Vector::cast_from(exps);
         let take = first + local != target_vector;
-        if comptime!(options.argmax) {
-            // Strictly greater: the first vector wins ties, as in `argmax`.
-            let top = lane_max::<N>(values);
-            let better = take && top > best;
-            best = select(better, top, best);
-            best_local = select(better, local, best_local);
-        }
         let next = absorb_exps::<N>(
             others,
+            best,
+            best_col,
             smooth,
             state.smooth_reference,
             entropy_sum,
@@ -202,18 +191,11 @@ fn staged_to_exps<F: Float, N: Size>(
             options,
         );
         others = next.0;
-        smooth = next.1;
-        entropy_sum = next.2;
+        best = next.1;
+        best_col = next.2;
+        smooth = next.3;
+        entropy_sum = next.4;
         local += options.cube_size;
-    }
-    let mut best_col = state.best_col;
-    if comptime!(options.argmax) {
-        // Some staged vector beat the best the state came with.
-        let improved = best_local < staged_len;
-        if improved {
-            let values = Vector::<f32, N>::cast_from(logits[row_start + first + best_local]);
-            best_col = first_col_of::<N>(values, best, (first + best_local) * vector_size);
-        }
     }
     RowState {
         max: reference,
@@ -229,9 +211,7 @@ fn staged_to_exps<F: Float, N: Size>(
 
 /// The chunk's vectors `staged_len..len` folded into `state` as they stream by: one
 /// maximum per step of `loads_per_step` vectors, so one rescale of the sum per step. The
-/// target's vector is left out (absorbed at the end). The argmax keeps the step whose
-/// maximum (formed for the rescale) beat the best so far, and looks for its column once
-/// after the loop.
+/// target's vector is left out (absorbed at the end).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn reduce_rest<F: Float, N: Size>(
@@ -252,11 +232,11 @@ fn reduce_rest<F: Float, N: Size>(
     let mut running_max = state.max;
     let mut others = state.others;
     let mut best = state.best;
+    let mut best_col = state.best_col;
     let mut smooth = state.smooth;
     let mut entropy_sum = state.entropy_sum;
     let mut loaded = Array::<Vector<F, N>>::new(loads);
     let rest = len - staged_len;
-    let mut best_local = rest;
     let mut local = UNIT_POS as usize;
     while local < rest {
         #[unroll]
@@ -269,15 +249,10 @@ fn reduce_rest<F: Float, N: Size>(
         for step in 1..loads {
             step_top = max(step_top, loaded[step]);
         }
-        let top = lane_max::<N>(Vector::<f32, N>::cast_from(step_top));
-        if comptime!(options.argmax) {
-            // Strictly greater: the first step wins ties. A vector past the end (read
-            // at 0) or the target's is one of the chunk's: its column holds its value.
-            let better = top > best;
-            best = select(better, top, best);
-            best_local = select(better, local, best_local);
-        }
-        let step_max = f32::max(running_max, top);
+        let step_max = f32::max(
+            running_max,
+            lane_max::<N>(Vector::<f32, N>::cast_from(step_top)),
+        );
         let rescale = fast_exp_scalar(running_max - step_max, options.exp_flush_to_zero);
         if comptime!(options.entropy) {
             entropy_sum =
@@ -295,6 +270,8 @@ fn reduce_rest<F: Float, N: Size>(
             let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
             let next = absorb_exps::<N>(
                 others,
+                best,
+                best_col,
                 smooth,
                 state.smooth_reference,
                 entropy_sum,
@@ -307,34 +284,12 @@ fn reduce_rest<F: Float, N: Size>(
                 options,
             );
             others = next.0;
-            smooth = next.1;
-            entropy_sum = next.2;
+            best = next.1;
+            best_col = next.2;
+            smooth = next.3;
+            entropy_sum = next.4;
         }
         local += loads * cube_size;
-    }
-    let mut best_col = state.best_col;
-    if comptime!(options.argmax) {
-        // The first column of the best step, in the order its vectors were read, that
-        // holds the best value (none to look for when no step beat the staged part's).
-        let mut found = best_local >= rest;
-        if !found {
-            #[unroll]
-            for step in 0..loads {
-                let at = best_local + step * cube_size;
-                let safe = select(at < rest, at, 0usize);
-                let values =
-                    Vector::<f32, N>::cast_from(logits[row_start + first + staged_len + safe]);
-                let searched = search_col::<N>(
-                    values,
-                    best,
-                    (first + staged_len + safe) * vector_size,
-                    found,
-                    best_col,
-                );
-                found = searched.0;
-                best_col = searched.1;
-            }
-        }
     }
     RowState {
         max: running_max,
@@ -349,13 +304,15 @@ fn reduce_rest<F: Float, N: Size>(
 }
 
 /// One vector (`values`, columns `first_col..`, with `exps` their exponentials on the
-/// running maximum `max`) folded, when `take`, into `(others, smooth, entropy_sum)`: the
-/// sum of exponentials, label smoothing's weighted sum and the entropy's
-/// `sum exp(x - max) (x - max)`.
+/// running maximum `max`) folded, when `take`, into `(others, best, best_col, smooth,
+/// entropy_sum)`: the sum of exponentials, the argmax, label smoothing's weighted sum and
+/// the entropy's `sum exp(x - max) (x - max)`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn absorb_exps<N: Size>(
     others: f32,
+    best: f32,
+    best_col: u32,
     smooth: f32,
     smooth_reference: f32,
     entropy_sum: f32,
@@ -366,7 +323,7 @@ fn absorb_exps<N: Size>(
     class_weights: &Tensor<f32>,
     take: bool,
     #[comptime] options: RowOptions,
-) -> (f32, f32, f32) {
+) -> (f32, f32, u32, f32, f32) {
     let others = others + select(take, lane_sum::<N>(exps), f32::new(0.0));
     let mut entropy_sum = entropy_sum;
     if comptime!(options.entropy) {
@@ -377,7 +334,18 @@ fn absorb_exps<N: Size>(
         }
         entropy_sum += select(take, added, f32::new(0.0));
     }
+    let mut best = best;
+    let mut best_col = best_col;
     let mut smooth = smooth;
+    if comptime!(options.argmax) {
+        // Strictly greater: the first column wins ties, as in `argmax`; the lane is
+        // looked for only on a new best, rare after a row's first vectors.
+        let top = lane_max::<N>(values);
+        if take && top > best {
+            best_col = first_col_of::<N>(values, top, first_col);
+            best = top;
+        }
+    }
     if comptime!(options.smoothing) {
         let mut weights = Vector::<f32, N>::new(1.0);
         if comptime!(options.weighted) {
@@ -386,7 +354,7 @@ fn absorb_exps<N: Size>(
         let term = smoothing_term::<N>(values, smooth_reference, weights);
         smooth += select(take, term, f32::new(0.0));
     }
-    (others, smooth, entropy_sum)
+    (others, best, best_col, smooth, entropy_sum)
 }
 
 /// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
