@@ -127,29 +127,15 @@ pub(crate) fn entropy_term(exp: f32, shifted: f32) -> f32 {
 /// lanes' values.
 #[cube]
 pub(crate) fn first_col_of<N: Size>(values: Vector<f32, N>, top: f32, first_col: usize) -> u32 {
-    let (_, col) = search_col::<N>(values, top, first_col, false, u32::cast_from(first_col));
-    col
-}
-
-/// A search for the first column holding `top` carried across vectors in column order:
-/// `(found, col)` after `values` (columns `first_col..`), given the search so far.
-#[cube]
-pub(crate) fn search_col<N: Size>(
-    values: Vector<f32, N>,
-    top: f32,
-    first_col: usize,
-    found: bool,
-    col: u32,
-) -> (bool, u32) {
-    let mut found = found;
-    let mut col = col;
+    let mut col = u32::cast_from(first_col);
+    let mut found = false;
     #[unroll]
     for lane in 0..values.vector_size() {
         let hit = !found && values.extract(lane) == top;
         col = select(hit, u32::cast_from(first_col + lane), col);
         found = found || hit;
     }
-    (found, col)
+    col
 }
 
 /// An `entropy_sum` (with its `others`) taken from maximum `m` to `m'`, `shift = m - m'`

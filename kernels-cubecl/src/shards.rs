@@ -114,11 +114,10 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
         share_elsewhere += select(
             here,
             f32::new(0.0),
-            f32::exp((max_k - max) + (log_sum_k - log_sum)),
+            f32::exp(-lse_above(max, log_sum, max_k, log_sum_k)),
         );
     }
-    // `lse - lse_y`.
-    let above_owner = (max - max_owner) + (log_sum - log_sum_owner);
+    let above_owner = lse_above(max, log_sum, max_owner, log_sum_owner);
     let nll = exchanged(summed, shards, row) + above_owner;
     let target_grad = exchanged(summed, shards + 1, row) * f32::exp(-above_owner) - share_elsewhere;
 
@@ -132,9 +131,12 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
         let mut spread = f32::new(0.0);
         #[unroll]
         for k in 0..shards {
-            // `lse - lse_k`.
-            let above = (max - exchanged(summed, k, row))
-                + (log_sum - exchanged(summed, log_sums + k, row));
+            let above = lse_above(
+                max,
+                log_sum,
+                exchanged(summed, k, row),
+                exchanged(summed, log_sums + k, row),
+            );
             spread += above * shard_totals[k];
         }
         let smooth = spread + exchanged(summed, shards + 2, row);
@@ -180,6 +182,13 @@ pub fn whole_vocabulary_rows_kernel<I: Int>(
     stats[at] = select(counted, max, zero);
     let at = stat_index(&*stats, row_stat::LOG_SUM, row);
     stats[at] = select(counted, log_sum, zero);
+}
+
+/// `lse - lse_k` of two log-sum-exps kept as maximum and `ln sum`: the maxima's
+/// difference (exact when it matters) plus that of the sums.
+#[cube]
+fn lse_above(max: f32, log_sum: f32, max_k: f32, log_sum_k: f32) -> f32 {
+    (max - max_k) + (log_sum - log_sum_k)
 }
 
 /// Row `stat` of the exchanged matrix at row `row` of the batch.

@@ -134,27 +134,29 @@ impl LinearCrossEntropyBackend for CubeBackend {
         rhs: CubeTensor,
         cublaslt: bool,
     ) -> CubeTensor {
-        let out = accumulated(sum, &lhs, &rhs, cublaslt);
+        let out = accumulated(sum, lhs, rhs, cublaslt);
         probe_memory(&out);
         out
     }
 
     fn chunk_product(lhs: CubeTensor, rhs: CubeTensor, cublaslt: bool) -> CubeTensor {
-        let out = cublaslt_new_product(&lhs, &rhs, lhs.dtype, cublaslt)
-            .unwrap_or_else(|| product::<Self>(lhs.clone(), rhs.clone()));
+        let out = match cublaslt_new_product(&lhs, &rhs, lhs.dtype, cublaslt) {
+            Some(out) => out,
+            None => product::<Self>(lhs, rhs),
+        };
         probe_memory(&out);
         out
     }
 
     fn matmul_split_k(lhs: CubeTensor, rhs: CubeTensor, cublaslt: bool) -> CubeTensor {
-        let out = split_k_product(&lhs, &rhs, cublaslt);
+        let out = split_k_product(lhs, rhs, cublaslt);
         probe_memory(&out);
         out
     }
 }
 
 /// [`LinearCrossEntropyBackend::accumulate_product`] on the cube backend.
-fn accumulated(sum: CubeTensor, lhs: &CubeTensor, rhs: &CubeTensor, cublaslt: bool) -> CubeTensor {
+fn accumulated(sum: CubeTensor, lhs: CubeTensor, rhs: CubeTensor, cublaslt: bool) -> CubeTensor {
     // In place only where the kernel may write `sum` and nothing else reads it, and
     // only into rows that are each contiguous and apart (CUDA pads the rows of some
     // of Burn's matmul outputs, the first chunk's product among them).
@@ -170,33 +172,33 @@ fn accumulated(sum: CubeTensor, lhs: &CubeTensor, rhs: &CubeTensor, cublaslt: bo
             )
         });
         // The product in the sum's dtype through cuBLASLt where it runs, then added.
-        return match cublaslt_new_product(lhs, rhs, sum.dtype, cublaslt) {
+        return match cublaslt_new_product(&lhs, &rhs, sum.dtype, cublaslt) {
             Some(product) => FloatOf::<CubeBackend, 2>::new(sum)
                 .add(FloatOf::new(product))
                 .into_primitive(),
-            None => product_added::<CubeBackend>(sum, lhs.clone(), rhs.clone()),
+            None => product_added::<CubeBackend>(sum, lhs, rhs),
         };
     }
-    if cublaslt && cublaslt_ran(cublaslt_product(lhs, rhs, &sum, true)) {
+    if cublaslt && cublaslt_ran(cublaslt_product(&lhs, &rhs, &sum, true)) {
         return sum;
     }
     let launched = launch_matmul_accumulate(
         &sum.client,
-        matmul_operand(lhs),
-        matmul_operand(rhs),
+        matmul_operand(&lhs),
+        matmul_operand(&rhs),
         matmul_operand(&sum),
         PlaneRows::for_product(lhs.meta.shape()[0], lhs.meta.shape()[1]),
     );
     if matmul_launched(launched, test_hooks::count_in_place_accumulate) {
         sum
     } else {
-        product_added::<CubeBackend>(sum, lhs.clone(), rhs.clone())
+        product_added::<CubeBackend>(sum, lhs, rhs)
     }
 }
 
 /// [`LinearCrossEntropyBackend::matmul_split_k`] on the cube backend.
-fn split_k_product(lhs: &CubeTensor, rhs: &CubeTensor, cublaslt: bool) -> CubeTensor {
-    if let Some(out) = cublaslt_new_product(lhs, rhs, lhs.dtype, cublaslt) {
+fn split_k_product(lhs: CubeTensor, rhs: CubeTensor, cublaslt: bool) -> CubeTensor {
+    if let Some(out) = cublaslt_new_product(&lhs, &rhs, lhs.dtype, cublaslt) {
         return out;
     }
     if lhs.dtype != rhs.dtype
@@ -204,9 +206,9 @@ fn split_k_product(lhs: &CubeTensor, rhs: &CubeTensor, cublaslt: bool) -> CubeTe
         || rhs.meta.num_dims() != 2
         || !has_tma(&lhs.client)
     {
-        return product::<CubeBackend>(lhs.clone(), rhs.clone());
+        return product::<CubeBackend>(lhs, rhs);
     }
-    let (lhs_operand, rhs_operand) = (matmul_operand(lhs), matmul_operand(rhs));
+    let (lhs_operand, rhs_operand) = (matmul_operand(&lhs), matmul_operand(&rhs));
     let (slices, slice) = split_k_slices(
         &lhs.client,
         (&lhs_operand.0, lhs_operand.1),
@@ -234,14 +236,14 @@ fn split_k_product(lhs: &CubeTensor, rhs: &CubeTensor, cublaslt: bool) -> CubeTe
         return if matmul_launched(launched, test_hooks::count_unsplit_kernel_product) {
             out
         } else {
-            product::<CubeBackend>(lhs.clone(), rhs.clone())
+            product::<CubeBackend>(lhs, rhs)
         };
     }
     let partial =
         FloatOf::<CubeBackend, 3>::zeros([slices, m, n], &lhs.device, DType::F32).into_primitive();
     let cut = (slices, slice);
     let ((lhs_slices, lhs_rest), (rhs_slices, rhs_rest)) =
-        (sliced(lhs, 1, inner, cut), sliced(rhs, 0, inner, cut));
+        (sliced(&lhs, 1, inner, cut), sliced(&rhs, 0, inner, cut));
     let first = view_of(
         &partial,
         partial.handle.clone(),
@@ -270,7 +272,7 @@ fn split_k_product(lhs: &CubeTensor, rhs: &CubeTensor, cublaslt: bool) -> CubeTe
         }
     });
     if !matmul_launched(launched, test_hooks::count_split_k_product) {
-        return product::<CubeBackend>(lhs.clone(), rhs.clone());
+        return product::<CubeBackend>(lhs, rhs);
     }
     FloatOf::<CubeBackend, 3>::new(partial)
         .sum_dim(0)
