@@ -46,6 +46,9 @@ pub(crate) struct Case {
     pub(crate) magnitude: Option<f32>,
     /// Added to every logit last: rows far from 0 whose probabilities are spread.
     pub(crate) shift: f32,
+    /// This many random columns (never the target's) of every other row set to -inf:
+    /// classes of probability 0.
+    pub(crate) negative_infinities: usize,
 }
 
 impl Case {
@@ -66,6 +69,7 @@ impl Case {
             unit_grad: false,
             magnitude: None,
             shift: 0.0,
+            negative_infinities: 0,
         }
     }
 
@@ -379,6 +383,14 @@ pub(crate) fn check_case_seeded(backend: TestBackend, case: Case, seed: u64) {
         make_confident(&mut values, vocab, &targets, margin);
     }
     values.iter_mut().for_each(|v| *v += case.shift);
+    for row in (0..rows).step_by(2) {
+        for _ in 0..case.negative_infinities {
+            let col = rng.random_range(0..vocab);
+            if col as i64 != targets[row] {
+                values[row * vocab + col] = f32::NEG_INFINITY;
+            }
+        }
+    }
     let reference = RefOptions::new(&options, weights.as_deref());
     let mut call = Call {
         exclusive: case.exclusive_logits,

@@ -426,6 +426,16 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
                 },
             );
         }
+        // -inf logits (probability 0, adding 0 to the entropy) among the staged columns
+        // and those that stream by.
+        check_case(
+            backend,
+            Case {
+                options: every_output(Reduction::None, one_pass),
+                negative_infinities: 40,
+                ..Case::new(6, 20480, dtype, Reduction::None)
+            },
+        );
     }
 }
 
