@@ -66,9 +66,38 @@ enum Mode {
         checked: bool,
         /// Label smoothing 0.1, z-loss 1e-4 and softcap 30 together.
         options: bool,
-        /// The accuracy and entropy outputs asked for (a Learner's and an RL trainer's).
-        outputs: bool,
+        /// The extra outputs asked for.
+        outputs: Outputs,
     },
+}
+
+/// Extra outputs a step asks for: the accuracy (a Learner's metric), the entropy (an RL
+/// trainer's), or both.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outputs {
+    None,
+    Accuracy,
+    Entropy,
+    Both,
+}
+
+impl Outputs {
+    fn label(self) -> &'static str {
+        match self {
+            Outputs::None => "",
+            Outputs::Accuracy => " +accuracy",
+            Outputs::Entropy => " +entropy",
+            Outputs::Both => " +acc+entropy",
+        }
+    }
+
+    fn extra_outputs(self) -> ExtraOutputs {
+        ExtraOutputs {
+            accuracy: matches!(self, Outputs::Accuracy | Outputs::Both),
+            entropy: matches!(self, Outputs::Entropy | Outputs::Both),
+            ..ExtraOutputs::default()
+        }
+    }
 }
 
 impl Mode {
@@ -78,7 +107,7 @@ impl Mode {
         incoming: Incoming::One,
         checked: true,
         options: false,
-        outputs: false,
+        outputs: Outputs::None,
     };
 
     /// The default config with another incoming gradient.
@@ -88,7 +117,7 @@ impl Mode {
             incoming,
             checked: true,
             options: false,
-            outputs: false,
+            outputs: Outputs::None,
         }
     }
 
@@ -99,7 +128,7 @@ impl Mode {
             incoming: Incoming::One,
             checked: false,
             options: false,
-            outputs: false,
+            outputs: Outputs::None,
         }
     }
 
@@ -127,9 +156,7 @@ impl Mode {
                 if options {
                     label += " ls+z+cap";
                 }
-                if outputs {
-                    label += " +acc+entropy";
-                }
+                label += outputs.label();
                 if !checked {
                     label += " unchecked";
                 }
@@ -227,14 +254,14 @@ impl Bench {
                 incoming: Incoming::One,
                 checked: true,
                 options: true,
-                outputs: false,
+                outputs: Outputs::None,
             };
-            let with_outputs = Mode::Step {
+            let with_outputs = |outputs| Mode::Step {
                 plan: Plan::Default,
                 incoming: Incoming::One,
                 checked: true,
                 options: false,
-                outputs: true,
+                outputs,
             };
             let mut cases = vec![
                 (8192, 128256, bf16, Mode::Fwd),
@@ -242,7 +269,9 @@ impl Bench {
                 (8192, 128256, bf16, Mode::default_with(Incoming::Scaled)),
                 (8192, 128256, bf16, Mode::default_with(Incoming::PerRow)),
                 (8192, 128256, bf16, with_options),
-                (8192, 128256, bf16, with_outputs),
+                (8192, 128256, bf16, with_outputs(Outputs::Accuracy)),
+                (8192, 128256, bf16, with_outputs(Outputs::Entropy)),
+                (8192, 128256, bf16, with_outputs(Outputs::Both)),
                 (8192, 128256, bf16, one_pass),
                 (8192, 128256, bf16, two_pass),
             ];
@@ -275,7 +304,7 @@ impl Bench {
                     incoming: Incoming::One,
                     checked: true,
                     options: false,
-                    outputs: true,
+                    outputs: Outputs::Both,
                 },
             ];
             let cases = [f32, f16]
@@ -439,7 +468,7 @@ impl Bench {
             plan: Plan::Default,
             incoming,
             options: false,
-            outputs: false,
+            outputs: Outputs::None,
             ..
         } = mode
         else {
@@ -523,12 +552,8 @@ impl Bench {
             step_options.z_loss_scale = 1e-4;
             step_options.softcap = Some(30.0);
         }
-        if outputs {
-            step_options.outputs = ExtraOutputs {
-                accuracy: true,
-                entropy: true,
-                ..ExtraOutputs::default()
-            };
+        if outputs != Outputs::None {
+            step_options.outputs = outputs.extra_outputs();
         }
         let targets_ad = || targets.clone().autodiff();
         // A fresh copy per iteration, made outside the timed region and moved into the loss.

@@ -43,9 +43,19 @@ fn main() {
         entropy: true,
         ..plain
     };
+    let accuracy = LossSettings {
+        argmax: true,
+        ..plain
+    };
+    let entropy = LossSettings {
+        entropy: true,
+        ..plain
+    };
     let cases = [
         ("bf16_128256", bf16, 8, 128256, plain),
         ("bf16_128256_acc_entropy", bf16, 8, 128256, outputs),
+        ("bf16_128256_accuracy", bf16, 8, 128256, accuracy),
+        ("bf16_128256_entropy", bf16, 8, 128256, entropy),
         ("f32_128256", f32_, 4, 128256, plain),
         ("bf16_32000", bf16, 8, 32000, plain),
         ("bf16_128256_4_lanes", bf16, 4, 128256, plain),

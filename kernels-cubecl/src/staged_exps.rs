@@ -103,6 +103,26 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         scalars,
         options,
     );
+    let mut entropy_sum = state.entropy_sum;
+    if comptime!(options.entropy && !options.argmax) {
+        // NaN with a finite sum of exponentials: a -inf logit's 0 * -inf, not a NaN or
+        // +inf logit (those make the sum NaN too). Rare: the share is summed again.
+        if f32::is_nan(entropy_sum) && !f32::is_nan(state.others) {
+            entropy_sum = clamped_entropy_sum::<F, N>(
+                logits, row_start, first, len, state.max, target_col, options,
+            );
+        }
+    }
+    let state = RowState {
+        max: state.max,
+        others: state.others,
+        target_logit: state.target_logit,
+        best: state.best,
+        best_col: state.best_col,
+        smooth: state.smooth,
+        smooth_reference: state.smooth_reference,
+        entropy_sum,
+    };
     (state, reference)
 }
 
@@ -175,26 +195,28 @@ fn staged_to_exps<F: Float, N: Size>(
         let exps = fast_exp::<N>(values, reference, options.exp_flush_to_zero);
         staged[local] = Vector::cast_from(exps);
         let take = first + local != target_vector;
+        let first_col = (first + local) * vector_size;
         let next = absorb_exps::<N>(
             others,
-            best,
-            best_col,
             smooth,
             state.smooth_reference,
             entropy_sum,
             values,
             exps,
             reference,
-            (first + local) * vector_size,
+            first_col,
             class_weights,
             take,
             options,
         );
         others = next.0;
-        best = next.1;
-        best_col = next.2;
-        smooth = next.3;
-        entropy_sum = next.4;
+        smooth = next.1;
+        entropy_sum = next.2;
+        if comptime!(options.argmax) {
+            let found = argmax_of_vector::<N>(best, best_col, values, first_col, take);
+            best = found.0;
+            best_col = found.1;
+        }
         local += options.cube_size;
     }
     RowState {
@@ -270,8 +292,6 @@ fn reduce_rest<F: Float, N: Size>(
             let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
             let next = absorb_exps::<N>(
                 others,
-                best,
-                best_col,
                 smooth,
                 state.smooth_reference,
                 entropy_sum,
@@ -284,10 +304,13 @@ fn reduce_rest<F: Float, N: Size>(
                 options,
             );
             others = next.0;
-            best = next.1;
-            best_col = next.2;
-            smooth = next.3;
-            entropy_sum = next.4;
+            smooth = next.1;
+            entropy_sum = next.2;
+            if comptime!(options.argmax) {
+                let found = argmax_of_vector::<N>(best, best_col, values, first_col, take);
+                best = found.0;
+                best_col = found.1;
+            }
         }
         local += loads * cube_size;
     }
@@ -304,15 +327,16 @@ fn reduce_rest<F: Float, N: Size>(
 }
 
 /// One vector (`values`, columns `first_col..`, with `exps` their exponentials on the
-/// running maximum `max`) folded, when `take`, into `(others, best, best_col, smooth,
-/// entropy_sum)`: the sum of exponentials, the argmax, label smoothing's weighted sum and
-/// the entropy's `sum exp(x - max) (x - max)`.
+/// running maximum `max`) folded, when `take`, into `(others, smooth, entropy_sum)`: the
+/// sum of exponentials, label smoothing's weighted sum and the entropy's
+/// `sum exp(x - max) (x - max)`. Without the argmax the entropy's term is one
+/// multiply-add per element, without [`entropy_term`]'s clamp: a -inf logit makes it NaN
+/// (0 * -inf), and [`reduce_chunk_staging_exps`] then sums the unit's share again with
+/// the clamp.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn absorb_exps<N: Size>(
     others: f32,
-    best: f32,
-    best_col: u32,
     smooth: f32,
     smooth_reference: f32,
     entropy_sum: f32,
@@ -323,29 +347,24 @@ fn absorb_exps<N: Size>(
     class_weights: &Tensor<f32>,
     take: bool,
     #[comptime] options: RowOptions,
-) -> (f32, f32, u32, f32, f32) {
+) -> (f32, f32, f32) {
     let others = others + select(take, lane_sum::<N>(exps), f32::new(0.0));
     let mut entropy_sum = entropy_sum;
     if comptime!(options.entropy) {
         let mut added = f32::new(0.0);
-        #[unroll]
-        for lane in 0..values.vector_size() {
-            added += entropy_term(exps.extract(lane), values.extract(lane) - max);
+        if comptime!(options.argmax) {
+            // Beside the argmax, the fallback's registers would cost the kernel a cube
+            // per SM: the clamp stays.
+            #[unroll]
+            for lane in 0..values.vector_size() {
+                added += entropy_term(exps.extract(lane), values.extract(lane) - max);
+            }
+        } else {
+            added = lane_sum::<N>(exps * (values - Vector::new(max)));
         }
         entropy_sum += select(take, added, f32::new(0.0));
     }
-    let mut best = best;
-    let mut best_col = best_col;
     let mut smooth = smooth;
-    if comptime!(options.argmax) {
-        // Strictly greater: the first column wins ties, as in `argmax`; the lane is
-        // looked for only on a new best, rare after a row's first vectors.
-        let top = lane_max::<N>(values);
-        if take && top > best {
-            best_col = first_col_of::<N>(values, top, first_col);
-            best = top;
-        }
-    }
     if comptime!(options.smoothing) {
         let mut weights = Vector::<f32, N>::new(1.0);
         if comptime!(options.weighted) {
@@ -354,7 +373,59 @@ fn absorb_exps<N: Size>(
         let term = smoothing_term::<N>(values, smooth_reference, weights);
         smooth += select(take, term, f32::new(0.0));
     }
-    (others, best, best_col, smooth, entropy_sum)
+    (others, smooth, entropy_sum)
+}
+
+/// The argmax `(best, best_col)` with one vector (`values`, columns `first_col..`) folded
+/// in when `take`. Strictly greater: the first column wins ties, as in `argmax`; the lane
+/// is looked for only on a new best, rare after a row's first vectors.
+#[cube]
+fn argmax_of_vector<N: Size>(
+    best: f32,
+    best_col: u32,
+    values: Vector<f32, N>,
+    first_col: usize,
+    take: bool,
+) -> (f32, u32) {
+    let top = lane_max::<N>(values);
+    let mut best = best;
+    let mut best_col = best_col;
+    if take && top > best {
+        best_col = first_col_of::<N>(values, top, first_col);
+        best = top;
+    }
+    (best, best_col)
+}
+
+/// The entropy's sum over the unit's share of the chunk (vectors `first + u, first + u +
+/// cube_size, ..` below `first + len`), the target's column left out, taken at the unit's
+/// final maximum `max` with [`entropy_term`]'s clamp: for a share whose fast sum came out
+/// NaN from a -inf logit. Read again from `logits` (the stage holds exponentials).
+#[cube]
+fn clamped_entropy_sum<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    first: usize,
+    len: usize,
+    max: f32,
+    target_col: usize,
+    #[comptime] options: RowOptions,
+) -> f32 {
+    let vector_size = logits.vector_size();
+    let mut sum = f32::new(0.0);
+    let mut local = UNIT_POS as usize;
+    while local < len {
+        let values = Vector::<f32, N>::cast_from(logits[row_start + first + local]);
+        let exps = fast_exp::<N>(values, max, options.exp_flush_to_zero);
+        let first_col = (first + local) * vector_size;
+        #[unroll]
+        for lane in 0..values.vector_size() {
+            let term = entropy_term(exps.extract(lane), values.extract(lane) - max);
+            sum += select(first_col + lane == target_col, f32::new(0.0), term);
+        }
+        local += options.cube_size;
+    }
+    sum
 }
 
 /// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)

@@ -427,15 +427,29 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
             );
         }
         // -inf logits (probability 0, adding 0 to the entropy) among the staged columns
-        // and those that stream by.
-        check_case(
-            backend,
-            Case {
-                options: every_output(Reduction::None, one_pass),
-                negative_infinities: 40,
-                ..Case::new(6, 20480, dtype, Reduction::None)
-            },
-        );
+        // and those that stream by, with every output and with the entropy alone (the
+        // one pass, taken for `Mean`, then sums its terms unclamped and sums a share
+        // again where a -inf made that NaN).
+        for reduction in [Reduction::None, Reduction::Mean] {
+            let entropy = ExtraOutputs {
+                entropy: true,
+                ..ExtraOutputs::default()
+            };
+            for outputs in [ExtraOutputs::all(), entropy] {
+                check_case(
+                    backend,
+                    Case {
+                        options: CrossEntropyOptions {
+                            outputs,
+                            gradient_plan: plan(one_pass),
+                            ..CrossEntropyOptions::new(reduction)
+                        },
+                        negative_infinities: 40,
+                        ..Case::new(6, 20480, dtype, reduction)
+                    },
+                );
+            }
+        }
     }
 }
 
