@@ -7,6 +7,9 @@ Per LM-head shape (rows N, hidden H, vocabulary V) and chunk of C rows:
   grad_h   = d [C, V] @ W^T
   grad_W  += h_c^T [H, C] @ d [C, V]      (in place: addmm_ with beta = 1)
 in bf16 (f32 accumulation) and in f32 with TF32 off (exact f32, as PyTorch's default).
+Beside them: the weight gradient's product without the sum (beta = 0: what the sum's
+read and write of the whole weight gradient cost per chunk), and the sum run on a second
+stream beside the next chunk's logits (what overlapping the two would save).
 
 Usage: python3 gemm_rates.py [OUT.md]
 Per product: the median of 20 after 5 warm-ups by CUDA events, and TFLOP/s."""
@@ -61,6 +64,20 @@ for n, h, v, c in SHAPES:
         report(shape, name, "logits = h_c W", flops, median_ms(lambda: hc @ w))
         report(shape, name, "grad_h = d W^T", flops, median_ms(lambda: d @ w.t()))
         report(shape, name, "grad_W += h_c^T d", flops, median_ms(lambda: gw.addmm_(hc.t(), d)))
+        report(shape, name, "grad_W = h_c^T d (no sum)", flops,
+               median_ms(lambda: torch.mm(hc.t(), d, out=gw)))
+        side = torch.cuda.Stream()
+
+        def overlapped():
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                gw.addmm_(hc.t(), d)
+            logits = hc @ w
+            torch.cuda.current_stream().wait_stream(side)
+            return logits
+
+        report(shape, name, "logits beside grad_W += (two streams)", 2 * flops,
+               median_ms(overlapped))
         chunks = -(-n // c)
         step = median_ms(lambda: (hc @ w, d @ w.t(), gw.addmm_(hc.t(), d)))
         report(shape, name, f"three products x {chunks} chunks", 3 * flops * chunks, step * chunks)
