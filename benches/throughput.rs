@@ -552,9 +552,7 @@ impl Bench {
             step_options.z_loss_scale = 1e-4;
             step_options.softcap = Some(30.0);
         }
-        if outputs != Outputs::None {
-            step_options.outputs = outputs.extra_outputs();
-        }
+        step_options.outputs = outputs.extra_outputs();
         let targets_ad = || targets.clone().autodiff();
         // A fresh copy per iteration, made outside the timed region and moved into the loss.
         let owned = || logits.clone().mul_scalar(1.0).autodiff().require_grad();

@@ -93,7 +93,7 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
     // holds exponentials); every unit computes it, the others discard it.
     let target_vector = target_col / vector_size;
     let (holds, at) = target_share(target_vector, first, len, options.cube_size);
-    let state = absorb_held_target::<F, N>(
+    let mut state = absorb_held_target::<F, N>(
         state.clone(),
         holds,
         load_vector::<F, N>(logits, row_start + first + at, stream_loads),
@@ -103,26 +103,15 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         scalars,
         options,
     );
-    let mut entropy_sum = state.entropy_sum;
     if comptime!(options.entropy && !options.argmax) {
         // NaN with a finite sum of exponentials: a -inf logit's 0 * -inf, not a NaN or
         // +inf logit (those make the sum NaN too). Rare: the share is summed again.
-        if f32::is_nan(entropy_sum) && !f32::is_nan(state.others) {
-            entropy_sum = clamped_entropy_sum::<F, N>(
+        if f32::is_nan(state.entropy_sum) && !f32::is_nan(state.others) {
+            state.entropy_sum = clamped_entropy_sum::<F, N>(
                 logits, row_start, first, len, state.max, target_col, options,
             );
         }
     }
-    let state = RowState {
-        max: state.max,
-        others: state.others,
-        target_logit: state.target_logit,
-        best: state.best,
-        best_col: state.best_col,
-        smooth: state.smooth,
-        smooth_reference: state.smooth_reference,
-        entropy_sum,
-    };
     (state, reference)
 }
 
