@@ -32,7 +32,9 @@
 //! leaves out the matmuls alone. `cublaslt=0` turns off cuBLASLt for the chunks' products
 //! (`LinearChunking::cublaslt`, on by default); with it on, on CUDA, the fused linear
 //! cross-entropy also runs with CubeCL's products (`linear-cubecl`) and the breakdown
-//! times each chunk product through cuBLASLt. `ignored=P` ignores the last P% of each
+//! times each chunk product through cuBLASLt. `stream2=1` sums the weight gradient on a
+//! second CUDA stream (`LinearChunking::weight_gradient_second_stream`, off by default).
+//! `ignored=P` ignores the last P% of each
 //! sequence of 1024 rows (padding) and adds the fused linear cross-entropy on only the
 //! counted rows (`CountedRows`, built from the host's targets inside the step; its
 //! TFLOP/s count the counted rows' flops).
@@ -259,6 +261,8 @@ fn main() {
             .unwrap_or(defaults.weight_gradient_in_place),
         hidden_gradient_split_k: on_off_arg("splitk").unwrap_or(defaults.hidden_gradient_split_k),
         cublaslt: on_off_arg("cublaslt").unwrap_or(defaults.cublaslt),
+        weight_gradient_second_stream: on_off_arg("stream2")
+            .unwrap_or(defaults.weight_gradient_second_stream),
         ..defaults
     };
     // Percent of each sequence's rows ignored (padding at its end).
@@ -636,6 +640,7 @@ fn cublaslt_accumulate(sum: Tensor<2>, lhs: &Tensor<2>, rhs: &Tensor<2>) -> Tens
         lhs.clone().into_dispatch(),
         rhs.clone().into_dispatch(),
         true,
+        false,
     ))
 }
 

@@ -125,6 +125,7 @@ fn cublaslt_products_on_the_cube_backend_primitives() {
                         lhs_t.clone(),
                         grad.clone(),
                         true,
+                        false,
                     ));
                     check_cublaslt_ran(before, &context);
                     assert_eq!(got.dtype, sum_dtype, "{context}: the sum keeps its dtype");
@@ -147,6 +148,29 @@ fn cublaslt_products_on_the_cube_backend_primitives() {
                         );
                     }
                 }
+                // Twice on a second stream, then joined: the second sum adds to the
+                // first's, and the join orders the read after both.
+                let context = format!(
+                    "{context}: accumulate_product into {sum_dtype:?} twice, second stream"
+                );
+                let sum = prim::floats(uniform(&mut rng, k * n, scale), &[k, n], sum_dtype);
+                let start64 = prim::read(sum.clone()).values;
+                let before = test_hooks::cublaslt_product_count();
+                let once = C::accumulate_product(sum, lhs_t.clone(), grad.clone(), true, true);
+                let twice = C::accumulate_product(once, lhs_t.clone(), grad.clone(), true, true);
+                let got = prim::read(C::join_second_stream(twice));
+                check_cublaslt_ran(before, &context);
+                let expected: Vec<f64> = start64
+                    .iter()
+                    .zip(&product64)
+                    .map(|(s, p)| s + 2.0 * p)
+                    .collect();
+                let sum_bound = if ON_CUDA && sum_dtype == DType::F32 {
+                    1e-5
+                } else {
+                    bound
+                };
+                check_close(&got.values, &expected, sum_bound, &context);
             }
         }
     }
@@ -176,4 +200,69 @@ fn fused_linear_cross_entropy_through_cublaslt() {
             check_cublaslt_ran(before, &context);
         }
     }
+}
+
+/// The fused linear cross-entropy with the weight gradient's sums on a second CUDA stream
+/// (`LinearChunking::weight_gradient_second_stream`) against the f64 reference, through
+/// `Fusion<CubeBackend>` under autodiff: each dtype, `Mean` (the one pass, in forward)
+/// and `None` (in backward), five chunks of 48 rows and a last partial one, with and
+/// without a bias. Elsewhere than CUDA the option changes nothing.
+#[test]
+fn fused_linear_cross_entropy_on_a_second_stream() {
+    poisoned();
+    for (n, dtype) in float_dtypes().into_iter().enumerate() {
+        for (r, reduction) in [Reduction::Mean, Reduction::None].into_iter().enumerate() {
+            let mut case = LinearCase::new(250, 96, 520, dtype, reduction);
+            case.cublaslt = true;
+            case.second_stream = true;
+            case.chunk_rows = 48;
+            case.in_place = true;
+            case.bias = (n + r) % 2 == 0;
+            let context = format!("{case:?}");
+            let before = test_hooks::cublaslt_product_count();
+            check_linear_case(crate::common::TestBackend::Fusion, case);
+            check_cublaslt_ran(before, &context);
+        }
+    }
+}
+
+/// On CUDA: a sum on the second stream keeps its operands allocated until cubecl's
+/// stream waits for it. Each step's gradient is dropped as soon as its sum is enqueued,
+/// and a kernel on cubecl's stream at once writes a new buffer of its size (which the
+/// pool would hand out from the dropped one's memory); the sums, each a long exact f32
+/// product, must equal the same sums formed on one stream (those are checked against
+/// the f64 product above), bit for bit.
+#[cfg(feature = "cuda")]
+#[test]
+fn second_stream_operands_outlive_their_product() {
+    poisoned();
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let (m, k, n) = (16384, 256, 4096);
+    let dtype = DType::F32;
+    let lhs_rows = prim::floats(uniform(&mut rng, m * k, 1.0), &[m, k], dtype);
+    let start = uniform(&mut rng, k * n, 1.0);
+    let grads: Vec<Vec<f32>> = (0..3).map(|_| uniform(&mut rng, m * n, 1.0)).collect();
+    let filler = uniform(&mut rng, m * n, 1e4);
+    let sums = |second_stream: bool| {
+        let mut sum = prim::floats(start.clone(), &[k, n], dtype);
+        let mut written = Vec::new();
+        for grad in &grads {
+            let grad = prim::floats(grad.clone(), &[m, n], dtype);
+            let lhs_t = C::float_transpose(lhs_rows.clone());
+            sum = C::accumulate_product(sum, lhs_t, grad, true, second_stream);
+            // A buffer of the gradient's size, written on cubecl's stream at once.
+            let filler = prim::floats(filler.clone(), &[m, n], dtype);
+            written.push(C::float_mul_scalar(filler, 3.0f32.into()));
+        }
+        let sum = if second_stream {
+            C::join_second_stream(sum)
+        } else {
+            sum
+        };
+        prim::read(sum).values
+    };
+    let one_stream = sums(false);
+    let context = format!("seed={seed}: sums on a second stream");
+    crate::call::assert_same_values(&sums(true), &one_stream, &context);
 }

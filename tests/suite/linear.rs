@@ -55,6 +55,9 @@ pub(crate) struct LinearCase {
     pub(crate) f32_weight_gradient: bool,
     /// The chunks' products through cuBLASLt on CUDA (`LinearChunking::cublaslt`).
     pub(crate) cublaslt: bool,
+    /// The weight gradient's sums on a second CUDA stream
+    /// (`LinearChunking::weight_gradient_second_stream`).
+    pub(crate) second_stream: bool,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
     pub(crate) three_d: bool,
     /// Through the module with an `nn::Linear`, else the function.
@@ -84,6 +87,7 @@ impl LinearCase {
             split_k: LinearChunking::default().hidden_gradient_split_k,
             f32_weight_gradient: false,
             cublaslt: LinearChunking::default().cublaslt,
+            second_stream: LinearChunking::default().weight_gradient_second_stream,
             three_d: false,
             via_module: false,
         }
@@ -99,6 +103,7 @@ impl LinearCase {
             weight_gradient_in_place: self.in_place,
             hidden_gradient_split_k: self.split_k,
             cublaslt: self.cublaslt,
+            weight_gradient_second_stream: self.second_stream,
         }
     }
 }
@@ -780,7 +785,7 @@ fn products_on_the_cube_backend_primitives() {
                 let sum = prim::floats(uniform(&mut rng, m * n, scale), &[m, n], dtype);
                 let start64 = prim::read(sum.clone()).values;
                 let kept = held.then(|| sum.clone());
-                let got = C::accumulate_product(sum, lhs.clone(), rhs.clone(), false);
+                let got = C::accumulate_product(sum, lhs.clone(), rhs.clone(), false, false);
                 let expected: Vec<f64> =
                     start64.iter().zip(&product64).map(|(s, p)| s + p).collect();
                 let got = prim::read(got);
@@ -800,7 +805,13 @@ fn products_on_the_cube_backend_primitives() {
             if dtype != DType::F32 {
                 let sum = prim::floats(uniform(&mut rng, m * n, scale), &[m, n], DType::F32);
                 let start64 = prim::read(sum.clone()).values;
-                let got = prim::read(C::accumulate_product(sum, lhs.clone(), rhs.clone(), false));
+                let got = prim::read(C::accumulate_product(
+                    sum,
+                    lhs.clone(),
+                    rhs.clone(),
+                    false,
+                    false,
+                ));
                 assert_eq!(got.dtype, DType::F32, "{context}: an f32 sum stays f32");
                 let expected: Vec<f64> =
                     start64.iter().zip(&product64).map(|(s, p)| s + p).collect();
@@ -1071,6 +1082,7 @@ fn linear_guess_across_steps() {
             weight_gradient_in_place: false,
             hidden_gradient_split_k: true,
             cublaslt: true,
+            weight_gradient_second_stream: false,
         })
         .init(&device);
     let head = LinearConfig::new(width, vocab).init(&device);
@@ -1130,6 +1142,7 @@ fn linear_extra_outputs() {
             weight_gradient_in_place: false,
             hidden_gradient_split_k: true,
             cublaslt: true,
+            weight_gradient_second_stream: false,
         };
         let fused = try_fused_linear_cross_entropy(
             hidden.clone(),
@@ -1185,14 +1198,14 @@ fn linear_extra_outputs() {
 #[test]
 fn chunk_rows_follow_the_budget() {
     let chunking = LinearChunking::default();
-    // 1 GiB of bf16 logits of 128256 classes holds 4185 rows, 4096 in whole stages of
-    // 256: 8192 rows take 2 chunks, of 4096 rows each.
+    // 1 GiB of bf16 logits of 128256 classes holds 4185 rows, 4096 in whole tiles of
+    // 128 (cuBLASLt's, on by default): 8192 rows take 2 chunks, of 4096 rows each.
     assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 4096);
-    // 151936 classes: 3533 rows fit, 3328 is the multiple of 256 below; 16384 rows take
-    // 5 chunks: 3277 rounded up to 3328, the last of 3072.
+    // 151936 classes: 3533 rows fit, 3456 in whole tiles; 16384 rows take 5 chunks: 3277
+    // rounded up to 3328, the last of 3072.
     assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 3328);
     assert_eq!(chunking.rows_per_chunk(4000, 128_256, DType::BF16), 4000);
-    // 5000 rows: two chunks, of 2560 (2500 rounded up to a multiple of 256) and 2440.
+    // 5000 rows: two chunks, of 2560 (2500 rounded up to a multiple of 128) and 2440.
     assert_eq!(chunking.rows_per_chunk(5000, 128_256, DType::BF16), 2560);
     // 200 rows a chunk fit: a multiple of 128 below 256 rows.
     let small_budget = LinearChunking {
@@ -1207,8 +1220,23 @@ fn chunk_rows_follow_the_budget() {
         ..LinearChunking::default()
     };
     assert_eq!(quarter_gib.rows_per_chunk(8192, 128_256, DType::BF16), 1024);
+    // 157 MiB holds 641 rows: 13 chunks of 640 with cuBLASLt's tiles of 128 rows, 16 of
+    // 512 in cubek-matmul's stages of 256 without it.
+    let between_stages = LinearChunking {
+        logits_bytes: Some(157 << 20),
+        ..LinearChunking::default()
+    };
+    assert_eq!(
+        between_stages.rows_per_chunk(8192, 128_256, DType::BF16),
+        640
+    );
+    let cubecl_only = LinearChunking {
+        cublaslt: false,
+        ..between_stages
+    };
+    assert_eq!(cubecl_only.rows_per_chunk(8192, 128_256, DType::BF16), 512);
     // Within a device's largest buffer: 128 MiB of f32 logits of 50257 classes hold 667
-    // rows, 512 in whole stages; 2000 rows take 4 chunks of 512 (500 rounded up).
+    // rows, 640 in whole tiles; 2000 rows take 4 chunks of 512 (500 rounded up).
     let lavapipe = chunking.within(Some(128 << 20));
     assert_eq!(lavapipe.rows_per_chunk(2000, 50_257, DType::F32), 512);
     assert_eq!(lavapipe.logits_bytes, Some(128 << 20));
@@ -1227,6 +1255,7 @@ fn chunk_rows_follow_the_budget() {
         weight_gradient_in_place: false,
         hidden_gradient_split_k: true,
         cublaslt: true,
+        weight_gradient_second_stream: false,
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
@@ -1259,6 +1288,7 @@ fn chunk_rows_follow_the_budget() {
         weight_gradient_in_place: false,
         hidden_gradient_split_k: true,
         cublaslt: true,
+        weight_gradient_second_stream: false,
     };
     assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
     // Never more than the budget holds, whatever the rows.
@@ -1271,6 +1301,7 @@ fn chunk_rows_follow_the_budget() {
                 weight_gradient_in_place: false,
                 hidden_gradient_split_k: true,
                 cublaslt: true,
+                weight_gradient_second_stream: false,
             };
             let per = budget.rows_per_chunk(rows, 50, DType::F32);
             assert!(

@@ -53,6 +53,16 @@ pub struct LinearChunking {
     /// f32 operands (not TF32). On by default (also when a saved config lacks it).
     #[serde(default = "cublaslt_by_default")]
     pub cublaslt: bool,
+    /// Sum each chunk's weight-gradient product into the sum through cuBLASLt on a second
+    /// CUDA stream, beside the next chunk's logits and loss on the stream the backend's
+    /// kernels run on: the sum's read and write of the whole weight gradient, once per
+    /// chunk, overlap the next products' arithmetic. The chunk's logits gradient stays
+    /// allocated until the next chunk's sum starts, so two chunks of logits are in
+    /// memory at once: halve [`Self::logits_bytes`] for the same peak. Only with
+    /// [`Self::cublaslt`] and [`Self::weight_gradient_in_place`] on CUDA devices; the
+    /// host waits for nothing. Off by default (also when a saved config lacks it).
+    #[serde(default)]
+    pub weight_gradient_second_stream: bool,
 }
 
 impl Default for LinearChunking {
@@ -64,6 +74,7 @@ impl Default for LinearChunking {
             weight_gradient_in_place: in_place_by_default(),
             hidden_gradient_split_k: split_k_by_default(),
             cublaslt: cublaslt_by_default(),
+            weight_gradient_second_stream: false,
         }
     }
 }
@@ -95,8 +106,11 @@ const MIN_CHUNK_ROWS: usize = 16;
 const TILE_ROWS: usize = 128;
 
 /// Rows of the tiles cubek-matmul's TMA kernels take on the chunks' `[rows, V]` logits and
-/// gradient (its stage along M): chunks of more rows than this are a multiple of it, so
-/// that no row of tiles runs half empty.
+/// gradient (its stage along M): without cuBLASLt, chunks of more rows than this are a
+/// multiple of it, so that no row of tiles runs half empty. cuBLASLt's tiles are at most
+/// [`TILE_ROWS`] rows: with it, chunks are a multiple of that, and a budget between two
+/// multiples of 256 rows is not rounded down by 128 of them (fewer chunks, each
+/// reading and writing the weight gradient's sum once).
 const STAGE_ROWS: usize = 256;
 
 impl LinearChunking {
@@ -112,16 +126,23 @@ impl LinearChunking {
     }
 
     /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`. The budget holds
-    /// `fit` rows, rounded down to a multiple of 256, the matmul kernels' stage along M
-    /// (of 128, a tile's rows, then of 16, below that; at least 16); the rows are then
+    /// `fit` rows, rounded down to a multiple of 128, a tile's rows, with
+    /// [`Self::cublaslt`] (else of 256, cubek-matmul's stage along M, then of 128), and
+    /// of 16 below that (at least 16); the rows are then
     /// spread evenly over as many chunks as that takes, each rounded up to the same
     /// multiple, so that the last chunk is not a sliver: 8192 rows that fit 1046 at a
     /// time go in 8 chunks of 1024.
     pub fn rows_per_chunk(&self, rows: usize, vocab: usize, dtype: DType) -> usize {
         let budget = self.logits_budget();
         let fit = budget / (vocab * dtype.size()).max(1);
-        let step = [STAGE_ROWS, TILE_ROWS]
-            .into_iter()
+        let steps: &[usize] = if self.cublaslt {
+            &[TILE_ROWS]
+        } else {
+            &[STAGE_ROWS, TILE_ROWS]
+        };
+        let step = steps
+            .iter()
+            .copied()
             .find(|&step| fit >= step)
             .unwrap_or(MIN_CHUNK_ROWS);
         let fit = (fit - fit % step).max(MIN_CHUNK_ROWS);

@@ -25,8 +25,14 @@ pub(crate) fn accumulate_product_meta(
     _lhs: &TensorSpec,
     _rhs: &TensorSpec,
     _cublaslt: &bool,
+    _second_stream: &bool,
 ) -> TensorSpec {
     sum.clone()
+}
+
+/// The same tensor, unchanged.
+pub(crate) fn same_tensor_meta(tensor: &TensorSpec) -> TensorSpec {
+    tensor.clone()
 }
 
 /// `lhs rhs`: `[M, N]` in `lhs`'s dtype (the split-K product and the chunk product).

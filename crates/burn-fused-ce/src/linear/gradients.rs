@@ -94,6 +94,7 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
                 hidden_t.into_primitive(),
                 logits_grad.clone().into_primitive(),
                 cublaslt,
+                self.chunking.weight_gradient_second_stream,
             )),
             // The product is a whole [H, V] buffer beside the sum until the add.
             (Some(sum), None) => sum.add(weight_product(hidden_t, logits_grad.clone())),
@@ -140,6 +141,11 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
             FloatOf::cat(self.hidden, 0)
         };
         let weight = match self.weight {
+            // Summed on a second stream: the backend's stream waits for it first.
+            Some(grad) if self.chunking.weight_gradient_second_stream => {
+                FloatOf::<B, 2>::new(B::join_second_stream(grad.into_primitive()))
+                    .cast(typed.weight.dtype())
+            }
             Some(grad) => grad.cast(typed.weight.dtype()),
             None => FloatOf::zeros(typed.weight.shape(), &device, typed.weight.dtype()),
         };

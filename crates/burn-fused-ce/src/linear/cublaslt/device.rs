@@ -2,7 +2,7 @@
 //! chosen for each product shape. Used only inside tasks on the device's thread, which
 //! cubecl runs one at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, hash_map::Entry};
 use std::sync::{LazyLock, Mutex};
 
 use cubecl::device::DeviceId;
@@ -10,21 +10,26 @@ use cudarc::cublaslt::{result, sys};
 use cudarc::driver::sys as driver;
 
 use super::descriptors::failed;
+use super::second_stream::SecondStream;
 use super::stream_scan::{regular_slots, stream_of_slot};
 
-/// What picks an algorithm: the product and the operands' types and alignments.
+/// What picks an algorithm: the product, the operands' types and alignments, and the
+/// workspace given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct AlgorithmKey {
     pub product: super::layout::LtProduct,
     pub types: [u32; 3],
     pub alignments: [u32; 4],
     pub accumulate: bool,
+    pub workspace_bytes: usize,
 }
 
 /// One device's cuBLASLt state.
 pub(crate) struct LtDevice {
     pub handle: sys::cublasLtHandle_t,
     streams: HashMap<u64, sys::cudaStream_t>,
+    /// The second stream beside each of cubecl's streams that has used one.
+    second_streams: HashMap<u64, SecondStream>,
     /// The heuristic's first algorithm and its workspace, or why it found none.
     pub algorithms: HashMap<AlgorithmKey, Result<(sys::cublasLtMatmulAlgo_t, usize), String>>,
 }
@@ -51,6 +56,7 @@ pub(crate) fn with_device<R>(
             .map(|handle| LtDevice {
                 handle,
                 streams: HashMap::new(),
+                second_streams: HashMap::new(),
                 algorithms: HashMap::new(),
             })
             .map_err(|error| failed("handle", error))
@@ -75,6 +81,27 @@ pub(crate) enum Refusal {
 }
 
 impl LtDevice {
+    /// The second stream beside cubecl's stream `stream_id`, made on first use.
+    pub fn second_stream(&mut self, stream_id: u64) -> Result<&mut SecondStream, Refusal> {
+        Ok(match self.second_streams.entry(stream_id) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => entry.insert(SecondStream::new()?),
+        })
+    }
+
+    /// cubecl's stream `stream_id` (`main`) waits for what its second stream has
+    /// enqueued, if it has one.
+    pub fn join_second_stream(
+        &mut self,
+        stream_id: u64,
+        main: sys::cudaStream_t,
+    ) -> Result<(), Refusal> {
+        match self.second_streams.get_mut(&stream_id) {
+            Some(second) => second.join(main),
+            None => Ok(()),
+        }
+    }
+
     /// The stream cubecl launches stream `stream_id`'s kernels on, read from the server's
     /// `Debug` text (`server_text` formats it; called once per slot) and checked: a
     /// non-blocking stream of the current context, as cubecl-cuda makes them.

@@ -5,7 +5,9 @@
 
 use core::any::TypeId;
 use core::ffi::c_void;
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{LazyLock, Mutex};
 
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -30,6 +32,39 @@ type CudaServer = <CudaRuntime as Runtime>::Server;
 
 /// The most workspace a product may use: what cuBLAS asks for on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// What a product's workspace depends on: the device, the product and its types, and
+/// whether it sums into its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct WorkspaceKey {
+    device: DeviceId,
+    product: LtProduct,
+    types: [u32; 3],
+    accumulate: bool,
+}
+
+/// The workspace the algorithm chosen for each kind of product asked for, once one has
+/// run: later products of that kind are given that much, not the most, so that a step's
+/// peak holds no workspace its products leave unused (the algorithm is chosen again
+/// within what is given, which the one chosen first fits).
+static WORKSPACE_NEEDED: LazyLock<Mutex<HashMap<WorkspaceKey, usize>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The workspace to give a product of kind `key`.
+fn workspace_for(key: &WorkspaceKey) -> usize {
+    WORKSPACE_NEEDED
+        .lock()
+        .ok()
+        .and_then(|known| known.get(key).copied())
+        .unwrap_or(WORKSPACE_BYTES)
+}
+
+/// Remembers the workspace a product of kind `key` used.
+fn note_workspace(key: WorkspaceKey, bytes: usize) {
+    if let Ok(mut known) = WORKSPACE_NEEDED.lock() {
+        known.insert(key, bytes);
+    }
+}
 
 /// A float dtype as cuBLASLt names it.
 fn data_type(dtype: DType) -> Option<sys::cudaDataType> {
@@ -70,11 +105,17 @@ pub(crate) fn may_run(client: &Client) -> bool {
 /// `rhs [K, N]` of one dtype and `out [M, N]` of theirs or f32, accumulated in f32
 /// (`CUBLAS_COMPUTE_32F`: f32 operands are multiplied in f32, not TF32). `Err` says why
 /// it did not run; nothing was written then.
+///
+/// With `second_stream`, the product runs on a second stream beside cubecl's
+/// (`second_stream.rs`), after everything enqueued so far; [`join_second_stream`] orders
+/// cubecl's stream after it. Where it did not run, the caller joins before writing
+/// `out` another way.
 pub(crate) fn launch_product(
     lhs: &CubeTensor,
     rhs: &CubeTensor,
     out: &CubeTensor,
     accumulate: bool,
+    second_stream: bool,
 ) -> Result<(), String> {
     let client = &out.client;
     unavailable(client)?;
@@ -102,26 +143,68 @@ pub(crate) fn launch_product(
             out.meta.strides()
         )
     })?;
-    let call = Call {
+    let types = [operand_type, operand_type, out_type];
+    let device = client.service_id().device;
+    let workspace_key = WorkspaceKey {
+        device,
         product,
-        types: [operand_type, operand_type, out_type],
-        elem_bytes: [lhs.dtype.size() as u64, out.dtype.size() as u64],
+        types: types.map(|t| t as u32),
         accumulate,
     };
-    // cuBLASLt's A is `rhs` and its B `lhs` (see `layout.rs`).
-    let handles = [
-        rhs.handle.clone(),
-        lhs.handle.clone(),
-        out.handle.clone(),
-        client.empty(WORKSPACE_BYTES),
-    ];
-    let device = client.service_id().device;
-    DeviceHandle::<CudaServer>::new(device)
+    let workspace_bytes = workspace_for(&workspace_key);
+    let call = Call {
+        product,
+        types,
+        elem_bytes: [lhs.dtype.size() as u64, out.dtype.size() as u64],
+        accumulate,
+        workspace_bytes,
+        second_stream,
+    };
+    // cuBLASLt's A is `rhs` and its B `lhs` (see `layout.rs`); the workspace last,
+    // where there is one.
+    let mut handles = vec![rhs.handle.clone(), lhs.handle.clone(), out.handle.clone()];
+    if workspace_bytes > 0 {
+        handles.push(client.empty(workspace_bytes));
+    }
+    let used = DeviceHandle::<CudaServer>::new(device)
         .submit_blocking(move |server| {
             probe_memory(server);
             // cudarc's symbols panic where missing: that refuses the product.
             catch_unwind(AssertUnwindSafe(|| call.run(server, device, handles)))
                 .unwrap_or_else(|_| Err("cuBLASLt panicked".into()))
+        })
+        .map_err(|error| format!("the device's task failed: {error:?}"))??;
+    note_workspace(workspace_key, used);
+    Ok(())
+}
+
+/// cubecl's stream (the calling thread's) waits, on the device, for the products
+/// [`launch_product`] enqueued on its second stream, whose operands are then released: a
+/// no-op where there were none. `sum` is the tensor they wrote, on that device.
+pub(crate) fn join_second_stream(sum: &CubeTensor) -> Result<(), String> {
+    let client = &sum.client;
+    if unavailable(client).is_err() {
+        return Ok(());
+    }
+    let handle = sum.handle.clone();
+    let device = client.service_id().device;
+    DeviceHandle::<CudaServer>::new(device)
+        .submit_blocking(move |server| {
+            catch_unwind(AssertUnwindSafe(|| {
+                let stream_id = StreamId::current();
+                // Resolving the sum makes the device's context current.
+                let resource = server
+                    .get_resource(handle.binding(), stream_id)
+                    .map_err(|error| format!("cubecl could not resolve the sum: {error:?}"))?;
+                let server_text = || format!("{server:?}");
+                let joined = with_device(device, |lt| {
+                    let main = lt.stream(stream_id.value, server_text)?;
+                    lt.join_second_stream(stream_id.value, main)
+                });
+                drop(resource);
+                joined
+            }))
+            .unwrap_or_else(|_| Err("cuBLASLt panicked".into()))
         })
         .map_err(|error| format!("the device's task failed: {error:?}"))?
 }
@@ -148,19 +231,35 @@ struct Call {
     /// Bytes per element of the operands and of the output.
     elem_bytes: [u64; 2],
     accumulate: bool,
+    /// The workspace given (its buffer is the fourth handle where this is not 0).
+    workspace_bytes: usize,
+    second_stream: bool,
 }
 
 impl Call {
+    /// Enqueues the product; `Ok` holds the workspace its algorithm uses.
     fn run(
         self,
         server: &mut CudaServer,
         device: DeviceId,
-        handles: [Handle; 4],
-    ) -> Result<(), String> {
+        handles: Vec<Handle>,
+    ) -> Result<usize, String> {
         let stream_id = StreamId::current();
+        // On the second stream, what the product reads stays allocated until cubecl's
+        // stream waits for it: the operands and the workspace, not the output.
+        let held: Vec<Handle> = if self.second_stream {
+            handles
+                .iter()
+                .enumerate()
+                .filter(|&(at, _)| at != 2)
+                .map(|(_, handle)| handle.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Resolving each operand makes the device's context current and orders this
         // stream after the operand's producer; the resources pin the memory meanwhile.
-        let mut resources = Vec::with_capacity(4);
+        let mut resources = Vec::with_capacity(handles.len());
         for handle in handles {
             resources.push(
                 server
@@ -177,7 +276,10 @@ impl Call {
             types,
             elem_bytes,
             accumulate,
+            workspace_bytes: workspace_given,
+            second_stream,
         } = self;
+        let workspace_address = address.get(3).copied().unwrap_or(0);
         // C and D are one matrix.
         let out_alignment = alignment_bytes(address[2], product.d.ld, elem_bytes[1]);
         let alignments = [
@@ -187,8 +289,8 @@ impl Call {
             out_alignment,
         ];
         let server_text = || format!("{server:?}");
-        with_device(device, |lt| {
-            let stream = lt.stream(stream_id.value, server_text)?;
+        let used = with_device(device, |lt| {
+            let main = lt.stream(stream_id.value, server_text)?;
             let this_call = Refusal::ThisCall;
             let a = Layout::new(types[0], product.a).map_err(this_call)?;
             let b = Layout::new(types[1], product.b).map_err(this_call)?;
@@ -199,13 +301,14 @@ impl Call {
                 types: types.map(|t| t as u32),
                 alignments,
                 accumulate,
+                workspace_bytes: workspace_given,
             };
             let handle = lt.handle;
             let (algorithm, workspace_bytes) = lt
                 .algorithms
                 .entry(key)
                 .or_insert_with(|| {
-                    let preference = Preference::new(WORKSPACE_BYTES as u64, alignments)?;
+                    let preference = Preference::new(workspace_given as u64, alignments)?;
                     // SAFETY: the descriptors live until the end of this task.
                     unsafe {
                         result::get_matmul_algo_heuristic(
@@ -223,6 +326,11 @@ impl Call {
                 })
                 .clone()
                 .map_err(this_call)?;
+            let stream = if second_stream {
+                lt.second_stream(stream_id.value)?.follow(main)?
+            } else {
+                main
+            };
             let alpha = 1.0f32;
             let beta = if accumulate { 1.0f32 } else { 0.0 };
             let pointer = |at: u64| at as usize as *mut c_void;
@@ -245,14 +353,22 @@ impl Call {
                     pointer(address[2]),
                     d.0,
                     &algorithm,
-                    pointer(address[3]),
+                    pointer(workspace_address),
                     workspace_bytes,
                     stream,
                 )
             }
-            .map_err(|error| Refusal::ThisCall(failed("matmul", error)))
-        })?;
+            .map_err(|error| Refusal::ThisCall(failed("matmul", error)))?;
+            if second_stream {
+                // The product ran: a failure to order it makes the host wait for it
+                // instead (`SecondStream::enqueued`), and is no refusal.
+                let _ = lt
+                    .second_stream(stream_id.value)
+                    .and_then(|second| second.enqueued(main, held));
+            }
+            Ok(workspace_bytes)
+        });
         drop(resources);
-        Ok(())
+        used
     }
 }

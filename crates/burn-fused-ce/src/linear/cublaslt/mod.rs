@@ -20,6 +20,8 @@ mod launch;
 mod layout;
 #[cfg(feature = "cuda")]
 mod library;
+#[cfg(feature = "cuda")]
+mod second_stream;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod stream_scan;
 
@@ -43,20 +45,37 @@ pub(crate) fn cublaslt_may_run(tensor: &CubeTensor) -> bool {
 }
 
 /// `out = lhs rhs`, or `out += lhs rhs` when `accumulate`, through cuBLASLt (see
-/// [`launch::launch_product`]). `Err` says why not; `out` is untouched then.
+/// [`launch::launch_product`]), on a second stream beside cubecl's with `second_stream`.
+/// `Err` says why not; `out` is untouched then, and the caller joins
+/// ([`cublaslt_join_second_stream`]) before writing it another way.
 pub(crate) fn cublaslt_product(
     lhs: &CubeTensor,
     rhs: &CubeTensor,
     out: &CubeTensor,
     accumulate: bool,
+    second_stream: bool,
 ) -> Result<(), String> {
     #[cfg(feature = "cuda")]
     {
-        launch::launch_product(lhs, rhs, out, accumulate)
+        launch::launch_product(lhs, rhs, out, accumulate, second_stream)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (lhs, rhs, out, accumulate);
+        let _ = (lhs, rhs, out, accumulate, second_stream);
         Err("built without the `cuda` feature".into())
+    }
+}
+
+/// cubecl's stream waits for the products enqueued on its second stream (see
+/// [`launch::join_second_stream`]); a no-op where there were none.
+pub(crate) fn cublaslt_join_second_stream(sum: &CubeTensor) -> Result<(), String> {
+    #[cfg(feature = "cuda")]
+    {
+        launch::join_second_stream(sum)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = sum;
+        Ok(())
     }
 }
