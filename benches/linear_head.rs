@@ -34,6 +34,8 @@
 //! cross-entropy also runs with CubeCL's products (`linear-cubecl`) and the breakdown
 //! times each chunk product through cuBLASLt. `stream2=1` sums the weight gradient on a
 //! second CUDA stream (`LinearChunking::weight_gradient_second_stream`, off by default).
+//! `ltrank=K` gives the weight gradient's sums the algorithm cuBLASLt's heuristic lists
+//! K-th (0: its first, the default; `test_hooks::set_accumulate_algorithm_rank`).
 //! `ignored=P` ignores the last P% of each
 //! sequence of 1024 rows (padding) and adds the fused linear cross-entropy on only the
 //! counted rows (`CountedRows`, built from the host's targets inside the step; its
@@ -253,6 +255,11 @@ fn main() {
                     .collect()
             },
         );
+    if let Some(rank) =
+        std::env::args().find_map(|arg| arg.strip_prefix("ltrank=")?.parse::<usize>().ok())
+    {
+        test_hooks::set_accumulate_algorithm_rank(rank);
+    }
     let defaults = LinearChunking::default();
     let chunking = LinearChunking {
         logits_bytes: mib_arg("logits"),

@@ -12,6 +12,7 @@ static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static UNSPLIT_KERNEL_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static CUBLASLT_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static PROBE_MEMORY: AtomicBool = AtomicBool::new(false);
+static ACCUMULATE_ALGORITHM_RANK: AtomicUsize = AtomicUsize::new(0);
 static PROBED_PEAK: AtomicU64 = AtomicU64::new(0);
 
 /// Why the in-place matmul last refused a product (see [`in_place_accumulate_refusal`]).
@@ -132,4 +133,20 @@ pub(crate) fn probe_memory() -> bool {
 
 pub(crate) fn note_bytes_in_use(bytes: u64) {
     PROBED_PEAK.fetch_max(bytes, Ordering::Relaxed);
+}
+
+/// For the benches: the weight gradient's sums through cuBLASLt take the algorithm its
+/// heuristic lists at `rank` (0, its first choice, by default; its last where it lists
+/// fewer), for products not run before. To measure the others against the first.
+pub fn set_accumulate_algorithm_rank(rank: usize) {
+    ACCUMULATE_ALGORITHM_RANK.store(rank, Ordering::Relaxed);
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn accumulate_algorithm_rank() -> usize {
+    if cfg!(feature = "test-hooks") {
+        ACCUMULATE_ALGORITHM_RANK.load(Ordering::Relaxed)
+    } else {
+        0
+    }
 }

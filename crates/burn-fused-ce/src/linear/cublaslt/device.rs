@@ -13,15 +13,15 @@ use super::descriptors::failed;
 use super::second_stream::SecondStream;
 use super::stream_scan::{regular_slots, stream_of_slot};
 
-/// What picks an algorithm: the product, the operands' types and alignments, and the
-/// workspace given.
+/// What picks an algorithm: the product, the operands' types and alignments, and which
+/// of the heuristic's list is taken (0, its first, but where the benches ask).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct AlgorithmKey {
     pub product: super::layout::LtProduct,
     pub types: [u32; 3],
     pub alignments: [u32; 4],
     pub accumulate: bool,
-    pub workspace_bytes: usize,
+    pub rank: usize,
 }
 
 /// One device's cuBLASLt state.
@@ -30,7 +30,8 @@ pub(crate) struct LtDevice {
     streams: HashMap<u64, sys::cudaStream_t>,
     /// The second stream beside each of cubecl's streams that has used one.
     second_streams: HashMap<u64, SecondStream>,
-    /// The heuristic's first algorithm and its workspace, or why it found none.
+    /// The algorithm the heuristic listed at the key's rank (its first by default) and
+    /// its workspace, or why it found none.
     pub algorithms: HashMap<AlgorithmKey, Result<(sys::cublasLtMatmulAlgo_t, usize), String>>,
 }
 

@@ -43,10 +43,11 @@ struct WorkspaceKey {
     accumulate: bool,
 }
 
-/// The workspace the algorithm chosen for each kind of product asked for, once one has
-/// run: later products of that kind are given that much, not the most, so that a step's
-/// peak holds no workspace its products leave unused (the algorithm is chosen again
-/// within what is given, which the one chosen first fits).
+/// The workspace the algorithm chosen for each kind of product uses, once one has run:
+/// later products of that kind are given that much, not the most, so that a step's
+/// peak holds no workspace its products leave unused. Algorithms are chosen within the
+/// most; one that uses more than its product was given (operands aligned otherwise than
+/// before) refuses that product once and raises what the kind is given.
 static WORKSPACE_NEEDED: LazyLock<Mutex<HashMap<WorkspaceKey, usize>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
@@ -59,10 +60,14 @@ fn workspace_for(key: &WorkspaceKey) -> usize {
         .unwrap_or(WORKSPACE_BYTES)
 }
 
-/// Remembers the workspace a product of kind `key` used.
+/// Remembers the workspace a product of kind `key` used (the most, where several
+/// algorithms ran for that kind).
 fn note_workspace(key: WorkspaceKey, bytes: usize) {
     if let Ok(mut known) = WORKSPACE_NEEDED.lock() {
-        known.insert(key, bytes);
+        known
+            .entry(key)
+            .and_modify(|noted| *noted = (*noted).max(bytes))
+            .or_insert(bytes);
     }
 }
 
@@ -157,6 +162,7 @@ pub(crate) fn launch_product(
         types,
         elem_bytes: [lhs.dtype.size() as u64, out.dtype.size() as u64],
         accumulate,
+        workspace_key,
         workspace_bytes,
         second_stream,
     };
@@ -166,16 +172,57 @@ pub(crate) fn launch_product(
     if workspace_bytes > 0 {
         handles.push(client.empty(workspace_bytes));
     }
-    let used = DeviceHandle::<CudaServer>::new(device)
+    DeviceHandle::<CudaServer>::new(device)
         .submit_blocking(move |server| {
             probe_memory(server);
             // cudarc's symbols panic where missing: that refuses the product.
             catch_unwind(AssertUnwindSafe(|| call.run(server, device, handles)))
                 .unwrap_or_else(|_| Err("cuBLASLt panicked".into()))
         })
-        .map_err(|error| format!("the device's task failed: {error:?}"))??;
-    note_workspace(workspace_key, used);
-    Ok(())
+        .map_err(|error| format!("the device's task failed: {error:?}"))?
+}
+
+/// The algorithm cuBLASLt's heuristic lists at `rank` for the product (its first at 0;
+/// its last where it lists fewer) and the workspace it uses.
+///
+/// # Safety
+/// The descriptors must be live ones of one product.
+unsafe fn listed_algorithm(
+    handle: sys::cublasLtHandle_t,
+    desc: &ProductDesc,
+    [a, b, d]: [&Layout; 3],
+    preference: &Preference,
+    rank: usize,
+) -> Result<(sys::cublasLtMatmulAlgo_t, usize), String> {
+    let requested = rank.min(31) + 1;
+    // SAFETY: plain data, each entry written by the call before it is read.
+    let mut listed: Vec<sys::cublasLtMatmulHeuristicResult_t> =
+        vec![unsafe { core::mem::zeroed() }; requested];
+    let mut count = 0;
+    // SAFETY: the descriptors are live (the caller's promise); the array holds
+    // `requested` entries.
+    unsafe {
+        sys::cublasLtMatmulAlgoGetHeuristic(
+            handle,
+            desc.0,
+            a.0,
+            b.0,
+            d.0,
+            d.0,
+            preference.0,
+            requested as i32,
+            listed.as_mut_ptr(),
+            &mut count,
+        )
+    }
+    .result()
+    .map_err(|error| failed("algorithm heuristic", error))?;
+    let count = usize::try_from(count).unwrap_or(0).min(requested);
+    if count == 0 {
+        return Err("cuBLASLt found no algorithm".into());
+    }
+    let found = listed[rank.min(count - 1)];
+    Ok((found.algo, found.workspaceSize))
 }
 
 /// cubecl's stream (the calling thread's) waits, on the device, for the products
@@ -231,19 +278,20 @@ struct Call {
     /// Bytes per element of the operands and of the output.
     elem_bytes: [u64; 2],
     accumulate: bool,
+    /// Its kind, under which the workspace its algorithm uses is noted.
+    workspace_key: WorkspaceKey,
     /// The workspace given (its buffer is the fourth handle where this is not 0).
     workspace_bytes: usize,
     second_stream: bool,
 }
 
 impl Call {
-    /// Enqueues the product; `Ok` holds the workspace its algorithm uses.
     fn run(
         self,
         server: &mut CudaServer,
         device: DeviceId,
         handles: Vec<Handle>,
-    ) -> Result<usize, String> {
+    ) -> Result<(), String> {
         let stream_id = StreamId::current();
         // On the second stream, what the product reads stays allocated until cubecl's
         // stream waits for it: the operands and the workspace, not the output.
@@ -276,6 +324,7 @@ impl Call {
             types,
             elem_bytes,
             accumulate,
+            workspace_key,
             workspace_bytes: workspace_given,
             second_stream,
         } = self;
@@ -301,31 +350,29 @@ impl Call {
                 types: types.map(|t| t as u32),
                 alignments,
                 accumulate,
-                workspace_bytes: workspace_given,
+                rank: if accumulate {
+                    test_hooks::accumulate_algorithm_rank()
+                } else {
+                    0
+                },
             };
             let handle = lt.handle;
             let (algorithm, workspace_bytes) = lt
                 .algorithms
                 .entry(key)
                 .or_insert_with(|| {
-                    let preference = Preference::new(workspace_given as u64, alignments)?;
+                    let preference = Preference::new(WORKSPACE_BYTES as u64, alignments)?;
                     // SAFETY: the descriptors live until the end of this task.
-                    unsafe {
-                        result::get_matmul_algo_heuristic(
-                            handle,
-                            desc.0,
-                            a.0,
-                            b.0,
-                            d.0,
-                            d.0,
-                            preference.0,
-                        )
-                    }
-                    .map(|found| (found.algo, found.workspaceSize))
-                    .map_err(|error| failed("found no algorithm", error))
+                    unsafe { listed_algorithm(handle, &desc, [&a, &b, &d], &preference, key.rank) }
                 })
                 .clone()
                 .map_err(this_call)?;
+            note_workspace(workspace_key, workspace_bytes);
+            if workspace_bytes > workspace_given {
+                return Err(Refusal::ThisCall(format!(
+                    "the algorithm uses {workspace_bytes} bytes of workspace, {workspace_given} given"
+                )));
+            }
             let stream = if second_stream {
                 lt.second_stream(stream_id.value)?.follow(main)?
             } else {
@@ -366,7 +413,7 @@ impl Call {
                     .second_stream(stream_id.value)
                     .and_then(|second| second.enqueued(main, held));
             }
-            Ok(workspace_bytes)
+            Ok(())
         });
         drop(resources);
         used
