@@ -36,6 +36,8 @@
 //! second CUDA stream (`LinearChunking::weight_gradient_second_stream`, off by default).
 //! `ltrank=K` gives the weight gradient's sums the algorithm cuBLASLt's heuristic lists
 //! K-th (0: its first, the default; `test_hooks::set_accumulate_algorithm_rank`).
+//! `sms=A,B` runs cuBLASLt's products on A SMs, those on the second stream on B
+//! (`test_hooks::set_sm_targets`), so that the two streams' products overlap.
 //! `ignored=P` ignores the last P% of each
 //! sequence of 1024 rows (padding) and adds the fused linear cross-entropy on only the
 //! counted rows (`CountedRows`, built from the host's targets inside the step; its
@@ -259,6 +261,13 @@ fn main() {
         std::env::args().find_map(|arg| arg.strip_prefix("ltrank=")?.parse::<usize>().ok())
     {
         test_hooks::set_accumulate_algorithm_rank(rank);
+    }
+    // `sms=A,B`: products on cubecl's stream on A SMs, those on the second on B.
+    if let Some(targets) = std::env::args().find_map(|arg| {
+        let (cubecl, second) = arg.strip_prefix("sms=")?.split_once(',')?;
+        Some([cubecl.parse::<u32>().ok()?, second.parse::<u32>().ok()?])
+    }) {
+        test_hooks::set_sm_targets(Some(targets));
     }
     let defaults = LinearChunking::default();
     let chunking = LinearChunking {

@@ -2,7 +2,9 @@
 against two: per chunk of C rows, logits = h_c W into a chunk buffer, an in-place pass
 over it (the loss kernel's read and write), grad_h_c = d W^T, and grad_W += h_c^T d.
 With two streams the weight gradient's sum runs on a second stream beside the next
-chunk's logits, over two chunk buffers. bf16. Prints step ms, TFLOP/s and the peak
+chunk's logits, over two chunk buffers (or three); with `side SMs` as well, each
+cuBLAS product is told to leave SMs to the other stream (PyTorch's SM carve-out, where
+this PyTorch has it): the sum on that many SMs, the other products on the rest. bf16. Prints step ms, TFLOP/s and the peak
 bytes beyond h and W; a step is the mean of 7 queued back to back.
 
 Usage: python3 chunk_pipeline.py [OUT.md]"""
@@ -28,7 +30,17 @@ def steady_ms(step, reps=7):
     return begin.elapsed_time(finish) / reps
 
 
-def run(n, h, v, c, buffers, two_streams):
+SMS = torch.cuda.get_device_properties(0).multi_processor_count
+carve = getattr(torch._C, "_set_sm_carveout_experimental", None)
+
+
+def carved(sms_left_out):
+    """Leaves `sms_left_out` SMs to the other stream's products (0: none)."""
+    if carve is not None:
+        carve(sms_left_out if sms_left_out else None)
+
+
+def run(n, h, v, c, buffers, two_streams, side_sms=0):
     dt = torch.bfloat16
     hall = (torch.rand(n, h, device=dev) - 0.5).to(dt)
     w = ((torch.rand(h, v, device=dev) - 0.5) / h**0.5).to(dt)
@@ -50,6 +62,7 @@ def run(n, h, v, c, buffers, two_streams):
             buf = bufs[k][: hc.shape[0]]
             if two_streams and done[k] is not None:
                 main.wait_event(done[k])
+            carved(side_sms)
             torch.mm(hc, w, out=buf)
             buf.mul_(1e-3)
             torch.mm(buf, w.t(), out=gh[rows])
@@ -57,6 +70,7 @@ def run(n, h, v, c, buffers, two_streams):
                 ready = torch.cuda.Event()
                 ready.record(main)
                 side.wait_event(ready)
+                carved(SMS - side_sms if side_sms else 0)
                 with torch.cuda.stream(side):
                     gw.addmm_(hc.t(), buf)
                 done[k] = torch.cuda.Event()
@@ -65,11 +79,15 @@ def run(n, h, v, c, buffers, two_streams):
                 gw.addmm_(hc.t(), buf)
         if two_streams:
             main.wait_stream(side)
+        carved(0)
 
     ms = steady_ms(step)
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     flops = 6.0 * n * h * v
-    line = (f"| {n}x{h}x{v} | {c} | {buffers} | {'two' if two_streams else 'one'} | "
+    streams = "two" if two_streams else "one"
+    if side_sms:
+        streams += f", sum on {side_sms} SMs"
+    line = (f"| {n}x{h}x{v} | {c} | {buffers} | {streams} | "
             f"{ms:.2f} | {flops / ms / 1e9:.0f} | {peak:.0f} |")
     print(line, flush=True)
     lines.append(line)
@@ -86,6 +104,9 @@ for n, h, v, chunks in [(8192, 4096, 128256, (4096, 640, 512, 320, 256)),
         run(n, h, v, c, 2, True)
         if c <= 640:
             run(n, h, v, c, 3, True)
+            if carve is not None:
+                for side_sms in (16, 32):
+                    run(n, h, v, c, 2, True, side_sms)
 
 if len(sys.argv) > 1:
     with open(sys.argv[1], "w") as out:

@@ -13,6 +13,8 @@ static UNSPLIT_KERNEL_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static CUBLASLT_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static PROBE_MEMORY: AtomicBool = AtomicBool::new(false);
 static ACCUMULATE_ALGORITHM_RANK: AtomicUsize = AtomicUsize::new(0);
+/// Two i32 halves: the SMs of products on cubecl's stream, then of those on the second.
+static SM_TARGETS: AtomicU64 = AtomicU64::new(0);
 static PROBED_PEAK: AtomicU64 = AtomicU64::new(0);
 
 /// Why the in-place matmul last refused a product (see [`in_place_accumulate_refusal`]).
@@ -149,4 +151,27 @@ pub(crate) fn accumulate_algorithm_rank() -> usize {
     } else {
         0
     }
+}
+
+/// For the benches: cuBLASLt's products run on `cubecl` SMs where they are on cubecl's
+/// stream and on `second` where on the second stream
+/// ([`crate::LinearChunking::weight_gradient_second_stream`]), so that both streams' products run at once
+/// (each takes every SM otherwise); `None` (the default) leaves every product all of
+/// them. For products not run before.
+pub fn set_sm_targets(targets: Option<[u32; 2]>) {
+    let packed = targets.map_or(0, |[cubecl, second]| {
+        (u64::from(cubecl) << 32) | u64::from(second)
+    });
+    SM_TARGETS.store(packed, Ordering::Relaxed);
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn sm_targets() -> Option<[i32; 2]> {
+    let packed = SM_TARGETS.load(Ordering::Relaxed);
+    (cfg!(feature = "test-hooks") && packed != 0).then(|| {
+        [
+            i32::try_from(packed >> 32).unwrap_or(0),
+            i32::try_from(packed & u64::from(u32::MAX)).unwrap_or(0),
+        ]
+    })
 }

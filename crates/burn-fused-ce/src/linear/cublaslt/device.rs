@@ -22,6 +22,8 @@ pub(crate) struct AlgorithmKey {
     pub alignments: [u32; 4],
     pub accumulate: bool,
     pub rank: usize,
+    /// The SMs the product is described to run on (0: all).
+    pub sm_target: i32,
 }
 
 /// One device's cuBLASLt state.

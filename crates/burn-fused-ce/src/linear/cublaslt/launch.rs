@@ -344,7 +344,13 @@ impl Call {
             let a = Layout::new(types[0], product.a).map_err(this_call)?;
             let b = Layout::new(types[1], product.b).map_err(this_call)?;
             let d = Layout::new(types[2], product.d).map_err(this_call)?;
-            let desc = ProductDesc::new(&product).map_err(this_call)?;
+            // The SMs the product is to run on, where the benches ask for a split.
+            let sm_target =
+                test_hooks::sm_targets().map_or(
+                    0,
+                    |[cubecl, second]| if second_stream { second } else { cubecl },
+                );
+            let desc = ProductDesc::new(&product, sm_target).map_err(this_call)?;
             let key = AlgorithmKey {
                 product,
                 types: types.map(|t| t as u32),
@@ -355,6 +361,7 @@ impl Call {
                 } else {
                     0
                 },
+                sm_target,
             };
             let handle = lt.handle;
             let (algorithm, workspace_bytes) = lt
