@@ -88,7 +88,7 @@ impl LtDevice {
     pub fn second_stream(&mut self, stream_id: u64) -> Result<&mut SecondStream, Refusal> {
         Ok(match self.second_streams.entry(stream_id) {
             Entry::Occupied(entry) => entry.into_mut(),
-            Entry::Vacant(entry) => entry.insert(SecondStream::new()?),
+            Entry::Vacant(entry) => entry.insert(SecondStream::new().map_err(Refusal::ThisCall)?),
         })
     }
 
@@ -100,7 +100,7 @@ impl LtDevice {
         main: sys::cudaStream_t,
     ) -> Result<(), Refusal> {
         match self.second_streams.get_mut(&stream_id) {
-            Some(second) => second.join(main),
+            Some(second) => second.join(main).map_err(Refusal::ThisCall),
             None => Ok(()),
         }
     }

@@ -381,7 +381,9 @@ impl Call {
                 )));
             }
             let stream = if second_stream {
-                lt.second_stream(stream_id.value)?.follow(main)?
+                lt.second_stream(stream_id.value)?
+                    .follow(main)
+                    .map_err(Refusal::ThisCall)?
             } else {
                 main
             };
@@ -418,7 +420,7 @@ impl Call {
                 // instead (`SecondStream::enqueued`), and is no refusal.
                 let _ = lt
                     .second_stream(stream_id.value)
-                    .and_then(|second| second.enqueued(main, held));
+                    .and_then(|second| second.enqueued(main, held).map_err(Refusal::ThisCall));
             }
             Ok(())
         });

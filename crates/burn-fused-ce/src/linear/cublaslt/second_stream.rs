@@ -19,8 +19,6 @@ use cubecl_runtime::server::Handle;
 use cudarc::cublaslt::sys;
 use cudarc::driver::sys as driver;
 
-use super::device::Refusal;
-
 /// A product enqueued on the second stream that cubecl's stream has not waited for.
 struct Pending {
     /// Recorded on the second stream after the product.
@@ -36,16 +34,16 @@ pub(crate) struct SecondStream {
 }
 
 /// Checks a driver call.
-fn checked(what: &str, result: driver::CUresult) -> Result<(), Refusal> {
+fn checked(what: &str, result: driver::CUresult) -> Result<(), String> {
     if result == driver::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(Refusal::ThisCall(format!("CUDA {what}: {result:?}")))
+        Err(format!("CUDA {what}: {result:?}"))
     }
 }
 
 /// A new event without timing.
-fn new_event() -> Result<driver::CUevent, Refusal> {
+fn new_event() -> Result<driver::CUevent, String> {
     let mut event: driver::CUevent = core::ptr::null_mut();
     let flags = driver::CUevent_flags::CU_EVENT_DISABLE_TIMING as core::ffi::c_uint;
     // SAFETY: writes one handle; the device's context is current in its tasks.
@@ -55,7 +53,7 @@ fn new_event() -> Result<driver::CUevent, Refusal> {
 
 /// `waiter` waits, on the device, for what `event` recorded; the event is released
 /// once that is done.
-fn wait_and_release(waiter: driver::CUstream, event: driver::CUevent) -> Result<(), Refusal> {
+fn wait_and_release(waiter: driver::CUstream, event: driver::CUevent) -> Result<(), String> {
     // SAFETY: both handles live (the event is destroyed after the wait is enqueued,
     // which the driver allows: its resources go once the work completes).
     let waited = checked("stream wait", unsafe {
@@ -72,7 +70,7 @@ fn as_driver(stream: sys::cudaStream_t) -> driver::CUstream {
 
 impl SecondStream {
     /// A new non-blocking stream on the current context.
-    pub fn new() -> Result<Self, Refusal> {
+    pub fn new() -> Result<Self, String> {
         let mut stream: driver::CUstream = core::ptr::null_mut();
         let flags = driver::CUstream_flags::CU_STREAM_NON_BLOCKING as core::ffi::c_uint;
         // SAFETY: writes one handle; the device's context is current in its tasks.
@@ -87,7 +85,7 @@ impl SecondStream {
 
     /// The stream, as cuBLASLt takes it, ready for a product that follows everything
     /// enqueued on `main` so far.
-    pub fn follow(&mut self, main: sys::cudaStream_t) -> Result<sys::cudaStream_t, Refusal> {
+    pub fn follow(&mut self, main: sys::cudaStream_t) -> Result<sys::cudaStream_t, String> {
         let ready = new_event()?;
         // SAFETY: both handles live.
         checked("event record", unsafe {
@@ -99,7 +97,7 @@ impl SecondStream {
 
     /// After a product was enqueued on the stream: `main` waits for the products before
     /// it, whose operands are then released, and this one is kept with `held`.
-    pub fn enqueued(&mut self, main: sys::cudaStream_t, held: Vec<Handle>) -> Result<(), Refusal> {
+    pub fn enqueued(&mut self, main: sys::cudaStream_t, held: Vec<Handle>) -> Result<(), String> {
         let done = new_event()?;
         // SAFETY: both handles live.
         let recorded = checked("event record", unsafe {
@@ -119,7 +117,7 @@ impl SecondStream {
     }
 
     /// `main` waits for every product on the stream; their operands are released.
-    pub fn join(&mut self, main: sys::cudaStream_t) -> Result<(), Refusal> {
+    pub fn join(&mut self, main: sys::cudaStream_t) -> Result<(), String> {
         let mut result = Ok(());
         for pending in self.pending.drain(..) {
             let waited = wait_and_release(as_driver(main), pending.done);
