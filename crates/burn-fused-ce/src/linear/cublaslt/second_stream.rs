@@ -98,22 +98,31 @@ impl SecondStream {
     /// After a product was enqueued on the stream: `main` waits for the products before
     /// it, whose operands are then released, and this one is kept with `held`.
     pub fn enqueued(&mut self, main: sys::cudaStream_t, held: Vec<Handle>) -> Result<(), String> {
-        let done = new_event()?;
-        // SAFETY: both handles live.
-        let recorded = checked("event record", unsafe {
-            driver::cuEventRecord(done, self.stream)
+        let done = new_event().and_then(|done| {
+            // SAFETY: both handles live.
+            let recorded = checked("event record", unsafe {
+                driver::cuEventRecord(done, self.stream)
+            });
+            if recorded.is_err() {
+                // SAFETY: created above, destroyed once.
+                let _ = unsafe { driver::cuEventDestroy_v2(done) };
+            }
+            recorded.map(|()| done)
         });
         let joined = self.join(main);
-        if let Err(why) = recorded {
-            // SAFETY: created above, destroyed once. The product's order is lost: the
-            // host waits for it before its operands are released.
-            let _ = unsafe { driver::cuEventDestroy_v2(done) };
-            // SAFETY: a live stream of the current context.
-            let _ = unsafe { driver::cuStreamSynchronize(self.stream) };
-            return Err(why);
+        match done {
+            Ok(done) => {
+                self.pending.push(Pending { done, _held: held });
+                joined
+            }
+            Err(why) => {
+                // The product's order is lost: the host waits for it before its
+                // operands are released.
+                // SAFETY: a live stream of the current context.
+                let _ = unsafe { driver::cuStreamSynchronize(self.stream) };
+                Err(why)
+            }
         }
-        self.pending.push(Pending { done, _held: held });
-        joined
     }
 
     /// `main` waits for every product on the stream; their operands are released.
