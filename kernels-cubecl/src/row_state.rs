@@ -69,9 +69,16 @@ pub(crate) fn absorb<N: Size>(
         exp_sum = lane_sum::<N>(exps);
     }
     if comptime!(options.argmax) {
-        // Strictly greater: the first column wins ties, as in `argmax`. A new best is
-        // rare after a row's first vectors, so its lane is looked for only then.
-        if vector_max > best {
+        if comptime!(with_target) {
+            // The target's vector is folded in after the unit's others, out of column
+            // order: a tie goes to the lower column, as in `argmax`.
+            let col = first_col_of::<N>(values, vector_max, first_col);
+            let better = vector_max > best || (vector_max == best && col < best_col);
+            best_col = select(better, col, best_col);
+            best = select(better, vector_max, best);
+        } else if vector_max > best {
+            // Strictly greater: the first column wins ties, as in `argmax`. A new best
+            // is rare after a row's first vectors, so its lane is looked for only then.
             best_col = first_col_of::<N>(values, vector_max, first_col);
             best = vector_max;
         }

@@ -89,6 +89,10 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         kept,
         options,
     );
+    let mut state = state;
+    if comptime!(options.argmax) {
+        state.best_col = best_lane_col::<F, N>(logits, row_start, state.clone());
+    }
     // The target's vector, by the unit whose share it is, from its logits (the stage
     // holds exponentials); every unit computes it, the others discard it.
     let target_vector = target_col / vector_size;
@@ -103,7 +107,7 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         scalars,
         options,
     );
-    if comptime!(options.entropy && !options.argmax) {
+    if comptime!(options.entropy) {
         // NaN with a finite sum of exponentials: a -inf logit's 0 * -inf, not a NaN or
         // +inf logit (those make the sum NaN too). Rare: the share is summed again.
         if f32::is_nan(state.entropy_sum) && !f32::is_nan(state.others) {
@@ -318,10 +322,9 @@ fn reduce_rest<F: Float, N: Size>(
 /// One vector (`values`, columns `first_col..`, with `exps` their exponentials on the
 /// running maximum `max`) folded, when `take`, into `(others, smooth, entropy_sum)`: the
 /// sum of exponentials, label smoothing's weighted sum and the entropy's
-/// `sum exp(x - max) (x - max)`. Without the argmax the entropy's term is one
-/// multiply-add per element, without [`entropy_term`]'s clamp: a -inf logit makes it NaN
-/// (0 * -inf), and [`reduce_chunk_staging_exps`] then sums the unit's share again with
-/// the clamp.
+/// `sum exp(x - max) (x - max)`. The entropy's term is one multiply-add per element,
+/// without [`entropy_term`]'s clamp: a -inf logit makes it NaN (0 * -inf), and
+/// [`reduce_chunk_staging_exps`] then sums the unit's share again with the clamp.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn absorb_exps<N: Size>(
@@ -340,17 +343,7 @@ fn absorb_exps<N: Size>(
     let others = others + select(take, lane_sum::<N>(exps), f32::new(0.0));
     let mut entropy_sum = entropy_sum;
     if comptime!(options.entropy) {
-        let mut added = f32::new(0.0);
-        if comptime!(options.argmax) {
-            // Beside the argmax, the fallback's registers would cost the kernel a cube
-            // per SM: the clamp stays.
-            #[unroll]
-            for lane in 0..values.vector_size() {
-                added += entropy_term(exps.extract(lane), values.extract(lane) - max);
-            }
-        } else {
-            added = lane_sum::<N>(exps * (values - Vector::new(max)));
-        }
+        let added = lane_sum::<N>(exps * (values - Vector::new(max)));
         entropy_sum += select(take, added, f32::new(0.0));
     }
     let mut smooth = smooth;
@@ -365,9 +358,11 @@ fn absorb_exps<N: Size>(
     (others, smooth, entropy_sum)
 }
 
-/// The argmax `(best, best_col)` with one vector (`values`, columns `first_col..`) folded
-/// in when `take`. Strictly greater: the first column wins ties, as in `argmax`; the lane
-/// is looked for only on a new best, rare after a row's first vectors.
+/// The running maximum `best` with one vector (`values`, columns `first_col..`) folded in
+/// when `take`, and the first column of the vector that holds it. Strictly greater: of
+/// equal vectors the first (a unit's vectors come in column order) wins, as in `argmax`.
+/// Its lane is looked for once, after the unit's share ([`best_lane_col`]): a search
+/// here on each new best was compiled into every vector's instructions.
 #[cube]
 fn argmax_of_vector<N: Size>(
     best: f32,
@@ -377,13 +372,32 @@ fn argmax_of_vector<N: Size>(
     take: bool,
 ) -> (f32, u32) {
     let top = lane_max::<N>(values);
-    let mut best = best;
-    let mut best_col = best_col;
-    if take && top > best {
-        best_col = first_col_of::<N>(values, top, first_col);
-        best = top;
-    }
-    (best, best_col)
+    let better = take && top > best;
+    (
+        select(better, top, best),
+        select(better, u32::cast_from(first_col), best_col),
+    )
+}
+
+/// The column of `state`'s argmax: [`argmax_of_vector`] leaves the first column of the
+/// vector holding `best`, which is read again from `logits` (one load per unit and row)
+/// for its first lane holding `best`, as `argmax` takes ties. Where no vector was taken
+/// the column stays the vocabulary size.
+#[cube]
+fn best_lane_col<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    state: RowState,
+) -> u32 {
+    let col = usize::cast_from(state.best_col);
+    let found = col < logits.shape(2);
+    let vector = row_start + select(found, col / logits.vector_size(), 0usize);
+    let values = Vector::<f32, N>::cast_from(logits[vector]);
+    select(
+        found,
+        first_col_of::<N>(values, state.best, col),
+        state.best_col,
+    )
 }
 
 /// The entropy's sum over the unit's share of the chunk (vectors `first + u, first + u +

@@ -49,6 +49,10 @@ pub(crate) struct Case {
     /// This many random columns (never the target's) of every other row set to -inf:
     /// classes of probability 0.
     pub(crate) negative_infinities: usize,
+    /// Each counted row's target logit set above the row's others, and every later
+    /// column of the row to the same value: the target is the first of the ties, so the
+    /// argmax (and the accuracy) is the target, whichever column a kernel meets first.
+    pub(crate) target_first_of_ties: bool,
 }
 
 impl Case {
@@ -70,6 +74,7 @@ impl Case {
             magnitude: None,
             shift: 0.0,
             negative_infinities: 0,
+            target_first_of_ties: false,
         }
     }
 
@@ -381,6 +386,17 @@ pub(crate) fn check_case_seeded(backend: TestBackend, case: Case, seed: u64) {
     }
     if let Some(margin) = case.confident {
         make_confident(&mut values, vocab, &targets, margin);
+    }
+    if case.target_first_of_ties {
+        for (row, &target) in targets.iter().enumerate() {
+            let Some(target) = usize::try_from(target).ok().filter(|&t| t < vocab) else {
+                continue;
+            };
+            let row_values = &mut values[row * vocab..(row + 1) * vocab];
+            // An integer: exact in every dtype.
+            let top = row_values.iter().copied().fold(f32::MIN, f32::max).ceil() + 1.0;
+            row_values[target..].iter_mut().for_each(|v| *v = top);
+        }
     }
     values.iter_mut().for_each(|v| *v += case.shift);
     for row in (0..rows).step_by(2) {

@@ -426,6 +426,16 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
                 },
             );
         }
+        // The target the first of the row's maxima, tied by every later column: those
+        // of its own unit come first, the target's vector last; the argmax is the target.
+        check_case(
+            backend,
+            Case {
+                options: every_output(Reduction::Mean, one_pass),
+                target_first_of_ties: true,
+                ..Case::new(6, 20480, dtype, Reduction::Mean)
+            },
+        );
         // -inf logits (probability 0, adding 0 to the entropy) among the staged columns
         // and those that stream by, with every output and with the entropy alone (the
         // one pass, taken for `Mean`, then sums its terms unclamped and sums a share
