@@ -1,5 +1,5 @@
 //! Writes the CUDA C++ of the one-pass kernel for the bench's LLM shapes, and of the
-//! forward kernel for the first, into a folder, as the CUDA runtime's C++ backend compiles
+//! forward kernel for the first and with the accuracy, into a folder, as the CUDA runtime's C++ backend compiles
 //! them for an H200: no GPU or runtime needed. `scripts/kernel_registers_offline.sh` builds
 //! and runs this, then compiles each kernel with NVRTC and ptxas from NVIDIA's pip wheels.
 //!
@@ -77,7 +77,8 @@ fn main() {
             settings,
             tuning,
         };
-        if index == 0 {
+        // The forward kernel alone (evaluation): plain, and with the accuracy.
+        if index == 0 || index == 2 {
             write(format!("forward_{name}"), forward_kernel_source(shape));
         }
         let source = one_pass_kernel_source(shape.for_one_pass(), true, gradient_in_place);

@@ -76,11 +76,14 @@ pub(crate) fn absorb<N: Size>(
             let better = vector_max > best || (vector_max == best && col < best_col);
             best_col = select(better, col, best_col);
             best = select(better, vector_max, best);
-        } else if vector_max > best {
-            // Strictly greater: the first column wins ties, as in `argmax`. A new best
-            // is rare after a row's first vectors, so its lane is looked for only then.
-            best_col = first_col_of::<N>(values, vector_max, first_col);
-            best = vector_max;
+        } else {
+            // Strictly greater: of equal vectors the first (a unit's come in column
+            // order) wins, as in `argmax`. The column kept is the vector's first; its
+            // lane is looked for once, after the unit's share ([`best_lane_col`]): a
+            // search here on each new best was compiled into every vector.
+            let better = vector_max > best;
+            best_col = select(better, u32::cast_from(first_col), best_col);
+            best = select(better, vector_max, best);
         }
     }
     let mut smooth = state.smooth;
@@ -324,6 +327,10 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
         }
         local += options.loads_per_step * cube_size;
     }
+    if comptime!(options.argmax) {
+        best_col =
+            best_lane_col::<F, N>(logits, row_start, best, best_col, scalars.clone(), options);
+    }
     let state = RowState {
         max,
         others,
@@ -352,6 +359,26 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
         scalars.clone(),
         options,
     )
+}
+
+/// The column of the argmax `best` that [`absorb`] (or the one pass's staged loops) left
+/// as the first column of the vector holding it (`vector_col`): that vector read again from `logits` and transformed as the
+/// loop did (one load per unit and row), its first lane holding `best`, as `argmax` takes
+/// ties. Where no vector was taken the column stays the vocabulary size.
+#[cube]
+pub(crate) fn best_lane_col<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    row_start: usize,
+    best: f32,
+    vector_col: u32,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+) -> u32 {
+    let col = usize::cast_from(vector_col);
+    let found = col < logits.shape(2);
+    let raw = logits[row_start + select(found, col / logits.vector_size(), 0usize)];
+    let values = transformed::<N>(Vector::<f32, N>::cast_from(raw), scalars, options);
+    select(found, first_col_of::<N>(values, best, col), vector_col)
 }
 
 /// The target's vector (`raw`, columns `first_col..`) folded into a unit's `state` when

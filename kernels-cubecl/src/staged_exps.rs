@@ -11,7 +11,7 @@ use crate::row::{
     weights_vector,
 };
 use crate::row_state::{
-    RowState, absorb_held_target, entropy_term, first_col_of, rescaled_entropy_sum,
+    RowState, absorb_held_target, best_lane_col, entropy_term, rescaled_entropy_sum,
     smooth_reference, smoothing_term, target_share,
 };
 
@@ -91,7 +91,15 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
     );
     let mut state = state;
     if comptime!(options.argmax) {
-        state.best_col = best_lane_col::<F, N>(logits, row_start, state.clone());
+        // No temperature or softcap with staged exponentials: the logits as read.
+        state.best_col = best_lane_col::<F, N>(
+            logits,
+            row_start,
+            state.best,
+            state.best_col,
+            scalars.clone(),
+            options,
+        );
     }
     // The target's vector, by the unit whose share it is, from its logits (the stage
     // holds exponentials); every unit computes it, the others discard it.
@@ -376,27 +384,6 @@ fn argmax_of_vector<N: Size>(
     (
         select(better, top, best),
         select(better, u32::cast_from(first_col), best_col),
-    )
-}
-
-/// The column of `state`'s argmax: [`argmax_of_vector`] leaves the first column of the
-/// vector holding `best`, which is read again from `logits` (one load per unit and row)
-/// for its first lane holding `best`, as `argmax` takes ties. Where no vector was taken
-/// the column stays the vocabulary size.
-#[cube]
-fn best_lane_col<F: Float, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    row_start: usize,
-    state: RowState,
-) -> u32 {
-    let col = usize::cast_from(state.best_col);
-    let found = col < logits.shape(2);
-    let vector = row_start + select(found, col / logits.vector_size(), 0usize);
-    let values = Vector::<f32, N>::cast_from(logits[vector]);
-    select(
-        found,
-        first_col_of::<N>(values, state.best, col),
-        state.best_col,
     )
 }
 
