@@ -56,8 +56,9 @@ enum Incoming {
 /// What one row of the table times.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// Forward only (`Mean`, no autodiff).
-    Fwd,
+    /// Forward only (`Mean`, no autodiff), with the extra outputs asked for (an
+    /// evaluation step's).
+    Fwd(Outputs),
     /// A training step with autodiff on the device: forward and backward.
     Step {
         plan: Plan,
@@ -134,7 +135,7 @@ impl Mode {
 
     fn label(self) -> String {
         match self {
-            Mode::Fwd => "fwd".into(),
+            Mode::Fwd(outputs) => format!("fwd{}", outputs.label()),
             Mode::Step {
                 plan,
                 incoming,
@@ -264,7 +265,8 @@ impl Bench {
                 outputs,
             };
             let mut cases = vec![
-                (8192, 128256, bf16, Mode::Fwd),
+                (8192, 128256, bf16, Mode::Fwd(Outputs::None)),
+                (8192, 128256, bf16, Mode::Fwd(Outputs::Accuracy)),
                 (8192, 128256, bf16, Mode::DEFAULT),
                 (8192, 128256, bf16, Mode::default_with(Incoming::Scaled)),
                 (8192, 128256, bf16, Mode::default_with(Incoming::PerRow)),
@@ -293,7 +295,7 @@ impl Bench {
             // Lavapipe on a couple of CPU cores: small sizes and few repetitions keep the run
             // within a couple of minutes; f16 stands in for bf16, which lavapipe lacks.
             let modes = [
-                Mode::Fwd,
+                Mode::Fwd(Outputs::None),
                 Mode::DEFAULT,
                 Mode::default_with(Incoming::Scaled),
                 Mode::default_with(Incoming::PerRow),
@@ -474,7 +476,7 @@ impl Bench {
         else {
             // The forward alone, or a plan or options Burn's loss does not have.
             return match mode {
-                Mode::Fwd => {
+                Mode::Fwd(Outputs::None) => {
                     let loss = CrossEntropyLossConfig::new().init(&self.device);
                     self.measure(plain, |(x, y)| loss.forward(x, y))
                 }
@@ -520,8 +522,13 @@ impl Bench {
             outputs,
         } = mode
         else {
+            let fwd_outputs = match mode {
+                Mode::Fwd(outputs) => outputs,
+                Mode::Step { .. } => Outputs::None,
+            };
             let options = CrossEntropyOptions {
                 target_check: TargetCheck::Off,
+                outputs: fwd_outputs.extra_outputs(),
                 ..base
             };
             return self.measure(
@@ -650,13 +657,17 @@ fn main() {
         };
         let in_place_before = test_hooks::in_place_backward_count();
         let ours = bench.ours(&inputs, mode);
-        if let (Some(m), true) = (&ours, mode != Mode::Fwd) {
+        if let (Some(m), true) = (&ours, !matches!(mode, Mode::Fwd(_))) {
             not_in_place |= test_hooks::in_place_backward_count() - in_place_before != m.calls;
         }
 
         // Floor: forward must read the logits once; forward+backward must at least read them
         // and write the gradient. (Two kernels read them twice, so ~67% is their ceiling.)
-        let passes = if mode == Mode::Fwd { 1.0 } else { 2.0 };
+        let passes = if matches!(mode, Mode::Fwd(_)) {
+            1.0
+        } else {
+            2.0
+        };
         let floor_ms = passes * (rows * vocab * dtype.size()) as f64 / bandwidth * 1e3;
         let steady_floor_ms =
             passes * (rows * vocab * dtype.size()) as f64 / steady_bandwidth * 1e3;
