@@ -264,5 +264,8 @@ fn second_stream_operands_outlive_their_product() {
     };
     let one_stream = sums(false);
     let context = format!("seed={seed}: sums on a second stream");
-    crate::call::assert_same_values(&sums(true), &one_stream, &context);
+    let before = test_hooks::cublaslt_product_count();
+    let second_stream = sums(true);
+    check_cublaslt_ran(before, &context);
+    crate::call::assert_same_values(&second_stream, &one_stream, &context);
 }
