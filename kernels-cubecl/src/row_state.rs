@@ -77,13 +77,9 @@ pub(crate) fn absorb<N: Size>(
             best_col = select(better, col, best_col);
             best = select(better, vector_max, best);
         } else {
-            // Strictly greater: of equal vectors the first (a unit's come in column
-            // order) wins, as in `argmax`. The column kept is the vector's first; its
-            // lane is looked for once, after the unit's share ([`best_lane_col`]): a
-            // search here on each new best was compiled into every vector.
-            let better = vector_max > best;
-            best_col = select(better, u32::cast_from(first_col), best_col);
-            best = select(better, vector_max, best);
+            let found = fold_vector_max(best, best_col, vector_max, first_col, true);
+            best = found.0;
+            best_col = found.1;
         }
     }
     let mut smooth = state.smooth;
@@ -361,10 +357,31 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     )
 }
 
-/// The column of the argmax `best` that [`absorb`] (or the one pass's staged loops) left
-/// as the first column of the vector holding it (`vector_col`): that vector read again from `logits` and transformed as the
-/// loop did (one load per unit and row), its first lane holding `best`, as `argmax` takes
-/// ties. Where no vector was taken the column stays the vocabulary size.
+/// The argmax `(best, vector_col)` with a vector whose largest lane is `top` (columns
+/// `first_col..`) folded in when `take`. Strictly greater: of equal vectors the first (a
+/// unit's come in column order) wins, as in `argmax`. The column kept is the vector's
+/// first; its lane is looked for once, after the unit's share ([`best_lane_col`]): a
+/// search on each new best was compiled into every vector's instructions.
+#[cube]
+pub(crate) fn fold_vector_max(
+    best: f32,
+    vector_col: u32,
+    top: f32,
+    first_col: usize,
+    take: bool,
+) -> (f32, u32) {
+    let better = take && top > best;
+    (
+        select(better, top, best),
+        select(better, u32::cast_from(first_col), vector_col),
+    )
+}
+
+/// The column of the argmax `best` that [`fold_vector_max`] left as the first column of
+/// the vector holding it (`vector_col`): that vector read again from `logits` and
+/// transformed as the loop did (one load per unit and row), its first lane holding
+/// `best`, as `argmax` takes ties. Where no vector was taken the column stays the
+/// vocabulary size.
 #[cube]
 pub(crate) fn best_lane_col<F: Float, N: Size>(
     logits: &Tensor<Vector<F, N>>,

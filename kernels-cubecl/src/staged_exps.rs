@@ -11,8 +11,8 @@ use crate::row::{
     weights_vector,
 };
 use crate::row_state::{
-    RowState, absorb_held_target, best_lane_col, entropy_term, rescaled_entropy_sum,
-    smooth_reference, smoothing_term, target_share,
+    RowState, absorb_held_target, best_lane_col, entropy_term, fold_vector_max,
+    rescaled_entropy_sum, smooth_reference, smoothing_term, target_share,
 };
 
 /// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
@@ -214,7 +214,7 @@ fn staged_to_exps<F: Float, N: Size>(
         smooth = next.1;
         entropy_sum = next.2;
         if comptime!(options.argmax) {
-            let found = argmax_of_vector::<N>(best, best_col, values, first_col, take);
+            let found = fold_vector_max(best, best_col, lane_max::<N>(values), first_col, take);
             best = found.0;
             best_col = found.1;
         }
@@ -308,7 +308,7 @@ fn reduce_rest<F: Float, N: Size>(
             smooth = next.1;
             entropy_sum = next.2;
             if comptime!(options.argmax) {
-                let found = argmax_of_vector::<N>(best, best_col, values, first_col, take);
+                let found = fold_vector_max(best, best_col, lane_max::<N>(values), first_col, take);
                 best = found.0;
                 best_col = found.1;
             }
@@ -364,27 +364,6 @@ fn absorb_exps<N: Size>(
         smooth += select(take, term, f32::new(0.0));
     }
     (others, smooth, entropy_sum)
-}
-
-/// The running maximum `best` with one vector (`values`, columns `first_col..`) folded in
-/// when `take`, and the first column of the vector that holds it. Strictly greater: of
-/// equal vectors the first (a unit's vectors come in column order) wins, as in `argmax`.
-/// Its lane is looked for once, after the unit's share ([`best_lane_col`]): a search
-/// here on each new best was compiled into every vector's instructions.
-#[cube]
-fn argmax_of_vector<N: Size>(
-    best: f32,
-    best_col: u32,
-    values: Vector<f32, N>,
-    first_col: usize,
-    take: bool,
-) -> (f32, u32) {
-    let top = lane_max::<N>(values);
-    let better = take && top > best;
-    (
-        select(better, top, best),
-        select(better, u32::cast_from(first_col), best_col),
-    )
 }
 
 /// The entropy's sum over the unit's share of the chunk (vectors `first + u, first + u +
