@@ -150,33 +150,36 @@ pub(crate) fn launch_product(
     })?;
     let types = [operand_type, operand_type, out_type];
     let device = client.service_id().device;
-    let workspace_key = WorkspaceKey {
-        device,
-        product,
-        types: types.map(|t| t as u32),
-        accumulate,
-    };
-    let workspace_bytes = workspace_for(&workspace_key);
-    let call = Call {
+    let mut call = Call {
         product,
         types,
         elem_bytes: [lhs.dtype.size() as u64, out.dtype.size() as u64],
         accumulate,
-        workspace_key,
-        workspace_bytes,
+        workspace_bytes: 0,
         second_stream,
     };
+    call.workspace_bytes = workspace_for(&call.workspace_key(device));
     // cuBLASLt's A is `rhs` and its B `lhs` (see `layout.rs`); the workspace last,
     // where there is one.
     let mut handles = vec![rhs.handle.clone(), lhs.handle.clone(), out.handle.clone()];
-    if workspace_bytes > 0 {
-        handles.push(client.empty(workspace_bytes));
+    if call.workspace_bytes > 0 {
+        handles.push(client.empty(call.workspace_bytes));
     }
+    on_device_thread(device, move |server| {
+        probe_memory(server);
+        call.run(server, device, handles)
+    })
+}
+
+/// Runs `task` on `device`'s thread and waits for it (not for the device). cudarc's
+/// symbols panic where missing: a panic is an `Err`, as a failed task is.
+fn on_device_thread(
+    device: DeviceId,
+    task: impl FnOnce(&mut CudaServer) -> Result<(), String> + Send + 'static,
+) -> Result<(), String> {
     DeviceHandle::<CudaServer>::new(device)
         .submit_blocking(move |server| {
-            probe_memory(server);
-            // cudarc's symbols panic where missing: that refuses the product.
-            catch_unwind(AssertUnwindSafe(|| call.run(server, device, handles)))
+            catch_unwind(AssertUnwindSafe(|| task(server)))
                 .unwrap_or_else(|_| Err("cuBLASLt panicked".into()))
         })
         .map_err(|error| format!("the device's task failed: {error:?}"))?
@@ -235,25 +238,20 @@ pub(crate) fn join_second_stream(sum: &CubeTensor) -> Result<(), String> {
     }
     let handle = sum.handle.clone();
     let device = client.service_id().device;
-    DeviceHandle::<CudaServer>::new(device)
-        .submit_blocking(move |server| {
-            catch_unwind(AssertUnwindSafe(|| {
-                let stream_id = StreamId::current();
-                // Resolving the sum makes the device's context current.
-                let resource = server
-                    .get_resource(handle.binding(), stream_id)
-                    .map_err(|error| format!("cubecl could not resolve the sum: {error:?}"))?;
-                let server_text = || format!("{server:?}");
-                let joined = with_device(device, |lt| {
-                    let main = lt.stream(stream_id.value, server_text)?;
-                    lt.join_second_stream(stream_id.value, main)
-                });
-                drop(resource);
-                joined
-            }))
-            .unwrap_or_else(|_| Err("cuBLASLt panicked".into()))
-        })
-        .map_err(|error| format!("the device's task failed: {error:?}"))?
+    on_device_thread(device, move |server| {
+        let stream_id = StreamId::current();
+        // Resolving the sum makes the device's context current.
+        let resource = server
+            .get_resource(handle.binding(), stream_id)
+            .map_err(|error| format!("cubecl could not resolve the sum: {error:?}"))?;
+        let server_text = || format!("{server:?}");
+        let joined = with_device(device, |lt| {
+            let main = lt.stream(stream_id.value, server_text)?;
+            lt.join_second_stream(stream_id.value, main)
+        });
+        drop(resource);
+        joined
+    })
 }
 
 /// Where the benches ask for it ([`test_hooks::set_probe_memory`]), the device's bytes in
@@ -278,14 +276,22 @@ struct Call {
     /// Bytes per element of the operands and of the output.
     elem_bytes: [u64; 2],
     accumulate: bool,
-    /// Its kind, under which the workspace its algorithm uses is noted.
-    workspace_key: WorkspaceKey,
     /// The workspace given (its buffer is the fourth handle where this is not 0).
     workspace_bytes: usize,
     second_stream: bool,
 }
 
 impl Call {
+    /// The product's kind, under which the workspace its algorithm uses is noted.
+    fn workspace_key(&self, device: DeviceId) -> WorkspaceKey {
+        WorkspaceKey {
+            device,
+            product: self.product,
+            types: self.types.map(|t| t as u32),
+            accumulate: self.accumulate,
+        }
+    }
+
     fn run(
         self,
         server: &mut CudaServer,
@@ -293,6 +299,7 @@ impl Call {
         handles: Vec<Handle>,
     ) -> Result<(), String> {
         let stream_id = StreamId::current();
+        let workspace_key = self.workspace_key(device);
         // On the second stream, what the product reads stays allocated until cubecl's
         // stream waits for it: the operands and the workspace, not the output.
         let held: Vec<Handle> = if self.second_stream {
@@ -324,7 +331,6 @@ impl Call {
             types,
             elem_bytes,
             accumulate,
-            workspace_key,
             workspace_bytes: workspace_given,
             second_stream,
         } = self;
