@@ -32,8 +32,9 @@
 //! leaves out the matmuls alone. `cublaslt=0` turns off cuBLASLt for the chunks' products
 //! (`LinearChunking::cublaslt`, on by default); with it on, on CUDA, the fused linear
 //! cross-entropy also runs with CubeCL's products (`linear-cubecl`) and the breakdown
-//! times each chunk product through cuBLASLt. `stream2=1` sums the weight gradient on a
-//! second CUDA stream (`LinearChunking::weight_gradient_second_stream`, off by default).
+//! times each chunk product through cuBLASLt. `stream2=hidden` sums the weight gradient on a
+//! second CUDA stream beside each chunk's hidden-state gradient, `stream2=next` beside the
+//! next chunk's products (`LinearChunking::weight_gradient_stream`, `Backend` by default).
 //! `ltrank=K` gives the weight gradient's sums the algorithm cuBLASLt's heuristic lists
 //! K-th (0: its first, the default; `test_hooks::set_accumulate_algorithm_rank`).
 //! `sms=A,B` runs cuBLASLt's products on A SMs, those on the second stream on B
@@ -51,7 +52,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::{
     CountedRows, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, LinearChunking,
-    LinearCrossEntropyBackend, test_hooks,
+    LinearCrossEntropyBackend, WeightGradientStream, test_hooks,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -230,6 +231,15 @@ fn main() {
             _ => None,
         })
     };
+    // `stream2=backend|hidden|next`: where the weight gradient's sums run.
+    let weight_gradient_stream_arg = || {
+        std::env::args().find_map(|arg| match arg.strip_prefix("stream2=")? {
+            "backend" | "0" => Some(WeightGradientStream::Backend),
+            "hidden" => Some(WeightGradientStream::BesideHiddenGradient),
+            "next" => Some(WeightGradientStream::BesideNextChunk),
+            _ => None,
+        })
+    };
     // `ways=fused,linear` runs only those ways (`stock`, `fused`, `linear`; all by
     // default), and `breakdown=0` leaves out the matmul breakdown: for chunk-budget sweeps.
     let ways: Vec<Way> = std::env::args()
@@ -277,8 +287,8 @@ fn main() {
             .unwrap_or(defaults.weight_gradient_in_place),
         hidden_gradient_split_k: on_off_arg("splitk").unwrap_or(defaults.hidden_gradient_split_k),
         cublaslt: on_off_arg("cublaslt").unwrap_or(defaults.cublaslt),
-        weight_gradient_second_stream: on_off_arg("stream2")
-            .unwrap_or(defaults.weight_gradient_second_stream),
+        weight_gradient_stream: weight_gradient_stream_arg()
+            .unwrap_or(defaults.weight_gradient_stream),
         ..defaults
     };
     // Percent of each sequence's rows ignored (padding at its end).

@@ -2,7 +2,8 @@
 against two: per chunk of C rows, logits = h_c W into a chunk buffer, an in-place pass
 over it (the loss kernel's read and write), grad_h_c = d W^T, and grad_W += h_c^T d.
 With two streams the weight gradient's sum runs on a second stream beside the next
-chunk's logits, over two chunk buffers (or three); with `side SMs` as well, each
+chunk's logits, over two chunk buffers (or three), or beside the same chunk's grad_h_c
+over one buffer (`beside grad_h`); with `side SMs` as well, each
 cuBLAS product is told to leave SMs to the other stream (PyTorch's SM carve-out, where
 this PyTorch has it): the sum on that many SMs, the other products on the rest. bf16. Prints step ms, TFLOP/s and the peak
 bytes beyond h and W; a step is the mean of 7 queued back to back.
@@ -40,7 +41,7 @@ def carved(sms_left_out):
         carve(sms_left_out if sms_left_out else None)
 
 
-def run(n, h, v, c, buffers, two_streams, side_sms=0):
+def run(n, h, v, c, buffers, two_streams, side_sms=0, beside_grad_h=False):
     dt = torch.bfloat16
     hall = (torch.rand(n, h, device=dev) - 0.5).to(dt)
     w = ((torch.rand(h, v, device=dev) - 0.5) / h**0.5).to(dt)
@@ -54,6 +55,16 @@ def run(n, h, v, c, buffers, two_streams, side_sms=0):
     main = torch.cuda.current_stream()
     done = [None] * buffers
 
+    def sum_on_side(hc, buf):
+        """grad_W += h_c^T d on the side stream, after everything enqueued on main."""
+        ready = torch.cuda.Event()
+        ready.record(main)
+        side.wait_event(ready)
+        carved(SMS - side_sms if side_sms else 0)
+        with torch.cuda.stream(side):
+            gw.addmm_(hc.t(), buf)
+        carved(side_sms)
+
     def step():
         for i in range(-(-n // c)):
             rows = slice(i * c, min(n, (i + 1) * c))
@@ -65,14 +76,14 @@ def run(n, h, v, c, buffers, two_streams, side_sms=0):
             carved(side_sms)
             torch.mm(hc, w, out=buf)
             buf.mul_(1e-3)
+            if beside_grad_h:
+                sum_on_side(hc, buf)
+                torch.mm(buf, w.t(), out=gh[rows])
+                main.wait_stream(side)
+                continue
             torch.mm(buf, w.t(), out=gh[rows])
             if two_streams:
-                ready = torch.cuda.Event()
-                ready.record(main)
-                side.wait_event(ready)
-                carved(SMS - side_sms if side_sms else 0)
-                with torch.cuda.stream(side):
-                    gw.addmm_(hc.t(), buf)
+                sum_on_side(hc, buf)
                 done[k] = torch.cuda.Event()
                 done[k].record(side)
             else:
@@ -85,6 +96,8 @@ def run(n, h, v, c, buffers, two_streams, side_sms=0):
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     flops = 6.0 * n * h * v
     streams = "two" if two_streams else "one"
+    if beside_grad_h:
+        streams = "two, beside grad_h"
     if side_sms:
         streams += f", sum on {side_sms} SMs"
     line = (f"| {n}x{h}x{v} | {c} | {buffers} | {streams} | "
@@ -103,6 +116,9 @@ for n, h, v, chunks in [(8192, 4096, 128256, (4096, 640, 512, 320, 256)),
         run(n, h, v, c, 1, False)
         run(n, h, v, c, 2, True)
         if c <= 640:
+            run(n, h, v, c, 1, True, beside_grad_h=True)
+            if carve is not None:
+                run(n, h, v, c, 1, True, 44, beside_grad_h=True)
             run(n, h, v, c, 3, True)
             if carve is not None:
                 for side_sms in (16, 32):

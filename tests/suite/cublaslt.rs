@@ -7,7 +7,7 @@
 
 use burn::backend::ops::FloatTensorOps;
 use burn::tensor::DType;
-use burn_fused_ce::{LinearCrossEntropyBackend, Reduction, test_hooks};
+use burn_fused_ce::{LinearCrossEntropyBackend, Reduction, WeightGradientStream, test_hooks};
 
 use crate::common::*;
 use crate::contract::poisoned;
@@ -203,25 +203,32 @@ fn fused_linear_cross_entropy_through_cublaslt() {
 }
 
 /// The fused linear cross-entropy with the weight gradient's sums on a second CUDA stream
-/// (`LinearChunking::weight_gradient_second_stream`) against the f64 reference, through
-/// `Fusion<CubeBackend>` under autodiff: each dtype, `Mean` (the one pass, in forward)
-/// and `None` (in backward), five chunks of 48 rows and a last partial one, with and
-/// without a bias. Elsewhere than CUDA the option changes nothing.
+/// (`LinearChunking::weight_gradient_stream`), beside each chunk's hidden-state gradient
+/// and beside the next chunk, against the f64 reference, through `Fusion<CubeBackend>`
+/// under autodiff: each dtype, `Mean` (the one pass, in forward) and `None` (in
+/// backward), five chunks of 48 rows and a last partial one, with and without a bias.
+/// Elsewhere than CUDA the option changes nothing.
 #[test]
 fn fused_linear_cross_entropy_on_a_second_stream() {
     poisoned();
+    let streams = [
+        WeightGradientStream::BesideHiddenGradient,
+        WeightGradientStream::BesideNextChunk,
+    ];
     for (n, dtype) in float_dtypes().into_iter().enumerate() {
         for (r, reduction) in [Reduction::Mean, Reduction::None].into_iter().enumerate() {
-            let mut case = LinearCase::new(250, 96, 520, dtype, reduction);
-            case.cublaslt = true;
-            case.second_stream = true;
-            case.chunk_rows = 48;
-            case.in_place = true;
-            case.bias = (n + r) % 2 == 0;
-            let context = format!("{case:?}");
-            let before = test_hooks::cublaslt_product_count();
-            check_linear_case(crate::common::TestBackend::Fusion, case);
-            check_cublaslt_ran(before, &context);
+            for (s, stream) in streams.into_iter().enumerate() {
+                let mut case = LinearCase::new(250, 96, 520, dtype, reduction);
+                case.cublaslt = true;
+                case.weight_gradient_stream = stream;
+                case.chunk_rows = 48;
+                case.in_place = true;
+                case.bias = (n + r + s) % 2 == 0;
+                let context = format!("{case:?}");
+                let before = test_hooks::cublaslt_product_count();
+                check_linear_case(crate::common::TestBackend::Fusion, case);
+                check_cublaslt_ran(before, &context);
+            }
         }
     }
 }

@@ -21,8 +21,9 @@ use burn::tensor::{DType, Device, Slice, Tensor, TensorData};
 use burn_fused_ce::{
     CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyLossConfig,
     FusedLinearCrossEntropyLossConfig, IncomingGuess, LinearChunking, LinearCrossEntropyBackend,
-    LinearHead, LinearInputs, OptionalFloat, Reduction, TargetCheck, fused_cross_entropy,
-    max_buffer_bytes, test_hooks, try_fused_linear_cross_entropy, wait_for_target_checks,
+    LinearHead, LinearInputs, OptionalFloat, Reduction, TargetCheck, WeightGradientStream,
+    fused_cross_entropy, max_buffer_bytes, test_hooks, try_fused_linear_cross_entropy,
+    wait_for_target_checks,
 };
 use rand::{Rng, rngs::SmallRng};
 
@@ -55,9 +56,8 @@ pub(crate) struct LinearCase {
     pub(crate) f32_weight_gradient: bool,
     /// The chunks' products through cuBLASLt on CUDA (`LinearChunking::cublaslt`).
     pub(crate) cublaslt: bool,
-    /// The weight gradient's sums on a second CUDA stream
-    /// (`LinearChunking::weight_gradient_second_stream`).
-    pub(crate) second_stream: bool,
+    /// Where the weight gradient's sums run (`LinearChunking::weight_gradient_stream`).
+    pub(crate) weight_gradient_stream: WeightGradientStream,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
     pub(crate) three_d: bool,
     /// Through the module with an `nn::Linear`, else the function.
@@ -87,7 +87,7 @@ impl LinearCase {
             split_k: LinearChunking::default().hidden_gradient_split_k,
             f32_weight_gradient: false,
             cublaslt: LinearChunking::default().cublaslt,
-            second_stream: LinearChunking::default().weight_gradient_second_stream,
+            weight_gradient_stream: LinearChunking::default().weight_gradient_stream,
             three_d: false,
             via_module: false,
         }
@@ -103,7 +103,7 @@ impl LinearCase {
             weight_gradient_in_place: self.in_place,
             hidden_gradient_split_k: self.split_k,
             cublaslt: self.cublaslt,
-            weight_gradient_second_stream: self.second_stream,
+            weight_gradient_stream: self.weight_gradient_stream,
         }
     }
 }
@@ -1082,7 +1082,7 @@ fn linear_guess_across_steps() {
             weight_gradient_in_place: false,
             hidden_gradient_split_k: true,
             cublaslt: true,
-            weight_gradient_second_stream: false,
+            weight_gradient_stream: WeightGradientStream::Backend,
         })
         .init(&device);
     let head = LinearConfig::new(width, vocab).init(&device);
@@ -1142,7 +1142,7 @@ fn linear_extra_outputs() {
             weight_gradient_in_place: false,
             hidden_gradient_split_k: true,
             cublaslt: true,
-            weight_gradient_second_stream: false,
+            weight_gradient_stream: WeightGradientStream::Backend,
         };
         let fused = try_fused_linear_cross_entropy(
             hidden.clone(),
@@ -1255,7 +1255,7 @@ fn chunk_rows_follow_the_budget() {
         weight_gradient_in_place: false,
         hidden_gradient_split_k: true,
         cublaslt: true,
-        weight_gradient_second_stream: false,
+        weight_gradient_stream: WeightGradientStream::Backend,
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
@@ -1288,7 +1288,7 @@ fn chunk_rows_follow_the_budget() {
         weight_gradient_in_place: false,
         hidden_gradient_split_k: true,
         cublaslt: true,
-        weight_gradient_second_stream: false,
+        weight_gradient_stream: WeightGradientStream::Backend,
     };
     assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
     // Never more than the budget holds, whatever the rows.
@@ -1301,7 +1301,7 @@ fn chunk_rows_follow_the_budget() {
                 weight_gradient_in_place: false,
                 hidden_gradient_split_k: true,
                 cublaslt: true,
-                weight_gradient_second_stream: false,
+                weight_gradient_stream: WeightGradientStream::Backend,
             };
             let per = budget.rows_per_chunk(rows, 50, DType::F32);
             assert!(

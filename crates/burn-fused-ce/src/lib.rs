@@ -64,6 +64,7 @@ pub use linear::extension::LinearCrossEntropyBackend;
 pub use linear::gradients::LinearGradients;
 pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
 pub use linear::types::{LinearHead, LinearInputs};
+pub use linear::weight_gradient_stream::WeightGradientStream;
 pub use loss::api::{fused_cross_entropy, try_fused_cross_entropy};
 pub use loss::check_read::TargetCheckRead;
 pub use loss::extension::FusedCrossEntropyBackend;

@@ -155,7 +155,7 @@ pub(crate) fn accumulate_algorithm_rank() -> usize {
 
 /// For the benches: cuBLASLt's products run on `cubecl` SMs where they are on cubecl's
 /// stream and on `second` where on the second stream
-/// ([`crate::LinearChunking::weight_gradient_second_stream`]), so that both streams' products run at once
+/// ([`crate::LinearChunking::weight_gradient_stream`]), so that both streams' products run at once
 /// (each takes every SM otherwise); `None` (the default) leaves every product all of
 /// them. For products not run before.
 pub fn set_sm_targets(targets: Option<[u32; 2]>) {

@@ -5,6 +5,7 @@
 use burn::tensor::DType;
 use serde::{Deserialize, Serialize};
 
+use crate::linear::weight_gradient_stream::WeightGradientStream;
 use crate::options::CrossEntropyError;
 
 /// How the fused linear cross-entropy cuts its work.
@@ -53,16 +54,12 @@ pub struct LinearChunking {
     /// f32 operands (not TF32). On by default (also when a saved config lacks it).
     #[serde(default = "cublaslt_by_default")]
     pub cublaslt: bool,
-    /// Sum each chunk's weight-gradient product into the sum through cuBLASLt on a second
-    /// CUDA stream, beside the next chunk's logits and loss on the stream the backend's
-    /// kernels run on: the sum's read and write of the whole weight gradient, once per
-    /// chunk, overlap the next products' arithmetic. The chunk's logits gradient stays
-    /// allocated until the next chunk's sum starts, so two chunks of logits are in
-    /// memory at once: halve [`Self::logits_bytes`] for the same peak. Only with
-    /// [`Self::cublaslt`] and [`Self::weight_gradient_in_place`] on CUDA devices; the
-    /// host waits for nothing. Off by default (also when a saved config lacks it).
+    /// Where each chunk's weight-gradient sum runs: on the backend's stream, or through
+    /// cuBLASLt on a second CUDA stream beside the chunk's hidden-state gradient or the
+    /// next chunk's products ([`WeightGradientStream`]). `Backend` by default (also when
+    /// a saved config lacks it).
     #[serde(default)]
-    pub weight_gradient_second_stream: bool,
+    pub weight_gradient_stream: WeightGradientStream,
 }
 
 impl Default for LinearChunking {
@@ -74,7 +71,7 @@ impl Default for LinearChunking {
             weight_gradient_in_place: in_place_by_default(),
             hidden_gradient_split_k: split_k_by_default(),
             cublaslt: cublaslt_by_default(),
-            weight_gradient_second_stream: false,
+            weight_gradient_stream: WeightGradientStream::Backend,
         }
     }
 }

@@ -75,7 +75,7 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
     /// With `cublaslt`, cube backends on CUDA devices first try NVIDIA's cuBLASLt
     /// ([`LinearChunking::cublaslt`]), in place under the same conditions; with
     /// `second_stream` too, on a second CUDA stream beside the one the backend's kernels
-    /// run on ([`LinearChunking::weight_gradient_second_stream`]), which
+    /// run on ([`LinearChunking::weight_gradient_stream`]), which
     /// [`Self::join_second_stream`] orders the backend's stream after.
     #[fusion(meta = accumulate_product_meta)]
     fn accumulate_product(
@@ -91,7 +91,9 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
 
     /// `sum` once the backend's own stream is ordered after the products
     /// [`Self::accumulate_product`] ran on a second stream: called on the weight
-    /// gradient's sum after the last chunk, before anything else reads it. The default
+    /// gradient's sum after the last chunk, before anything else reads it (and after
+    /// each chunk's hidden-state gradient with
+    /// [`WeightGradientStream::BesideHiddenGradient`](crate::WeightGradientStream::BesideHiddenGradient)). The default
     /// returns `sum` (no second stream); cube backends on CUDA devices enqueue the wait
     /// (the host waits for nothing); fusion backends run that as one custom op.
     #[fusion(meta = same_tensor_meta)]

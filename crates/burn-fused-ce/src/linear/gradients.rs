@@ -12,6 +12,7 @@ use crate::linear::{
     extension::{LinearCrossEntropyBackend, with_aligned_weight},
     rows::{Typed, chunks, joined, mean_denominators_of},
     types::LinearInputs,
+    weight_gradient_stream::WeightGradientStream,
 };
 use crate::loss::reduce::given_denominators;
 use crate::loss::types::{OnePassScale, OptionalFloat, RowStats, TwoPassBackward};
@@ -49,23 +50,52 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
     /// Takes one chunk's logits gradient (rows `start..end`) to the hidden states, the
     /// weight and the bias.
     fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: FloatOf<B, 2>) {
+        if self.chunking.weight_gradient_stream == WeightGradientStream::BesideHiddenGradient {
+            // The sum is enqueued first, so that the second stream starts it beside the
+            // hidden-state gradient; the backend's stream waits for it before the next
+            // chunk's logits take this chunk's memory.
+            self.add_weight(typed, start, end, logits_grad.clone());
+            self.add_hidden(typed, logits_grad.clone());
+            self.weight = self
+                .weight
+                .take()
+                .map(|sum| FloatOf::new(B::join_second_stream(sum.into_primitive())));
+        } else {
+            self.add_hidden(typed, logits_grad.clone());
+            self.add_weight(typed, start, end, logits_grad.clone());
+        }
+        self.add_bias(typed, logits_grad);
+    }
+
+    /// The chunk's hidden-state gradient `dlogits_c W^T`.
+    fn add_hidden(&mut self, typed: &Typed<B>, logits_grad: FloatOf<B, 2>) {
         let weight_t = typed.weight.clone().transpose();
         let cublaslt = self.chunking.cublaslt;
         self.hidden
             .push(FloatOf::new(if self.chunking.hidden_gradient_split_k {
                 B::matmul_split_k(
-                    logits_grad.clone().into_primitive(),
+                    logits_grad.into_primitive(),
                     weight_t.into_primitive(),
                     cublaslt,
                 )
             } else {
                 B::chunk_product(
-                    logits_grad.clone().into_primitive(),
+                    logits_grad.into_primitive(),
                     weight_t.into_primitive(),
                     cublaslt,
                 )
             }));
-        // `grad_W += h_c^T dlogits_c`: the first chunk's product is the sum.
+    }
+
+    /// `grad_W += h_c^T dlogits_c`: the first chunk's product is the sum.
+    fn add_weight(
+        &mut self,
+        typed: &Typed<B>,
+        start: usize,
+        end: usize,
+        logits_grad: FloatOf<B, 2>,
+    ) {
+        let cublaslt = self.chunking.cublaslt;
         let hidden_t = typed.hidden_rows(start, end).transpose();
         let f32_sum = self.chunking.f32_weight_gradient;
         let sum_dtype = if f32_sum {
@@ -88,16 +118,16 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
                 .weight_gradient_block_columns(typed.width(), vocab, sum_dtype);
         let in_place = self.chunking.weight_gradient_in_place;
         self.weight = Some(match (self.weight.take(), block_columns) {
-            (None, _) => weight_product(hidden_t, logits_grad.clone()),
+            (None, _) => weight_product(hidden_t, logits_grad),
             (Some(sum), _) if in_place => FloatOf::new(B::accumulate_product(
                 sum.into_primitive(),
                 hidden_t.into_primitive(),
-                logits_grad.clone().into_primitive(),
+                logits_grad.into_primitive(),
                 cublaslt,
-                self.chunking.weight_gradient_second_stream,
+                self.chunking.weight_gradient_stream.is_second(),
             )),
             // The product is a whole [H, V] buffer beside the sum until the add.
-            (Some(sum), None) => sum.add(weight_product(hidden_t, logits_grad.clone())),
+            (Some(sum), None) => sum.add(weight_product(hidden_t, logits_grad)),
             (Some(mut sum), Some(columns)) => {
                 for first in (0..vocab).step_by(columns) {
                     let block_grad =
@@ -114,7 +144,6 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
                 sum
             }
         });
-        self.add_bias(typed, logits_grad);
     }
 
     /// The chunk's bias gradient (its column sums, in f32) into the sum.
@@ -142,7 +171,7 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
         };
         let weight = match self.weight {
             // Summed on a second stream: the backend's stream waits for it first.
-            Some(grad) if self.chunking.weight_gradient_second_stream => {
+            Some(grad) if self.chunking.weight_gradient_stream.is_second() => {
                 FloatOf::<B, 2>::new(B::join_second_stream(grad.into_primitive()))
                     .cast(typed.weight.dtype())
             }

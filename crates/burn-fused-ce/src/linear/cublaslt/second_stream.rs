@@ -1,14 +1,15 @@
 //! A second CUDA stream beside one of cubecl's, for the weight gradient's sum
-//! ([`LinearChunking::weight_gradient_second_stream`](crate::LinearChunking::weight_gradient_second_stream)):
-//! chunk `c`'s `grad_W += h_c^T dlogits_c` runs there while cubecl's stream goes on to
-//! chunk `c + 1`'s logits and loss, so that the sum's read and write of the whole weight
-//! gradient overlap other products' arithmetic.
+//! ([`WeightGradientStream`](crate::WeightGradientStream)): chunk `c`'s
+//! `grad_W += h_c^T dlogits_c` runs there while cubecl's stream forms chunk `c`'s
+//! hidden-state gradient, or goes on to chunk `c + 1`, so that the sum's read and write
+//! of the whole weight gradient overlap other products' arithmetic.
 //!
 //! Ordering, all on the device (the host waits for nothing):
 //! - the second stream starts each product after everything enqueued on cubecl's stream
 //!   so far (an event recorded there);
 //! - cubecl's stream waits for a product when the next one is enqueued, and for all of
-//!   them at [`SecondStream::join`] (before the sum is read by anything else);
+//!   them at [`SecondStream::join`] (before the sum is read by anything else, or before
+//!   the next chunk);
 //! - each product's operands and workspace stay allocated until cubecl's stream waits
 //!   for it: cubecl hands freed memory to the next kernels on its stream, which must not
 //!   write it while the second stream still reads it. The sum itself is held by the
