@@ -206,8 +206,9 @@ fn fused_linear_cross_entropy_through_cublaslt() {
 /// (`LinearChunking::weight_gradient_stream`), beside each chunk's hidden-state gradient
 /// and beside the next chunk, against the f64 reference, through `Fusion<CubeBackend>`
 /// under autodiff: each dtype, `Mean` (the one pass, in forward) and `None` (in
-/// backward), five chunks of 48 rows and a last partial one, with and without a bias.
-/// Elsewhere than CUDA the option changes nothing.
+/// backward), five chunks of 48 rows and a last partial one, with and without a bias;
+/// on CUDA every chunk after the first must be summed in place. Elsewhere than CUDA the
+/// option changes nothing.
 #[test]
 fn fused_linear_cross_entropy_on_a_second_stream() {
     poisoned();
@@ -226,8 +227,20 @@ fn fused_linear_cross_entropy_on_a_second_stream() {
                 case.bias = (n + r + s) % 2 == 0;
                 let context = format!("{case:?}");
                 let before = test_hooks::cublaslt_product_count();
+                let in_place_before = test_hooks::in_place_accumulate_count();
                 check_linear_case(crate::common::TestBackend::Fusion, case);
                 check_cublaslt_ran(before, &context);
+                // Six chunks: the first chunk's product starts the sum, the five others
+                // must have been summed into it in place (a sum left shared by the
+                // join would be formed and added instead).
+                if ON_CUDA {
+                    let in_place = test_hooks::in_place_accumulate_count() - in_place_before;
+                    assert!(
+                        in_place >= 5,
+                        "{context}: {in_place} sums in place, not 5 (the last refusal: {:?})",
+                        test_hooks::in_place_accumulate_refusal()
+                    );
+                }
             }
         }
     }

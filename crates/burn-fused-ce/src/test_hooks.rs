@@ -63,7 +63,8 @@ pub(crate) fn count_in_place_backward() {
 }
 
 /// How many weight-gradient products were summed in place by one matmul so far
-/// ([`crate::FusedCrossEntropyBackend::accumulate_product`] on a device with TMA).
+/// ([`crate::LinearCrossEntropyBackend::accumulate_product`] through cuBLASLt, or
+/// CubeCL's kernel on a device with TMA).
 pub fn in_place_accumulate_count() -> usize {
     IN_PLACE_ACCUMULATES.load(Ordering::Relaxed)
 }

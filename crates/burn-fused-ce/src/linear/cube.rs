@@ -182,6 +182,7 @@ fn accumulated(
         sum.can_mut() && has_separate_contiguous_rows(&sum) && sum.meta.num_elements() > 0;
     if in_place && cublaslt && cublaslt_ran(cublaslt_product(&lhs, &rhs, &sum, true, second_stream))
     {
+        test_hooks::count_in_place_accumulate();
         return sum;
     }
     // Every other way writes the sum on cubecl's stream: after the earlier sums.
