@@ -37,7 +37,8 @@
 //! next chunk's products (`LinearChunking::weight_gradient_stream`, `Backend` by default).
 //! `ltrank=K` gives the weight gradient's sums the algorithm cuBLASLt's heuristic lists
 //! K-th (0: its first, the default; `test_hooks::set_accumulate_algorithm_rank`).
-//! `sms=A,B` runs cuBLASLt's products on A SMs, those on the second stream on B
+//! `sms=A,B` runs cuBLASLt's products on the second stream on B SMs, and those on
+//! cubecl's stream on A while a sum on the second stream may run beside them
 //! (`test_hooks::set_sm_targets`), so that the two streams' products overlap.
 //! `ignored=P` ignores the last P% of each
 //! sequence of 1024 rows (padding) and adds the fused linear cross-entropy on only the
@@ -272,7 +273,7 @@ fn main() {
     {
         test_hooks::set_accumulate_algorithm_rank(rank);
     }
-    // `sms=A,B`: products on cubecl's stream on A SMs, those on the second on B.
+    // `sms=A,B`: products on cubecl's stream on A SMs (beside a sum), the second's on B.
     if let Some(targets) = std::env::args().find_map(|arg| {
         let (cubecl, second) = arg.strip_prefix("sms=")?.split_once(',')?;
         Some([cubecl.parse::<u32>().ok()?, second.parse::<u32>().ok()?])

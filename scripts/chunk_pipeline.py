@@ -73,7 +73,8 @@ def run(n, h, v, c, buffers, two_streams, side_sms=0, beside_grad_h=False):
             buf = bufs[k][: hc.shape[0]]
             if two_streams and done[k] is not None:
                 main.wait_event(done[k])
-            carved(side_sms)
+            # Beside grad_h, the logits run alone on every SM.
+            carved(0 if beside_grad_h else side_sms)
             torch.mm(hc, w, out=buf)
             buf.mul_(1e-3)
             if beside_grad_h:
@@ -118,7 +119,7 @@ for n, h, v, chunks in [(8192, 4096, 128256, (4096, 640, 512, 320, 256)),
         if c <= 640:
             run(n, h, v, c, 1, True, beside_grad_h=True)
             if carve is not None:
-                run(n, h, v, c, 1, True, 44, beside_grad_h=True)
+                run(n, h, v, c, 1, True, 66, beside_grad_h=True)
             run(n, h, v, c, 3, True)
             if carve is not None:
                 for side_sms in (16, 32):

@@ -92,6 +92,14 @@ impl LtDevice {
         })
     }
 
+    /// Whether sums enqueued on the second stream beside cubecl's stream `stream_id` may
+    /// still run (cubecl's stream has not waited for them).
+    pub fn sums_pending(&self, stream_id: u64) -> bool {
+        self.second_streams
+            .get(&stream_id)
+            .is_some_and(SecondStream::has_pending)
+    }
+
     /// cubecl's stream `stream_id` (`main`) waits for what its second stream has
     /// enqueued, if it has one.
     pub fn join_second_stream(

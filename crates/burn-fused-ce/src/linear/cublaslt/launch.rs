@@ -350,12 +350,18 @@ impl Call {
             let a = Layout::new(types[0], product.a).map_err(this_call)?;
             let b = Layout::new(types[1], product.b).map_err(this_call)?;
             let d = Layout::new(types[2], product.d).map_err(this_call)?;
-            // The SMs the product is to run on, where the benches ask for a split.
-            let sm_target =
-                test_hooks::sm_targets().map_or(
-                    0,
-                    |[cubecl, second]| if second_stream { second } else { cubecl },
-                );
+            // The SMs the product is to run on, where the benches ask for a split: on
+            // cubecl's stream only while sums on the second stream may run beside it.
+            let sums_pending = lt.sums_pending(stream_id.value);
+            let sm_target = test_hooks::sm_targets().map_or(0, |[cubecl, second]| {
+                if second_stream {
+                    second
+                } else if sums_pending {
+                    cubecl
+                } else {
+                    0
+                }
+            });
             let desc = ProductDesc::new(&product, sm_target).map_err(this_call)?;
             let key = AlgorithmKey {
                 product,
