@@ -113,6 +113,13 @@ fn cublaslt_products_on_the_cube_backend_primitives() {
                 vec![dtype, DType::F32]
             };
             for sum_dtype in sum_dtypes {
+                // cuBLASLt adds the f32 product to an f32 sum; the fallback rounds
+                // the product to the operands' dtype first.
+                let sum_bound = if ON_CUDA && sum_dtype == DType::F32 {
+                    1e-5
+                } else {
+                    bound
+                };
                 for held in [false, true] {
                     let context =
                         format!("{context}: accumulate_product into {sum_dtype:?} held={held}");
@@ -131,13 +138,6 @@ fn cublaslt_products_on_the_cube_backend_primitives() {
                     assert_eq!(got.dtype, sum_dtype, "{context}: the sum keeps its dtype");
                     let expected: Vec<f64> =
                         start64.iter().zip(&product64).map(|(s, p)| s + p).collect();
-                    // cuBLASLt adds the f32 product to an f32 sum; the fallback rounds
-                    // the product to the operands' dtype first.
-                    let sum_bound = if ON_CUDA && sum_dtype == DType::F32 {
-                        1e-5
-                    } else {
-                        bound
-                    };
                     check_close(&got.values, &expected, sum_bound, &context);
                     if let Some(kept) = kept {
                         let context = format!("{context}: a held sum changed");
@@ -165,11 +165,6 @@ fn cublaslt_products_on_the_cube_backend_primitives() {
                     .zip(&product64)
                     .map(|(s, p)| s + 2.0 * p)
                     .collect();
-                let sum_bound = if ON_CUDA && sum_dtype == DType::F32 {
-                    1e-5
-                } else {
-                    bound
-                };
                 check_close(&got.values, &expected, sum_bound, &context);
             }
         }

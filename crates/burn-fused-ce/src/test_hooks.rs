@@ -157,8 +157,8 @@ pub(crate) fn accumulate_algorithm_rank() -> usize {
 /// For the benches: cuBLASLt's products on the second stream
 /// ([`crate::LinearChunking::weight_gradient_stream`]) run on `second` SMs, and those on
 /// cubecl's stream on `cubecl` SMs while sums on the second stream may still run beside
-/// them (on all SMs otherwise), so that both streams' products run at once (each takes
-/// every SM otherwise); `None` (the default) leaves every product all of them.
+/// them, so that both streams' products run at once (each takes every SM otherwise);
+/// `None` (the default) leaves every product all of them.
 pub fn set_sm_targets(targets: Option<[u32; 2]>) {
     let packed = targets.map_or(0, |[cubecl, second]| {
         (u64::from(cubecl) << 32) | u64::from(second)

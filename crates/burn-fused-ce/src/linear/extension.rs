@@ -59,7 +59,7 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
     /// step leaves a weight) into rows padded to the allocator's pitch: otherwise each
     /// chunk's matmuls run on kernels without TMA. Fusion backends run that as one custom
     /// op. The default returns `matrix` as is.
-    #[fusion(meta = aligned_rows_meta)]
+    #[fusion(meta = same_tensor_meta)]
     fn with_matmul_aligned_rows(matrix: FloatTensor<Self>) -> FloatTensor<Self> {
         matrix
     }
@@ -91,11 +91,11 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
 
     /// `sum` once the backend's own stream is ordered after the products
     /// [`Self::accumulate_product`] ran on a second stream: called on the weight
-    /// gradient's sum after the last chunk, before anything else reads it (and after
-    /// each chunk's hidden-state gradient with
-    /// [`WeightGradientStream::BesideHiddenGradient`](crate::WeightGradientStream::BesideHiddenGradient)). The default
-    /// returns `sum` (no second stream); cube backends on CUDA devices enqueue the wait
-    /// (the host waits for nothing); fusion backends run that as one custom op.
+    /// gradient's sum after the last chunk, before anything else reads it, and after each
+    /// chunk's hidden-state gradient with
+    /// [`WeightGradientStream::BesideHiddenGradient`](crate::WeightGradientStream::BesideHiddenGradient).
+    /// The default returns `sum` (no second stream); cube backends on CUDA devices enqueue
+    /// the wait (the host waits for nothing); fusion backends run that as one custom op.
     #[fusion(meta = same_tensor_meta)]
     fn join_second_stream(sum: FloatTensor<Self>) -> FloatTensor<Self> {
         sum

@@ -14,11 +14,6 @@ pub(crate) fn add_into_columns_meta(
     sum.clone()
 }
 
-/// The same matrix, its rows perhaps padded (the spec says nothing of strides).
-pub(crate) fn aligned_rows_meta(matrix: &TensorSpec) -> TensorSpec {
-    matrix.clone()
-}
-
 /// `sum + lhs rhs`: `sum`'s shape and dtype.
 pub(crate) fn accumulate_product_meta(
     sum: &TensorSpec,
@@ -30,7 +25,8 @@ pub(crate) fn accumulate_product_meta(
     sum.clone()
 }
 
-/// The same tensor, unchanged.
+/// The same tensor's shape and dtype: the weight gradient's sum once joined, and a
+/// matrix with its rows perhaps padded (the spec says nothing of strides).
 pub(crate) fn same_tensor_meta(tensor: &TensorSpec) -> TensorSpec {
     tensor.clone()
 }

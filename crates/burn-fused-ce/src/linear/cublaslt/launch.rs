@@ -352,11 +352,10 @@ impl Call {
             let d = Layout::new(types[2], product.d).map_err(this_call)?;
             // The SMs the product is to run on, where the benches ask for a split: on
             // cubecl's stream only while sums on the second stream may run beside it.
-            let sums_pending = lt.sums_pending(stream_id.value);
             let sm_target = test_hooks::sm_targets().map_or(0, |[cubecl, second]| {
                 if second_stream {
                     second
-                } else if sums_pending {
+                } else if lt.sums_pending(stream_id.value) {
                     cubecl
                 } else {
                     0
@@ -392,12 +391,14 @@ impl Call {
                     "the algorithm uses {workspace_bytes} bytes of workspace, {workspace_given} given"
                 )));
             }
-            let stream = if second_stream {
-                lt.second_stream(stream_id.value)?
-                    .follow(main)
-                    .map_err(Refusal::ThisCall)?
+            let mut second = if second_stream {
+                Some(lt.second_stream(stream_id.value)?)
             } else {
-                main
+                None
+            };
+            let stream = match second.as_mut() {
+                Some(second) => second.follow(main).map_err(Refusal::ThisCall)?,
+                None => main,
             };
             let alpha = 1.0f32;
             let beta = if accumulate { 1.0f32 } else { 0.0 };
@@ -427,12 +428,10 @@ impl Call {
                 )
             }
             .map_err(|error| Refusal::ThisCall(failed("matmul", error)))?;
-            if second_stream {
+            if let Some(second) = second {
                 // The product ran: a failure to order it makes the host wait for it
                 // instead (`SecondStream::enqueued`), and is no refusal.
-                let _ = lt
-                    .second_stream(stream_id.value)
-                    .and_then(|second| second.enqueued(main, held).map_err(Refusal::ThisCall));
+                let _ = second.enqueued(main, held);
             }
             Ok(())
         });
