@@ -52,8 +52,8 @@ use burn::backend::Dispatch;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::{
-    CountedRows, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, LinearChunking,
-    LinearCrossEntropyBackend, WeightGradientStream, test_hooks,
+    CountedRows, ExtraOutputs, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
+    LinearChunking, LinearCrossEntropyBackend, Reduction, WeightGradientStream, test_hooks,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -70,6 +70,18 @@ enum Way {
     FusedLinearCubecl,
     /// The fused linear cross-entropy on the counted rows alone (`CountedRows`).
     FusedLinearCounted,
+    /// The fused linear cross-entropy with the head frozen (its weight not tracked, as in
+    /// adapter fine-tuning): no weight gradient.
+    FrozenHead,
+    /// The fused linear cross-entropy with the body frozen (the hidden states not
+    /// tracked, as in linear probing): no hidden-state gradient.
+    FrozenBody,
+    /// The fused linear cross-entropy under `Reduction::None` with a per-row incoming
+    /// gradient (RL's per-token log-probs).
+    FusedLinearRows,
+    /// The same with an entropy bonus in the objective: `(loss * w).sum() - (entropy *
+    /// w').sum()`.
+    FusedLinearRowsEntropy,
 }
 
 impl Way {
@@ -80,6 +92,10 @@ impl Way {
             Way::FusedLinear => "fused linear CE",
             Way::FusedLinearCubecl => "fused linear CE, CubeCL products",
             Way::FusedLinearCounted => "fused linear CE, counted rows only",
+            Way::FrozenHead => "fused linear CE, frozen head",
+            Way::FrozenBody => "fused linear CE, frozen body",
+            Way::FusedLinearRows => "fused linear CE, none/row",
+            Way::FusedLinearRowsEntropy => "fused linear CE, none/row -entropy",
         }
     }
 }
@@ -250,6 +266,10 @@ fn main() {
                 vec![
                     Way::Fused,
                     Way::FusedLinear,
+                    Way::FrozenHead,
+                    Way::FrozenBody,
+                    Way::FusedLinearRows,
+                    Way::FusedLinearRowsEntropy,
                     Way::FusedLinearCubecl,
                     Way::FusedLinearCounted,
                     Way::Stock,
@@ -263,6 +283,10 @@ fn main() {
                         "linear" => Some(Way::FusedLinear),
                         "linear-cubecl" => Some(Way::FusedLinearCubecl),
                         "linear-counted" => Some(Way::FusedLinearCounted),
+                        "linear-frozen-head" => Some(Way::FrozenHead),
+                        "linear-frozen-body" => Some(Way::FrozenBody),
+                        "linear-none" => Some(Way::FusedLinearRows),
+                        "linear-none-entropy" => Some(Way::FusedLinearRowsEntropy),
                         _ => None,
                     })
                     .collect()
@@ -318,7 +342,7 @@ fn main() {
     #[cfg(feature = "cuda")]
     println!("cuBLASLt: {:?}", burn_fused_ce::cublaslt_version());
     let mut table = format!(
-        "fused linear CE: `{chunking:?}`\n\n| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | pool growth MiB | peak in use MiB |\n|---|---|---|---:|---:|---:|---:|---:|\n"
+        "fused linear CE: `{chunking:?}`\n\n| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | vs fused linear CE | pool growth MiB | peak in use MiB |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n"
     );
     let mut csv =
         String::from("rows,width,vocab,dtype,way,step_ms,tflops,pool_growth_mib,peak_in_use_mib\n");
@@ -356,14 +380,39 @@ fn main() {
                 ..chunking
             })
             .init(&autodiff);
+        let rows_loss = FusedLinearCrossEntropyLossConfig::new()
+            .with_loss(
+                FusedCrossEntropyLossConfig::new()
+                    .with_reduction(Reduction::None)
+                    .with_outputs(ExtraOutputs {
+                        entropy: true,
+                        ..ExtraOutputs::default()
+                    }),
+            )
+            .with_chunking(chunking)
+            .init(&autodiff);
+        // Per-row weights of the loss (its dtype) and of the entropy bonus (f32).
+        let row_weights = Tensor::<1>::random([rows], Distribution::Uniform(0.5, 1.5), &autodiff);
+        let entropy_weights = row_weights.clone().mul_scalar(-0.01);
+        let row_weights = row_weights.cast(dtype);
         let mut head = burn::nn::LinearConfig::new(width, vocab)
             .with_bias(false)
             .init(&autodiff);
         head.weight = burn::module::Param::from_tensor(weight.clone());
+        let frozen_head = burn::nn::Linear {
+            weight: burn::module::Param::from_tensor(weight.clone().detach()),
+            bias: None,
+        };
+        let frozen_hidden = hidden.clone().detach();
         let mut fused_ms = None;
+        let mut linear_ms = None;
         for way in [
             Way::Fused,
             Way::FusedLinear,
+            Way::FrozenHead,
+            Way::FrozenBody,
+            Way::FusedLinearRows,
+            Way::FusedLinearRowsEntropy,
             Way::FusedLinearCubecl,
             Way::FusedLinearCounted,
             Way::Stock,
@@ -390,6 +439,30 @@ fn main() {
                         let counted_targets = counted.targets(targets.clone()).ok()?;
                         linear_loss.forward(counted_hidden, &head, counted_targets)
                     }
+                    Way::FrozenHead => {
+                        linear_loss.forward(hidden.clone(), &frozen_head, targets.clone())
+                    }
+                    Way::FrozenBody => {
+                        linear_loss.forward(frozen_hidden.clone(), &head, targets.clone())
+                    }
+                    Way::FusedLinearRows | Way::FusedLinearRowsEntropy => {
+                        let output = rows_loss
+                            .try_forward_with_outputs(
+                                hidden.clone(),
+                                head.weight.val(),
+                                None,
+                                targets.clone(),
+                            )
+                            .ok()?;
+                        let objective = (output.loss * row_weights.clone()).sum();
+                        match (way, output.entropy) {
+                            (Way::FusedLinearRowsEntropy, Some(entropy)) => {
+                                objective.cast(DType::F32)
+                                    + (entropy * entropy_weights.clone()).sum()
+                            }
+                            _ => objective,
+                        }
+                    }
                 };
                 let grads = loss.backward();
                 Some((hidden.grad(&grads), weight.grad(&grads)))
@@ -397,6 +470,9 @@ fn main() {
             let measured = measure(&device, warmup, reps, step);
             if way == Way::Fused {
                 fused_ms = measured.as_ref().map(|m| m.median_ms);
+            }
+            if way == Way::FusedLinear {
+                linear_ms = measured.as_ref().map(|m| m.median_ms);
             }
             let case = format!("{rows} x {width} x {vocab}");
             let dtype_name = format!("{dtype:?}").to_lowercase();
@@ -407,17 +483,19 @@ fn main() {
                         _ => flops,
                     };
                     let tflops = flops / (m.median_ms / 1e3) / 1e12;
-                    let ratio =
-                        fused_ms.map_or("-".to_string(), |f| format!("{:.3}", m.median_ms / f));
+                    let ratio_to = |base: Option<f64>| {
+                        base.map_or("-".to_string(), |b| format!("{:.3}", m.median_ms / b))
+                    };
+                    let (ratio, linear_ratio) = (ratio_to(fused_ms), ratio_to(linear_ms));
                     println!(
-                        "{case:<22} {dtype_name:<5} {:<22} {:>9.2} ms {tflops:>7.1} TFLOP/s  x{ratio:<6} {:>8.0} MiB pool {:>8.0} MiB peak",
+                        "{case:<22} {dtype_name:<5} {:<22} {:>9.2} ms {tflops:>7.1} TFLOP/s  x{ratio:<6} x{linear_ratio:<6} {:>8.0} MiB pool {:>8.0} MiB peak",
                         way.label(),
                         m.median_ms,
                         m.pool_growth_mib,
                         m.peak_in_use_mib
                     );
                     table += &format!(
-                        "| {case} | {dtype_name} | {} | {:.2} | {tflops:.1} | {ratio} | {:.0} | {:.0} |\n",
+                        "| {case} | {dtype_name} | {} | {:.2} | {tflops:.1} | {ratio} | {linear_ratio} | {:.0} | {:.0} |\n",
                         way.label(),
                         m.median_ms,
                         m.pool_growth_mib,
@@ -437,7 +515,7 @@ fn main() {
                         way.label()
                     );
                     table += &format!(
-                        "| {case} | {dtype_name} | {} | - | - | - | - | - |\n",
+                        "| {case} | {dtype_name} | {} | - | - | - | - | - | - |\n",
                         way.label()
                     );
                 }

@@ -21,7 +21,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData, activation::log_softmax};
 use burn_fused_ce::{
     CrossEntropyOptions, ExtraOutputs, FastMath, FusedCrossEntropyLossConfig, GradientPlan,
-    KernelTuning, Reduction, TargetCheck, fused_cross_entropy, test_hooks,
+    KernelTuning, Reduction, TargetCheck, fused_cross_entropy, test_hooks, try_fused_cross_entropy,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -51,6 +51,9 @@ enum Incoming {
     Scaled,
     /// `Reduction::None`, `(loss * w).sum().backward()` with a non-uniform `w` per row.
     PerRow,
+    /// As `PerRow`, with an entropy bonus: `(loss * w).sum() - (entropy * w').sum()`, an
+    /// RL objective (the entropy output asked for and differentiated).
+    PerRowEntropyBonus,
 }
 
 /// What one row of the table times.
@@ -153,6 +156,7 @@ impl Mode {
                     Incoming::One => "",
                     Incoming::Scaled => " g=0.25",
                     Incoming::PerRow => " none/row",
+                    Incoming::PerRowEntropyBonus => " none/row -entropy",
                 };
                 if options {
                     label += " ls+z+cap";
@@ -270,6 +274,12 @@ impl Bench {
                 (8192, 128256, bf16, Mode::DEFAULT),
                 (8192, 128256, bf16, Mode::default_with(Incoming::Scaled)),
                 (8192, 128256, bf16, Mode::default_with(Incoming::PerRow)),
+                (
+                    8192,
+                    128256,
+                    bf16,
+                    Mode::default_with(Incoming::PerRowEntropyBonus),
+                ),
                 (8192, 128256, bf16, with_options),
                 (8192, 128256, bf16, with_outputs(Outputs::Accuracy)),
                 (8192, 128256, bf16, with_outputs(Outputs::Entropy)),
@@ -299,6 +309,7 @@ impl Bench {
                 Mode::DEFAULT,
                 Mode::default_with(Incoming::Scaled),
                 Mode::default_with(Incoming::PerRow),
+                Mode::default_with(Incoming::PerRowEntropyBonus),
                 Mode::plan(Plan::OnePass),
                 Mode::plan(Plan::TwoPass),
                 Mode::Step {
@@ -492,6 +503,7 @@ impl Bench {
                 let loss = CrossEntropyLossConfig::new().init(&self.autodiff);
                 self.measure(autodiff, |(x, y)| (loss.forward(x, y) * 0.25).backward())
             }
+            Incoming::PerRowEntropyBonus => None,
             Incoming::PerRow => self.measure(autodiff, |(x, y)| {
                 let row_loss = log_softmax(x, 1)
                     .gather(1, y.reshape([rows, 1]))
@@ -542,10 +554,9 @@ impl Bench {
             } else {
                 TargetCheck::Off
             },
-            reduction: if incoming == Incoming::PerRow {
-                Reduction::None
-            } else {
-                Reduction::Mean
+            reduction: match incoming {
+                Incoming::PerRow | Incoming::PerRowEntropyBonus => Reduction::None,
+                Incoming::One | Incoming::Scaled => Reduction::Mean,
             },
             ..base
         };
@@ -560,6 +571,8 @@ impl Bench {
             step_options.softcap = Some(30.0);
         }
         step_options.outputs = outputs.extra_outputs();
+        let entropy_bonus = incoming == Incoming::PerRowEntropyBonus;
+        step_options.outputs.entropy |= entropy_bonus;
         let targets_ad = || targets.clone().autodiff();
         // A fresh copy per iteration, made outside the timed region and moved into the loss.
         let owned = || logits.clone().mul_scalar(1.0).autodiff().require_grad();
@@ -579,17 +592,26 @@ impl Bench {
         // The per-row weights in the loss's dtype (the logits'): Burn 0.22 multiplies
         // tensors of one dtype only.
         let row_weights = scale.clone().cast(logits.dtype()).autodiff();
+        // The entropy's weights (f32, the entropy's dtype): a bonus, so negative.
+        let entropy_weights = scale.clone().mul_scalar(-0.01).autodiff();
         self.measure(owned, |x| {
-            let loss = match self.tuning {
-                None => module.forward(x, targets_ad()),
-                Some(_) => fused_cross_entropy(x, targets_ad(), &step_options),
+            let output = match self.tuning {
+                None => module.forward_with_outputs(x, targets_ad()),
+                Some(_) => try_fused_cross_entropy(x, targets_ad(), None, &step_options)
+                    .expect("valid input"),
             };
-            let loss = match incoming {
+            let loss = output.loss;
+            let objective = match incoming {
                 Incoming::One => loss,
                 Incoming::Scaled => loss * 0.25,
                 Incoming::PerRow => (loss * row_weights.clone()).sum(),
+                Incoming::PerRowEntropyBonus => {
+                    let entropy = output.entropy.expect("the entropy was asked for");
+                    (loss * row_weights.clone()).sum().cast(DType::F32)
+                        + (entropy * entropy_weights.clone()).sum()
+                }
             };
-            loss.backward()
+            objective.backward()
         })
     }
 }

@@ -9,7 +9,7 @@ use crate::row::{
     transformed, weights_vector,
 };
 use crate::row_stat;
-use crate::row_state::target_share;
+use crate::row_state::{entropy_term, target_share};
 
 /// How backward reads the incoming gradient.
 #[derive_cube_comptime]
@@ -34,6 +34,11 @@ pub(crate) struct RowGradient {
     pub(crate) prob_coef: f32,
     pub(crate) smooth_coef: f32,
     pub(crate) target_value: f32,
+    /// The entropy's part (`RowOptions::entropy_gradient`), `g_H dH/dx'_c =
+    /// entropy_coef exp(x'_c - max) (x'_c - max) + entropy_offset exp(x'_c - max)`; 0
+    /// otherwise.
+    pub(crate) entropy_coef: f32,
+    pub(crate) entropy_offset: f32,
 }
 
 /// `(sc, sz)` of [`gradient_coefficients`] for a row's incoming gradient `g`: `g / D` and
@@ -110,6 +115,30 @@ pub(crate) fn gradient_coefficients(
         prob_coef: (target_coef + smooth_extra + z_extra) * f32::exp(-log_sum),
         smooth_coef,
         target_value: target_coef * target_grad + z_extra * target_prob + smooth_target,
+        entropy_coef: f32::new(0.0),
+        entropy_offset: f32::new(0.0),
+    }
+}
+
+/// `row` with the entropy's part for its incoming gradient `entropy_incoming`: with `p_c
+/// = exp(x'_c - max - log_sum)`, `dH/dx'_c = -p_c (ln p_c + H) = -p_c ((x'_c - max) -
+/// log_sum + H)`.
+#[cube]
+pub(crate) fn with_entropy_gradient(
+    row: RowGradient,
+    entropy_incoming: f32,
+    entropy: f32,
+    log_sum: f32,
+) -> RowGradient {
+    let coef = -entropy_incoming * f32::exp(-log_sum);
+    RowGradient {
+        target_col: row.target_col,
+        max: row.max,
+        prob_coef: row.prob_coef,
+        smooth_coef: row.smooth_coef,
+        target_value: row.target_value,
+        entropy_coef: coef,
+        entropy_offset: coef * (entropy - log_sum),
     }
 }
 
@@ -124,6 +153,7 @@ fn row_gradient<I: Int, G: Float>(
     stats: &Tensor<f32>,
     grad_output: &Tensor<G>,
     denominators: &Tensor<f32>,
+    entropy_grad_output: &Tensor<f32>,
     row: usize,
     vocab: usize,
     scalars: RowScalars,
@@ -139,19 +169,35 @@ fn row_gradient<I: Int, G: Float>(
     }
     let incoming = select(counted, incoming, f32::new(0.0));
     let (ce_scale, z_scale) = incoming_scales(incoming, denominators, grad_options.mean);
-    gradient_coefficients(
+    let log_sum = stats[stat_index(stats, row_stat::LOG_SUM, row)];
+    let row_grad = gradient_coefficients(
         target_col,
         ce_scale,
         z_scale,
         stats[stat_index(stats, row_stat::MAX, row)],
-        stats[stat_index(stats, row_stat::LOG_SUM, row)],
+        log_sum,
         stats[stat_index(stats, row_stat::TARGET_GRAD, row)],
         class_weights,
         weight_total,
         vocab,
         scalars.clone(),
         options,
-    )
+    );
+    if comptime!(options.entropy_gradient) {
+        let entropy_incoming = select(
+            counted,
+            entropy_grad_output[row * entropy_grad_output.stride(0)],
+            f32::new(0.0),
+        );
+        with_entropy_gradient(
+            row_grad,
+            entropy_incoming,
+            stats[stat_index(stats, row_stat::ENTROPY, row)],
+            log_sum,
+        )
+    } else {
+        row_grad
+    }
 }
 
 /// One vector of the gradient, in f32, rounded to `F` once.
@@ -180,6 +226,18 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
         options,
         with_target,
     );
+    if comptime!(options.entropy_gradient) {
+        // Every lane, the target's too: its value above holds the loss's part alone.
+        #[unroll]
+        for lane in 0..grad.vector_size() {
+            let exp = probs.extract(lane);
+            let term = entropy_term(exp, logits.extract(lane) - row.max);
+            grad.insert(
+                lane,
+                grad.extract(lane) + row.entropy_coef * term + row.entropy_offset * exp,
+            );
+        }
+    }
     if comptime!(options.softcap) {
         // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
         let capped = logits * Vector::new(f32::new(1.0) / scalars.softcap);
@@ -237,6 +295,7 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
     stats: &Tensor<f32>,
     grad_output: &Tensor<G>,
     denominators: &Tensor<f32>,
+    entropy_grad_output: &Tensor<f32>,
     grad: &mut Tensor<Vector<F, N>>,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
@@ -255,6 +314,7 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
         stats,
         grad_output,
         denominators,
+        entropy_grad_output,
         row.clone(),
         vocab,
         scalars.clone(),

@@ -111,6 +111,8 @@ pub struct IncomingGradient {
     pub mean: bool,
     /// f32 `[2]` (`D`, `n`) when `mean`; any buffer otherwise (never read).
     pub denominators: TensorArg,
+    /// f32 `[rows]`: the entropy output's incoming gradient, when it has one.
+    pub entropy: Option<TensorArg>,
 }
 
 /// Per-row backward: the spec's gradient for every row, zero rows for ignored targets.
@@ -126,11 +128,14 @@ pub fn launch_backward(
     if shape.rows == 0 {
         return;
     }
-    let options = shape.launch_options(client, shape.cube_size(), shape.tuning.row_loads);
+    let mut options = shape.launch_options(client, shape.cube_size(), shape.tuning.row_loads);
+    options.entropy_gradient = incoming.entropy.is_some();
     let grad_options = GradOptions {
         per_row: incoming.per_row,
         mean: incoming.mean,
     };
+    // Without it the stats are bound in its place, unread.
+    let entropy = incoming.entropy.unwrap_or_else(|| same_arg(&stats));
     let (logits, grad) = target.into_args();
     // Unchecked: every index is in bounds by construction (clamped or masked in the
     // kernel), and the checked launch's per-lane selects cost about one instruction per
@@ -149,6 +154,7 @@ pub fn launch_backward(
             stats,
             incoming.grad,
             incoming.denominators,
+            entropy,
             grad,
             row_scalars(&shape),
             options,

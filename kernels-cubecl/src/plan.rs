@@ -165,6 +165,7 @@ impl RowLaunch {
             z_loss: settings.z_loss_scale > 0.0,
             argmax: settings.argmax,
             entropy: settings.entropy,
+            entropy_gradient: false,
             cube_size,
             exp_flush_to_zero: target.inline_ptx && settings.exp_flush_to_zero,
             approximate_tanh: target.inline_ptx

@@ -39,6 +39,9 @@ pub struct RowOptions {
     pub argmax: bool,
     /// Track `sum_c exp(x'_c - max) (x'_c - max)` (the softmax's entropy).
     pub entropy: bool,
+    /// Backward adds the entropy's gradient (`RowGradient::entropy_coef`); never in
+    /// forward or the one pass.
+    pub entropy_gradient: bool,
     /// Units per cube, a power of two.
     pub cube_size: usize,
     /// Vectors each unit loads before using any (bytes in flight per unit).

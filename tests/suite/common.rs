@@ -549,6 +549,45 @@ pub fn reference_grad(
     grad
 }
 
+/// The f64 reference of the entropy's part of the logits' gradient for its incoming
+/// gradient `g` (`[N]`): `g_i dH_i/dx_ic` with `dH/dx'_c = -p_c (ln p_c + H)` through the
+/// softcap's derivative and the temperature. Rows that are ignored or whose target is not
+/// a class are 0 (their entropy is no output of the loss's).
+pub fn reference_entropy_grad(
+    logits: &[f64],
+    vocab: usize,
+    targets: &[i64],
+    options: &RefOptions,
+    g: &[f64],
+) -> Vec<f64> {
+    let mut grad = vec![0.0; logits.len()];
+    for (row, &y) in targets.iter().enumerate() {
+        if y == options.ignore_index || y < 0 || y >= vocab as i64 {
+            continue;
+        }
+        let x = options.capped(&logits[row * vocab..(row + 1) * vocab]);
+        let (max, log_sum) = max_and_log_sum(&x);
+        let entropy = softmax_entropy(&x);
+        for c in 0..vocab {
+            let log_p = (x[c] - max) - log_sum;
+            let p = log_p.exp();
+            let mut dx = if p > 0.0 {
+                -g[row] * p * (log_p + entropy)
+            } else {
+                0.0
+            };
+            if let Some(cap) = options.softcap {
+                dx *= 1.0 - (x[c] / cap).powi(2);
+            }
+            if let Some(t) = options.temperature {
+                dx /= t;
+            }
+            grad[row * vocab + c] = dx;
+        }
+    }
+    grad
+}
+
 /// ||actual - expected|| / ||expected||, or the absolute norm when the expected is 0.
 /// NaN anywhere makes it infinite.
 pub fn relative_l2(actual: &[f64], expected: &[f64]) -> f64 {

@@ -218,6 +218,7 @@ impl Pending {
                     stats,
                     grad_output,
                     denominators,
+                    entropy_grad_output: OptionalFloat::Absent,
                 };
                 (C::cross_entropy_backward(*inputs, backward, options), None)
             }

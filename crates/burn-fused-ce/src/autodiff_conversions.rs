@@ -8,6 +8,7 @@ use burn::backend::{
     tensor::FloatTensor,
 };
 
+use crate::loss::entropy_node::{EntropyGradient, tracked_entropy};
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::types::{ClassWeights, CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt};
 
@@ -46,6 +47,23 @@ pub(crate) fn inner_inputs<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
         logits: inputs.logits.into_primitive(),
         targets: inputs.targets,
         class_weights: inner_weights(inputs.class_weights),
+    }
+}
+
+/// [`outer_parts`] with the entropy tracked as a child of the tracked `loss`, its
+/// incoming gradient handed to `gradient` (`None`: the one pass, which cannot
+/// differentiate it; see `loss/entropy_node.rs`).
+pub(crate) fn outer_parts_with_entropy<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+    loss: FloatTensor<Autodiff<B, C>>,
+    mut parts: LossParts<B>,
+    gradient: Option<EntropyGradient<B>>,
+) -> LossParts<Autodiff<B, C>> {
+    let entropy = parts.entropy.into_option();
+    parts.entropy = OptionalFloat::Absent;
+    let entropy = entropy.map(|entropy| tracked_entropy::<B, C>(&loss, entropy, gradient));
+    LossParts {
+        entropy: OptionalFloat::from_option(entropy),
+        ..outer_parts(loss, parts)
     }
 }
 

@@ -61,7 +61,6 @@ pub use linear::counted_rows::CountedRows;
 #[cfg(feature = "cuda")]
 pub use linear::cublaslt::cublaslt_version;
 pub use linear::extension::LinearCrossEntropyBackend;
-pub use linear::gradients::LinearGradients;
 pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
 pub use linear::types::{LinearHead, LinearInputs};
 pub use linear::weight_gradient_stream::WeightGradientStream;

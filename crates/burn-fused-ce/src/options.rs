@@ -20,7 +20,7 @@ pub enum Reduction {
 }
 
 /// Which extra outputs the forward pass also produces (same pass, no extra read of the
-/// logits). None of them has a gradient.
+/// logits). Only the entropy has a gradient (see [`ExtraOutputs::entropy`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct ExtraOutputs {
     /// The z-loss part alone, reduced like the loss (for logging).
@@ -32,7 +32,11 @@ pub struct ExtraOutputs {
     /// The per-row log-sum-exp of the (soft-capped) logits, 0 on ignored rows.
     pub lse: bool,
     /// The per-row entropy of the softmax, `-sum_c p_c ln p_c`, after temperature and
-    /// softcap (what RL trainers log), 0 on ignored rows.
+    /// softcap (what RL trainers log), 0 on ignored rows. Differentiable: an objective
+    /// that uses it (an entropy bonus, `a * loss - b * entropy` per row) gets its
+    /// gradient in the same backward pass as the loss's, where backward reads the logits:
+    /// `Reduction::None` or [`GradientPlan::TwoPass`]. The one pass forms the loss's
+    /// gradient alone in forward; using the entropy in its objective panics in backward.
     pub entropy: bool,
 }
 
@@ -65,12 +69,16 @@ pub enum GradientPlan {
     /// guess was right, as it is in a training loop with a constant scale
     /// (`loss.backward()`, `(loss / steps).backward()`), and rescales the gradient once
     /// when it was not. No host read either way. `Reduction::None`, whose per-row
-    /// gradient is unknown at forward, uses [`GradientPlan::TwoPass`].
+    /// gradient is unknown at forward, uses [`GradientPlan::TwoPass`]. The fused linear
+    /// cross-entropy forms the hidden states', weight's and bias's gradients in forward
+    /// the same way, chunk by chunk.
     #[default]
     OnePass,
     /// Forward keeps per-row statistics (`O(N)`); backward reads the logits again and
     /// writes the gradient (over them when nothing else holds them). Any reduction, any
-    /// incoming gradient, at the cost of a second read of the logits.
+    /// incoming gradient, the entropy's too (an entropy bonus), at the cost of a second
+    /// read of the logits. The fused linear cross-entropy computes each chunk's logits
+    /// again in backward: one more matmul of the three a step runs.
     TwoPass,
 }
 

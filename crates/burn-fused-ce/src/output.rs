@@ -12,7 +12,7 @@ use crate::options::Reduction;
 /// reduced ones have one element (`[1]` or `[1, 1]`).
 #[derive(Debug, Clone)]
 pub struct CrossEntropyOutput<const D: usize> {
-    /// The loss in the logits' dtype; the only output with a gradient.
+    /// The loss in the logits' dtype.
     pub loss: Tensor<D>,
     /// The z-loss part alone (f32), reduced like the loss.
     pub z_loss: Option<Tensor<D>>,
@@ -23,7 +23,9 @@ pub struct CrossEntropyOutput<const D: usize> {
     /// Per-row log-sum-exp of the (soft-capped) logits (f32), 0 on ignored rows.
     pub lse: Option<Tensor<D>>,
     /// Per-row entropy of the softmax after temperature and softcap (f32), 0 on ignored
-    /// rows.
+    /// rows; differentiable where backward reads the logits (see
+    /// [`ExtraOutputs::entropy`](crate::ExtraOutputs::entropy)). The other outputs have
+    /// no gradient.
     pub entropy: Option<Tensor<D>>,
 }
 

@@ -2,6 +2,7 @@
 //! only (never a device read). Not part of the loss's API; the project's tests use them to
 //! prove what the op did. Without the feature they are private and never switched on.
 
+use core::cell::Cell;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -175,4 +176,61 @@ pub(crate) fn sm_targets() -> Option<[i32; 2]> {
             i32::try_from(packed & u64::from(u32::MAX)).unwrap_or(0),
         ]
     })
+}
+
+/// The fused linear cross-entropy's products, by what they form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearProduct {
+    /// A chunk's logits `h_c W`.
+    Logits,
+    /// A chunk's hidden-state gradient `dlogits_c W^T`.
+    HiddenGradient,
+    /// A chunk's weight-gradient product `h_c^T dlogits_c` (summed, or one per block of
+    /// columns).
+    WeightGradient,
+    /// A chunk's bias gradient, the column sums of `dlogits_c`.
+    BiasGradient,
+}
+
+/// How many products of each kind the fused linear cross-entropy asked its backend for
+/// on this thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinearProductCounts {
+    pub logits: usize,
+    pub hidden_gradient: usize,
+    pub weight_gradient: usize,
+    pub bias_gradient: usize,
+}
+
+thread_local! {
+    // Per thread, unlike the counters above: the op asks for its products on the calling
+    // thread, and the tests that read these run side by side.
+    static LINEAR_PRODUCTS: Cell<LinearProductCounts> = const {
+        Cell::new(LinearProductCounts {
+            logits: 0,
+            hidden_gradient: 0,
+            weight_gradient: 0,
+            bias_gradient: 0,
+        })
+    };
+}
+
+/// The products counted on this thread so far (see [`LinearProductCounts`]).
+pub fn linear_product_counts() -> LinearProductCounts {
+    LINEAR_PRODUCTS.with(Cell::get)
+}
+
+pub(crate) fn count_linear_product(product: LinearProduct) {
+    if cfg!(feature = "test-hooks") {
+        LINEAR_PRODUCTS.with(|counts| {
+            let mut now = counts.get();
+            match product {
+                LinearProduct::Logits => now.logits += 1,
+                LinearProduct::HiddenGradient => now.hidden_gradient += 1,
+                LinearProduct::WeightGradient => now.weight_gradient += 1,
+                LinearProduct::BiasGradient => now.bias_gradient += 1,
+            }
+            counts.set(now);
+        });
+    }
 }

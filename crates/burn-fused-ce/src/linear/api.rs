@@ -21,10 +21,13 @@ use crate::output::{CrossEntropyOutput, shaped_output};
 /// The fused linear cross-entropy: the loss of `hidden @ weight + bias` (`hidden [N, H]`
 /// or `[B, T, H]`, `weight [H, V]` as Burn's `Linear` stores it, `bias [V]`) against
 /// `targets` (`[N]` or `[B, T]`), computed in chunks of rows so that the N x V logits are
-/// never whole in memory. Gradients reach the hidden states, the weight and the bias. The
-/// options are the loss's (every reduction and option; `gradient_plan` does not apply:
-/// `Mean` and `Sum` always form their gradients in forward); `chunking` says how the rows
-/// are cut, its logits budget at most the device's largest buffer
+/// never whole in memory. Gradients reach the hidden states, the weight and the bias,
+/// those that are tracked: a frozen weight (`require_grad` off, adapter fine-tuning) costs
+/// no weight-gradient product and no `[H, V]` buffer. The options are the loss's (every
+/// reduction and option; `gradient_plan` as for the loss: the one pass forms the
+/// gradients in forward, the two-pass plan in backward, with the logits computed again);
+/// `chunking` says how the rows are cut, its logits budget at most the device's largest
+/// buffer
 /// ([`crate::max_buffer_bytes`]). The one pass guesses an incoming gradient of 1 (a
 /// [`crate::FusedLinearCrossEntropyLoss`] remembers the last one instead). Errors as
 /// [`crate::try_fused_cross_entropy`].

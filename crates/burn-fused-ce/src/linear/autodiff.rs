@@ -1,14 +1,18 @@
 //! The fused linear cross-entropy under `Autodiff<B, C>`: one node whose parents are the
-//! hidden states, the weight and, when there is one, the bias.
-//! - `Mean`/`Sum`: forward runs the one pass over every chunk and forms all three
-//!   gradients for the guessed incoming gradient; backward rescales them when the guess
-//!   missed and remembers the real one.
-//! - `None`: forward keeps the per-row statistics; backward computes each chunk's logits
-//!   again with the per-row incoming gradient.
+//! hidden states, the weight and, when there is one, the bias. Only the gradients of
+//! tracked parents are formed (Burn's node requirements, as its own `linear` checks
+//! them): a frozen head pays for no weight gradient, a frozen body for no hidden-state
+//! gradient. Two plans, as [`crate::GradientPlan`] says:
+//! - the one pass (`Mean`/`Sum`, `GradientPlan::OnePass`): forward forms the needed
+//!   gradients over every chunk for the guessed incoming gradient; backward rescales them
+//!   when the guess missed and remembers the real one;
+//! - two passes (`Reduction::None`, or `GradientPlan::TwoPass`): forward keeps the per-row
+//!   statistics; backward computes each chunk's logits again and forms the gradients for
+//!   the real incoming gradient, the entropy's too when the objective used the entropy
+//!   output (`loss/entropy_node.rs`): one logits gradient per chunk carries both.
 //!
-//! [`crate::GradientPlan`] does not apply: with `Mean`/`Sum` the gradients are always
-//! formed in forward. The products (`accumulate_product`, `matmul_split_k`, ...) take
-//! their default bodies here, which Burn's autodiff differentiates.
+//! The products (`accumulate_product`, `matmul_split_k`, ...) take their default bodies
+//! here, which Burn's autodiff differentiates.
 
 use burn::backend::{
     TensorMetadata,
@@ -22,16 +26,19 @@ use burn::backend::{
 };
 use burn::tensor::Shape;
 
-use crate::autodiff_conversions::{inner_weights, outer_parts};
+use crate::autodiff_conversions::{inner_weights, outer_parts, outer_parts_with_entropy};
 use crate::linear::{
     chunking::LinearChunking,
     extension::{LinearCrossEntropyBackend, linear_rows, with_aligned_weight},
-    gradients::{LinearGradients, linear_backward, linear_one_pass},
+    gradients::{
+        GradientsNeeded, LinearGradients, LinearIncoming, linear_backward, linear_one_pass,
+    },
     types::{LinearHead, LinearInputs},
 };
+use crate::loss::entropy_node::EntropyGradient;
 use crate::loss::incoming_guess::IncomingGuess;
 use crate::loss::types::{LossParts, OptionalFloat};
-use crate::options::{CrossEntropyOptions, Reduction};
+use crate::options::CrossEntropyOptions;
 
 /// What backward needs.
 #[derive(Debug, Clone)]
@@ -44,14 +51,20 @@ enum LinearState<B: LinearCrossEntropyBackend> {
         memory: IncomingGuess,
         device: B::Device,
     },
-    /// The inputs and forward's per-row statistics.
-    Rows {
-        inputs: LinearInputs<B>,
-        stats: FloatTensor<B>,
-        // Boxed: the options are most of the state's size, and this variant is the rare one.
-        options: Box<CrossEntropyOptions>,
-        chunking: LinearChunking,
-    },
+    /// The inputs, forward's per-row statistics and, for `Mean`, the denominators.
+    Rows(Box<RowsState<B>>),
+}
+
+/// The two-pass plan's state (boxed: the options are most of its size).
+#[derive(Debug, Clone)]
+struct RowsState<B: LinearCrossEntropyBackend> {
+    inputs: LinearInputs<B>,
+    stats: FloatTensor<B>,
+    denominators: Option<FloatTensor<B>>,
+    entropy: EntropyGradient<B>,
+    options: CrossEntropyOptions,
+    chunking: LinearChunking,
+    needed: GradientsNeeded,
 }
 
 /// The node; `N` is 3 with a bias, else 2.
@@ -97,28 +110,45 @@ impl<B: LinearCrossEntropyBackend, const N: usize> Backward<B, N>
                 memory,
                 device,
             } => {
-                let (weight, next) = rescaled::<B>(formed.weight, &grad_output, &guess);
-                memory.remember::<B>(&device, next);
-                LinearGradients {
-                    hidden: rescaled::<B>(formed.hidden, &grad_output, &guess).0,
-                    weight,
-                    bias: formed
-                        .bias
-                        .map(|bias| rescaled::<B>(bias, &grad_output, &guess).0),
+                // Every formed gradient is rescaled alike; the first one's launch also
+                // forms the next guess.
+                let mut next = None;
+                let mut rescale = |grad: Option<FloatTensor<B>>| {
+                    grad.map(|grad| {
+                        let (scaled, guessed) = rescaled::<B>(grad, &grad_output, &guess);
+                        next.get_or_insert(guessed);
+                        scaled
+                    })
+                };
+                let gradients = LinearGradients {
+                    hidden: rescale(formed.hidden),
+                    weight: rescale(formed.weight),
+                    bias: rescale(formed.bias),
+                };
+                if let Some(next) = next {
+                    memory.remember::<B>(&device, next);
                 }
+                gradients
             }
-            LinearState::Rows {
-                inputs,
-                stats,
-                options,
-                chunking,
-            } => linear_backward::<B>(inputs, stats, grad_output, &options, &chunking),
+            LinearState::Rows(state) => {
+                let RowsState {
+                    inputs,
+                    stats,
+                    denominators,
+                    entropy,
+                    options,
+                    chunking,
+                    needed,
+                } = *state;
+                let incoming = LinearIncoming {
+                    loss: grad_output,
+                    entropy: entropy.take(),
+                    denominators,
+                };
+                linear_backward::<B>(inputs, stats, incoming, &options, &chunking, needed)
+            }
         };
-        let all = [
-            Some(gradients.hidden),
-            Some(gradients.weight),
-            gradients.bias,
-        ];
+        let all = [gradients.hidden, gradients.weight, gradients.bias];
         for (parent, grad) in ops.parents.iter().zip(all) {
             if let (Some(parent), Some(grad)) = (parent, grad) {
                 grads.register::<B>(parent.id, grad);
@@ -128,28 +158,31 @@ impl<B: LinearCrossEntropyBackend, const N: usize> Backward<B, N>
 }
 
 /// The op with `N` parents (hidden, weight, [bias]) whose guards are `nodes`, on the
-/// inner backend's `inputs`.
+/// inner backend's `inputs`; `needed` says which parents are tracked.
 fn tracked<B: LinearCrossEntropyBackend, C: CheckpointStrategy, const N: usize>(
     inputs: LinearInputs<B>,
     nodes: [NodeGuard; N],
+    needed: GradientsNeeded,
     options: CrossEntropyOptions,
     chunking: LinearChunking,
     memory: IncomingGuess,
 ) -> LossParts<Autodiff<B, C>> {
     let dtype = inputs.hidden.dtype();
     let rows = inputs.hidden.shape()[0];
+    let entropy_output = options.outputs.entropy;
     // The guards keep the inputs' nodes referenced until this op's node is registered.
-    let (loss, parts) = match FusedLinearCrossEntropyBackward::<N>
+    let (loss, parts, entropy) = match FusedLinearCrossEntropyBackward::<N>
         .prepare::<C>(nodes)
         .compute_bound()
         .stateful()
     {
-        // Mean and Sum always form their gradients in forward here: recomputing the
-        // chunks' logits in backward would cost a third more matmul work.
-        OpsKind::Tracked(prep) if options.reduction != Reduction::None && rows > 0 => {
+        // The one pass forms the gradients in forward: recomputing the chunks' logits in
+        // backward would cost a third more matmul work.
+        OpsKind::Tracked(prep) if options.one_pass() && rows > 0 => {
             let device = inputs.hidden.device();
             let guess = memory.guess::<B>(&device);
-            let (stats, grads) = linear_one_pass::<B>(inputs, guess.clone(), &options, &chunking);
+            let (stats, grads) =
+                linear_one_pass::<B>(inputs, guess.clone(), &options, &chunking, needed);
             let parts = B::reduce_row_stats(stats, options, dtype, false).parts;
             let state = LinearState::OnePass {
                 grads,
@@ -157,26 +190,35 @@ fn tracked<B: LinearCrossEntropyBackend, C: CheckpointStrategy, const N: usize>(
                 memory,
                 device,
             };
-            (prep.finish(state, parts.loss.clone()), parts)
+            (prep.finish(state, parts.loss.clone()), parts, None)
         }
         OpsKind::Tracked(prep) => {
             let rows = linear_rows::<B>(with_aligned_weight(inputs.clone()), &options, &chunking);
             let stats = rows.stats.clone();
-            let parts = B::reduce_row_stats(rows, options.clone(), dtype, false).parts;
-            let state = LinearState::Rows {
+            let reduced = B::reduce_row_stats(rows, options.clone(), dtype, true);
+            let entropy = EntropyGradient::new();
+            let state = LinearState::Rows(Box::new(RowsState {
                 inputs,
                 stats,
-                options: Box::new(options),
+                denominators: reduced.denominators.into_option(),
+                entropy: entropy.clone(),
+                options,
                 chunking,
-            };
-            (prep.finish(state, parts.loss.clone()), parts)
+                needed,
+            }));
+            let parts = reduced.parts;
+            (prep.finish(state, parts.loss.clone()), parts, Some(entropy))
         }
         OpsKind::UnTracked(prep) => {
             let parts = B::fused_linear_cross_entropy(inputs, options, chunking, memory);
-            (prep.finish(parts.loss.clone()), parts)
+            (prep.finish(parts.loss.clone()), parts, None)
         }
     };
-    outer_parts(loss, parts)
+    if entropy_output && loss.is_tracked() {
+        outer_parts_with_entropy(loss, parts, entropy)
+    } else {
+        outer_parts(loss, parts)
+    }
 }
 
 impl<B: LinearCrossEntropyBackend, C: CheckpointStrategy> LinearCrossEntropyBackend
@@ -194,6 +236,12 @@ impl<B: LinearCrossEntropyBackend, C: CheckpointStrategy> LinearCrossEntropyBack
             targets,
             class_weights,
         } = inputs;
+        let bias = bias.into_option();
+        let needed = GradientsNeeded {
+            hidden: hidden.is_tracked(),
+            weight: weight.is_tracked(),
+            bias: bias.as_ref().is_some_and(|bias| bias.is_tracked()),
+        };
         let (hidden, hidden_node) = hidden.into_parts();
         let (weight, weight_node) = weight.into_parts();
         let inner = |bias: Option<FloatTensor<B>>| LinearInputs {
@@ -205,15 +253,15 @@ impl<B: LinearCrossEntropyBackend, C: CheckpointStrategy> LinearCrossEntropyBack
             targets,
             class_weights: inner_weights(class_weights),
         };
-        match bias.into_option() {
+        match bias {
             Some(bias) => {
                 let (bias, bias_node) = bias.into_parts();
                 let nodes = [hidden_node, weight_node, bias_node];
-                tracked::<B, C, 3>(inner(Some(bias)), nodes, options, chunking, memory)
+                tracked::<B, C, 3>(inner(Some(bias)), nodes, needed, options, chunking, memory)
             }
             None => {
                 let nodes = [hidden_node, weight_node];
-                tracked::<B, C, 2>(inner(None), nodes, options, chunking, memory)
+                tracked::<B, C, 2>(inner(None), nodes, needed, options, chunking, memory)
             }
         }
     }

@@ -23,6 +23,7 @@ use crate::loss::incoming_guess::IncomingGuess;
 use crate::loss::types::{CrossEntropyInputs, LossParts, RowStats};
 use crate::options::CrossEntropyOptions;
 use crate::primitive::FloatOf;
+use crate::test_hooks::{self, LinearProduct};
 
 /// A Burn backend that can run the fused linear cross-entropy.
 ///
@@ -179,6 +180,7 @@ impl<B: LinearCrossEntropyBackend> Typed<B> {
     // A slice of a rank-1 tensor is an array of one range.
     #[allow(clippy::single_range_in_vec_init)]
     pub fn chunk_inputs(&self, start: usize, end: usize, cublaslt: bool) -> CrossEntropyInputs<B> {
+        test_hooks::count_linear_product(LinearProduct::Logits);
         let logits = FloatOf::<B, 2>::new(B::chunk_product(
             self.hidden_rows(start, end).into_primitive(),
             self.weight.clone().into_primitive(),

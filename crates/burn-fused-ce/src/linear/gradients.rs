@@ -1,8 +1,10 @@
 //! The fused linear cross-entropy's passes that form the gradients, chunk by chunk: the
 //! loss kernels write each chunk's logits gradient over its logits (in the one pass, in
-//! forward; for `Reduction::None`, in backward over logits computed again), and two more
+//! forward; in the two-pass plan, in backward over logits computed again), and two more
 //! matmuls take it to the hidden states and the weight; the weight gradient is summed
-//! over the chunks as it goes.
+//! over the chunks as it goes. Only the gradients autodiff tracks are formed: a frozen
+//! head skips the weight's product and its `[H, V]` sum, a frozen body the hidden
+//! states'.
 
 use burn::backend::{Backend, tensor::FloatTensor};
 use burn::tensor::DType;
@@ -18,13 +20,24 @@ use crate::loss::reduce::given_denominators;
 use crate::loss::types::{OnePassScale, OptionalFloat, RowStats, TwoPassBackward};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::FloatOf;
+use crate::test_hooks::{self, LinearProduct};
 
-/// The gradients of the hidden states `[N, H]`, the weight `[H, V]` and the bias `[V]`,
-/// each in the dtype of what it is the gradient of.
+/// Which of the op's inputs get a gradient: those whose autodiff parent is tracked
+/// (Burn's node requirements). A frozen head (adapter fine-tuning) needs the hidden
+/// states' alone, a frozen body (linear probing) the weight's and the bias's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GradientsNeeded {
+    pub hidden: bool,
+    pub weight: bool,
+    pub bias: bool,
+}
+
+/// The gradients of the hidden states `[N, H]`, the weight `[H, V]` and the bias `[V]`
+/// that were needed, each in the dtype of what it is the gradient of.
 #[derive(Debug, Clone)]
-pub struct LinearGradients<B: Backend> {
-    pub hidden: FloatTensor<B>,
-    pub weight: FloatTensor<B>,
+pub(crate) struct LinearGradients<B: Backend> {
+    pub hidden: Option<FloatTensor<B>>,
+    pub weight: Option<FloatTensor<B>>,
     pub bias: Option<FloatTensor<B>>,
 }
 
@@ -35,40 +48,54 @@ struct GradientSums<B: Backend> {
     /// f32.
     bias: Option<FloatOf<B, 1>>,
     chunking: LinearChunking,
+    needed: GradientsNeeded,
 }
 
 impl<B: LinearCrossEntropyBackend> GradientSums<B> {
-    fn new(chunking: &LinearChunking) -> Self {
+    fn new(chunking: &LinearChunking, needed: GradientsNeeded) -> Self {
         Self {
             hidden: Vec::new(),
             weight: None,
             bias: None,
             chunking: *chunking,
+            needed,
         }
     }
 
     /// Takes one chunk's logits gradient (rows `start..end`) to the hidden states, the
-    /// weight and the bias.
+    /// weight and the bias, as far as they are needed.
     fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: FloatOf<B, 2>) {
+        let needed = self.needed;
         if self.chunking.weight_gradient_stream == WeightGradientStream::BesideHiddenGradient {
             // The sum is enqueued first, so that the second stream starts it beside the
             // hidden-state gradient; the backend's stream waits for it before the next
             // chunk's logits take this chunk's memory.
-            self.add_weight(typed, start, end, logits_grad.clone());
-            self.add_hidden(typed, logits_grad.clone());
+            if needed.weight {
+                self.add_weight(typed, start, end, logits_grad.clone());
+            }
+            if needed.hidden {
+                self.add_hidden(typed, logits_grad.clone());
+            }
             self.weight = self
                 .weight
                 .take()
                 .map(|sum| FloatOf::new(B::join_second_stream(sum.into_primitive())));
         } else {
-            self.add_hidden(typed, logits_grad.clone());
-            self.add_weight(typed, start, end, logits_grad.clone());
+            if needed.hidden {
+                self.add_hidden(typed, logits_grad.clone());
+            }
+            if needed.weight {
+                self.add_weight(typed, start, end, logits_grad.clone());
+            }
         }
-        self.add_bias(typed, logits_grad);
+        if needed.bias {
+            self.add_bias(typed, logits_grad);
+        }
     }
 
     /// The chunk's hidden-state gradient `dlogits_c W^T`.
     fn add_hidden(&mut self, typed: &Typed<B>, logits_grad: FloatOf<B, 2>) {
+        test_hooks::count_linear_product(LinearProduct::HiddenGradient);
         let weight_t = typed.weight.clone().transpose();
         let cublaslt = self.chunking.cublaslt;
         self.hidden
@@ -95,6 +122,7 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
         end: usize,
         logits_grad: FloatOf<B, 2>,
     ) {
+        test_hooks::count_linear_product(LinearProduct::WeightGradient);
         let cublaslt = self.chunking.cublaslt;
         let hidden_t = typed.hidden_rows(start, end).transpose();
         let f32_sum = self.chunking.f32_weight_gradient;
@@ -149,6 +177,7 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
     /// The chunk's bias gradient (its column sums, in f32) into the sum.
     fn add_bias(&mut self, typed: &Typed<B>, logits_grad: FloatOf<B, 2>) {
         if typed.bias.is_some() {
+            test_hooks::count_linear_product(LinearProduct::BiasGradient);
             let bias = logits_grad
                 .sum_dim(0)
                 .reshape([typed.vocab()])
@@ -160,25 +189,33 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
         }
     }
 
-    /// The sums in the dtypes of what they are the gradients of.
+    /// The needed sums in the dtypes of what they are the gradients of.
     fn finish(self, typed: &Typed<B>) -> LinearGradients<B> {
         let device = typed.hidden.device();
-        let hidden = if self.hidden.is_empty() {
-            // No rows: nothing to fill (a launch over zero elements is invalid on CUDA).
-            FloatOf::<B, 2>::empty(typed.hidden.shape(), &device, typed.hidden.dtype())
-        } else {
-            FloatOf::cat(self.hidden, 0)
-        };
-        let weight = match self.weight {
-            // Summed on a second stream: the backend's stream waits for it first.
-            Some(grad) if self.chunking.weight_gradient_stream.is_second() => {
-                FloatOf::<B, 2>::new(B::join_second_stream(grad.into_primitive()))
-                    .cast(typed.weight.dtype())
+        let needed = self.needed;
+        let hidden = needed.hidden.then(|| {
+            if self.hidden.is_empty() {
+                // No rows: nothing to fill (a launch over zero elements is invalid on CUDA).
+                FloatOf::<B, 2>::empty(typed.hidden.shape(), &device, typed.hidden.dtype())
+            } else {
+                FloatOf::cat(self.hidden, 0)
             }
-            Some(grad) => grad.cast(typed.weight.dtype()),
-            None => FloatOf::zeros(typed.weight.shape(), &device, typed.weight.dtype()),
-        };
-        let bias = typed.bias.as_ref().map(|bias| {
+            .into_primitive()
+        });
+        let second_stream = self.chunking.weight_gradient_stream.is_second();
+        let weight = needed.weight.then(|| {
+            match self.weight {
+                // Summed on a second stream: the backend's stream waits for it first.
+                Some(grad) if second_stream => {
+                    FloatOf::<B, 2>::new(B::join_second_stream(grad.into_primitive()))
+                        .cast(typed.weight.dtype())
+                }
+                Some(grad) => grad.cast(typed.weight.dtype()),
+                None => FloatOf::zeros(typed.weight.shape(), &device, typed.weight.dtype()),
+            }
+            .into_primitive()
+        });
+        let bias = typed.bias.as_ref().filter(|_| needed.bias).map(|bias| {
             match self.bias {
                 Some(grad) => grad.cast(bias.dtype()),
                 None => FloatOf::zeros(bias.shape(), &device, bias.dtype()),
@@ -186,8 +223,8 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
             .into_primitive()
         });
         LinearGradients {
-            hidden: hidden.into_primitive(),
-            weight: weight.into_primitive(),
+            hidden,
+            weight,
             bias,
         }
     }
@@ -201,6 +238,7 @@ pub(crate) fn linear_one_pass<B: LinearCrossEntropyBackend>(
     guess: FloatTensor<B>,
     options: &CrossEntropyOptions,
     chunking: &LinearChunking,
+    needed: GradientsNeeded,
 ) -> (RowStats<B>, LinearGradients<B>) {
     let typed = Typed::of(with_aligned_weight(inputs));
     let per_chunk = typed.rows_per_chunk(chunking);
@@ -210,7 +248,7 @@ pub(crate) fn linear_one_pass<B: LinearCrossEntropyBackend>(
             .into_primitive()
     });
     let mut parts = Vec::new();
-    let mut sums = GradientSums::new(chunking);
+    let mut sums = GradientSums::new(chunking, needed);
     for (start, end) in chunks(typed.rows(), per_chunk) {
         let scale = OnePassScale {
             guess: guess.clone(),
@@ -228,34 +266,57 @@ pub(crate) fn linear_one_pass<B: LinearCrossEntropyBackend>(
     (rows, sums.finish(&typed))
 }
 
-/// Backward of a forward that kept only the per-row statistics (`stats [COUNT, N]`;
-/// `Reduction::None`, whose per-row gradient `grad_output [N]` is known only now): each
-/// chunk's logits are computed again, their gradient written over them, then taken to the
-/// hidden states, the weight and the bias.
+/// The incoming gradients of a backward that forms the gradients: the loss's (`[N]` for
+/// `Reduction::None`, `[1]` otherwise) and, when the objective used it, the entropy's
+/// (f32 `[N]`); for `Mean`, the denominators `[D, n]` over all rows.
+pub(crate) struct LinearIncoming<B: Backend> {
+    pub loss: FloatTensor<B>,
+    pub entropy: Option<FloatTensor<B>>,
+    pub denominators: Option<FloatTensor<B>>,
+}
+
+/// Backward of a forward that kept only the per-row statistics (`stats [COUNT, N]`): each
+/// chunk's logits are computed again, their gradient for `incoming` written over them,
+/// then taken to the hidden states, the weight and the bias as far as `needed`.
 pub(crate) fn linear_backward<B: LinearCrossEntropyBackend>(
     inputs: LinearInputs<B>,
     stats: FloatTensor<B>,
-    grad_output: FloatTensor<B>,
+    incoming: LinearIncoming<B>,
     options: &CrossEntropyOptions,
     chunking: &LinearChunking,
+    needed: GradientsNeeded,
 ) -> LinearGradients<B> {
     let typed = Typed::of(with_aligned_weight(inputs));
     let rows = typed.rows();
-    let mut sums = GradientSums::new(chunking);
+    let mut sums = GradientSums::new(chunking, needed);
     if rows == 0 {
         return sums.finish(&typed);
     }
     let per_chunk = typed.rows_per_chunk(chunking);
     let stats = FloatOf::<B, 2>::new(stats);
-    let grad_output = FloatOf::<B, 1>::new(grad_output).reshape([rows]);
+    let per_row = options.reduction == Reduction::None;
+    let loss_incoming = if per_row {
+        FloatOf::<B, 1>::new(incoming.loss).reshape([rows])
+    } else {
+        FloatOf::<B, 1>::new(incoming.loss).reshape([1])
+    };
+    let entropy_incoming = incoming.entropy.map(|grad| FloatOf::<B, 1>::new(grad));
     for (start, end) in chunks(rows, per_chunk) {
+        let len = end - start;
         let backward = TwoPassBackward {
-            stats: stats.clone().narrow(1, start, end - start).into_primitive(),
-            grad_output: grad_output
-                .clone()
-                .narrow(0, start, end - start)
-                .into_primitive(),
-            denominators: OptionalFloat::Absent,
+            stats: stats.clone().narrow(1, start, len).into_primitive(),
+            grad_output: if per_row {
+                loss_incoming.clone().narrow(0, start, len)
+            } else {
+                loss_incoming.clone()
+            }
+            .into_primitive(),
+            denominators: OptionalFloat::from_option(incoming.denominators.clone()),
+            entropy_grad_output: OptionalFloat::from_option(
+                entropy_incoming
+                    .as_ref()
+                    .map(|grad| grad.clone().narrow(0, start, len).into_primitive()),
+            ),
         };
         let logits_grad = B::cross_entropy_backward(
             typed.chunk_inputs(start, end, chunking.cublaslt),

@@ -21,8 +21,7 @@ use crate::output::CrossEntropyOutput;
 #[derive(Config, Debug, PartialEq)]
 pub struct FusedLinearCrossEntropyLossConfig {
     /// The loss: reduction, ignore index, label smoothing, z-loss, softcap, class
-    /// weights, target check, extra outputs, fast math. Its `gradient_plan` does not
-    /// apply: `Mean` and `Sum` always form their gradients in forward.
+    /// weights, target check, gradient plan, extra outputs, fast math.
     #[config(default = "FusedCrossEntropyLossConfig::new()")]
     pub loss: FusedCrossEntropyLossConfig,
     /// The chunks' memory budget and the weight gradient's accumulation dtype.
@@ -67,7 +66,9 @@ pub struct FusedLinearCrossEntropyLoss {
 impl FusedLinearCrossEntropyLoss {
     /// The loss of `head.forward(hidden)` (`hidden [N, H]` or `[B, T, H]`) against
     /// `targets` (`[N]` or `[B, T]`): the targets' shape for `Reduction::None`, one element
-    /// otherwise. Gradients reach `hidden` and the head's weight and bias.
+    /// otherwise. Gradients reach `hidden` and the head's weight and bias, those that are
+    /// tracked (a head frozen by `no_grad()` or `Param::set_require_grad(false)` gets none,
+    /// and its gradient is never formed).
     ///
     /// # Panics
     /// On bad input, with the message [`Self::try_forward`] returns as an error.

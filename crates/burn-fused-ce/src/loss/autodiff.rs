@@ -6,7 +6,9 @@
 //!   gradient (the last one the loss saw); backward rescales it on the device when the
 //!   guess missed (nothing when it hit) and remembers the real one for the next call.
 //!
-//! Only the loss is tracked: class weights and the extra outputs get no gradient.
+//! The loss is tracked, and so is the entropy output when asked for
+//! (`entropy_node.rs`): in the two-pass plan its gradient joins the loss's in the same
+//! backward launch. Class weights and the other extra outputs get no gradient.
 
 use burn::backend::{
     AutodiffBackend, TensorMetadata,
@@ -22,8 +24,10 @@ use burn::tensor::DType;
 
 use crate::autodiff_conversions::{
     inner_inputs, inner_optional, inner_weights, outer_optional, outer_parts,
+    outer_parts_with_entropy,
 };
 use crate::loss::check_read::TargetCheckRead;
+use crate::loss::entropy_node::EntropyGradient;
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
 use crate::loss::reduce::given_denominators;
@@ -46,6 +50,7 @@ enum CrossEntropyState<B: FusedCrossEntropyBackend> {
         stats: FloatTensor<B>,
         denominators: OptionalFloat<B>,
         options: CrossEntropyOptions,
+        entropy: EntropyGradient<B>,
     },
     /// The gradient the one pass wrote for the incoming gradient `guess` (f32 `[1]`), and
     /// where the real one is remembered for the next call on `device`.
@@ -80,12 +85,14 @@ impl<B: FusedCrossEntropyBackend> Backward<B, 1> for FusedCrossEntropyBackward {
                 stats,
                 denominators,
                 options,
+                entropy,
             } => B::cross_entropy_backward(
                 inputs,
                 TwoPassBackward {
                     stats,
                     grad_output,
                     denominators,
+                    entropy_grad_output: OptionalFloat::from_option(entropy.take()),
                 },
                 options,
             ),
@@ -154,6 +161,7 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
             stats: backward.stats.into_primitive(),
             grad_output: backward.grad_output.into_primitive(),
             denominators: inner_optional(backward.denominators),
+            entropy_grad_output: inner_optional(backward.entropy_grad_output),
         };
         Self::from_inner(B::cross_entropy_backward(
             inner_inputs(inputs),
@@ -235,9 +243,10 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
             targets: inputs.targets,
             class_weights: inner_weights(inputs.class_weights),
         };
+        let entropy_output = options.outputs.entropy;
         // The node guard keeps the logits' node referenced until this op's node is
         // registered.
-        let (loss, parts) = match FusedCrossEntropyBackward
+        let (loss, parts, entropy) = match FusedCrossEntropyBackward
             .prepare::<C>([node])
             .compute_bound()
             .stateful()
@@ -261,7 +270,7 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                     memory,
                     device,
                 };
-                (prep.finish(state, parts.loss.clone()), parts)
+                (prep.finish(state, parts.loss.clone()), parts, None)
             }
             OpsKind::Tracked(prep) => {
                 // The state takes the only other handle on the logits: once the caller's
@@ -269,20 +278,26 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                 let rows = B::cross_entropy_rows(inputs.clone(), options.clone());
                 let stats = rows.stats.clone();
                 let reduced = B::reduce_row_stats(rows, options.clone(), dtype, true);
+                let entropy = EntropyGradient::new();
                 let state = CrossEntropyState::TwoPass {
                     inputs,
                     stats,
                     denominators: reduced.denominators,
                     options,
+                    entropy: entropy.clone(),
                 };
                 let parts = reduced.parts;
-                (prep.finish(state, parts.loss.clone()), parts)
+                (prep.finish(state, parts.loss.clone()), parts, Some(entropy))
             }
             OpsKind::UnTracked(prep) => {
                 let parts = B::fused_cross_entropy(inputs, options, memory);
-                (prep.finish(parts.loss.clone()), parts)
+                (prep.finish(parts.loss.clone()), parts, None)
             }
         };
-        outer_parts(loss, parts)
+        if entropy_output && loss.is_tracked() {
+            outer_parts_with_entropy(loss, parts, entropy)
+        } else {
+            outer_parts(loss, parts)
+        }
     }
 }

@@ -139,6 +139,7 @@ impl FusedCrossEntropyBackend for CubeBackend {
             stats,
             grad_output,
             denominators,
+            entropy_grad_output,
         } = backward;
         let denominators = denominators.into_option();
         let logits_shape = logits.shape();
@@ -156,6 +157,9 @@ impl FusedCrossEntropyBackend for CubeBackend {
                 .unwrap_or_else(|| grad_output.clone())
                 .into_tensor_arg(),
             grad: grad_output.into_tensor_arg(),
+            entropy: entropy_grad_output
+                .into_option()
+                .map(CubeTensor::into_tensor_arg),
         };
         let (target, grad) = gradient_buffer(&logits);
         let shape = row_launch(

@@ -72,6 +72,7 @@ pub trait FusedCrossEntropyBackend: Backend {
             stats: rows.stats.clone(),
             grad_output: scale.guess,
             denominators: OptionalFloat::from_option(denominators.filter(|_| mean)),
+            entropy_grad_output: OptionalFloat::Absent,
         };
         let grad = Self::cross_entropy_backward(inputs, backward, options);
         OnePassOutput { rows, grad }

@@ -6,6 +6,7 @@ mod autodiff;
 pub(crate) mod check_read;
 #[cfg(feature = "cube")]
 mod cube;
+pub(crate) mod entropy_node;
 pub(crate) mod extension;
 #[cfg(feature = "flex")]
 mod flex;

@@ -396,6 +396,7 @@ pub fn cross_entropy_backward<B: Backend>(
         stats,
         grad_output,
         denominators,
+        entropy_grad_output,
     } = backward;
     let shape = logits.shape();
     let dtype = logits.dtype();
@@ -471,8 +472,9 @@ pub fn cross_entropy_backward<B: Backend>(
 
     // `x - max` first: exact for the columns whose probability matters, where the
     // log-sum-exp rounded to f32 is off by up to its ulp.
-    let probs = x.clone().sub(max).sub(log_sum).exp();
-    let mut grad = probs.mul(prob_coef);
+    let log_probs = x.clone().sub(max).sub(log_sum);
+    let probs = log_probs.clone().exp();
+    let mut grad = probs.clone().mul(prob_coef);
     if let Some(coef) = smooth_coef {
         grad = match weights.row {
             Some(row) => grad.sub(coef.mul(row)),
@@ -480,6 +482,21 @@ pub fn cross_entropy_backward<B: Backend>(
         };
     }
     let mut grad = grad.mask_where(t.one_hot, target_value.expand([rows, vocab]));
+    if let Some(entropy_incoming) = entropy_grad_output.into_option() {
+        // g_H dH/dx'_c = -g_H p_c (ln p_c + H), at the target too; a -inf logit's term is
+        // 0, not 0 * -inf.
+        let entropy_incoming = FloatOf::<B, 1>::new(entropy_incoming)
+            .cast(DType::F32)
+            .reshape([rows, 1])
+            .mask_fill(not_counted.clone(), 0.0);
+        let entropy = stat_column(&stats, row_stat::ENTROPY, rows);
+        let term = probs
+            .clone()
+            .mul(log_probs.add(entropy))
+            .mask_fill(probs.equal_elem(0.0), 0.0)
+            .mul(entropy_incoming.neg());
+        grad = grad.add(term);
+    }
     if let Some(cap) = options.softcap {
         // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
         let capped = x.div_scalar(cap as f64);

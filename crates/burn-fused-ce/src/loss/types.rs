@@ -125,6 +125,11 @@ pub struct TwoPassBackward<B: Backend> {
     /// the row count `n` for the z-loss part.
     #[extension_type]
     pub denominators: OptionalFloat<B>,
+    /// The entropy output's incoming gradient, f32 `[N]`, when the entropy is used in the
+    /// graph: its gradient joins the loss's in the same pass (`stats` then hold the
+    /// entropy, as forward writes it when asked for).
+    #[extension_type]
+    pub entropy_grad_output: OptionalFloat<B>,
 }
 
 /// What the one pass forms the gradient for: the guessed incoming gradient (f32 `[1]`)

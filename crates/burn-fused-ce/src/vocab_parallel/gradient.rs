@@ -168,6 +168,7 @@ fn kernel_gradient<B: VocabParallelBackend>(
             stats: kernel_rows.stats,
             grad_output: kernel_rows.coefficients,
             denominators: OptionalFloat::Absent,
+            entropy_grad_output: OptionalFloat::Absent,
         },
         CrossEntropyOptions {
             reduction: Reduction::None,
