@@ -51,9 +51,10 @@ use std::time::Instant;
 use burn::backend::Dispatch;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
+use burn_fused_ce::backend::LinearCrossEntropyBackend;
 use burn_fused_ce::{
     CountedRows, ExtraOutputs, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
-    LinearChunking, LinearCrossEntropyBackend, Reduction, WeightGradientStream, test_hooks,
+    LinearChunking, Reduction, WeightGradientStream, test_hooks,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};

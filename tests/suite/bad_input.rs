@@ -7,10 +7,10 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_fused_ce::backend::FusedCrossEntropyBackend;
 use burn_fused_ce::{
-    CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyBackend,
-    FusedCrossEntropyLossConfig, GradientPlan, Reduction, TargetCheck, fused_cross_entropy,
-    try_fused_cross_entropy,
+    CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyLossConfig,
+    GradientPlan, Reduction, TargetCheck, fused_cross_entropy, try_fused_cross_entropy,
 };
 
 use crate::call::*;

@@ -14,10 +14,11 @@ use burn::backend::{
 };
 use burn::tensor::{DType, FloatDType, Shape, Slice, TensorData};
 use burn_cubecl::CubeDevice;
-use burn_fused_ce::{
-    ClassWeights, CrossEntropyInputs, CrossEntropyOptions, FusedCrossEntropyBackend, GradientPlan,
-    IncomingGuess, LossParts, OnePassScale, OptionalFloat, Reduction, TwoPassBackward,
+use burn_fused_ce::backend::{
+    ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, IncomingGuess, LossParts,
+    OnePassScale, OptionalFloat, TwoPassBackward,
 };
+use burn_fused_ce::{CrossEntropyOptions, GradientPlan, Reduction};
 
 use crate::call::{Call, HostOutput, HostTensor, Tracked, assert_same_values};
 use crate::common::data_to_f64;

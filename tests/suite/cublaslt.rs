@@ -7,7 +7,8 @@
 
 use burn::backend::ops::FloatTensorOps;
 use burn::tensor::DType;
-use burn_fused_ce::{LinearCrossEntropyBackend, Reduction, WeightGradientStream, test_hooks};
+use burn_fused_ce::backend::LinearCrossEntropyBackend;
+use burn_fused_ce::{Reduction, WeightGradientStream, test_hooks};
 
 use crate::common::*;
 use crate::contract::poisoned;

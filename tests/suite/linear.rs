@@ -18,12 +18,14 @@ use burn::backend::ops::FloatTensorOps;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{DType, Device, Slice, Tensor, TensorData};
+use burn_fused_ce::backend::{
+    IncomingGuess, LinearCrossEntropyBackend, LinearHead, LinearInputs, OptionalFloat,
+};
 use burn_fused_ce::{
     CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyLossConfig,
-    FusedLinearCrossEntropyLossConfig, IncomingGuess, LinearChunking, LinearCrossEntropyBackend,
-    LinearHead, LinearInputs, OptionalFloat, Reduction, TargetCheck, WeightGradientStream,
-    fused_cross_entropy, max_buffer_bytes, test_hooks, try_fused_linear_cross_entropy,
-    wait_for_target_checks,
+    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, TargetCheck,
+    WeightGradientStream, fused_cross_entropy, max_buffer_bytes, test_hooks,
+    try_fused_linear_cross_entropy, wait_for_target_checks,
 };
 use rand::{Rng, rngs::SmallRng};
 

@@ -7,7 +7,8 @@
 //! backend's primitives the window's gradient is checked and a held big tensor unchanged.
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use burn_fused_ce::{CrossEntropyOptions, IncomingGuess, Reduction, try_fused_cross_entropy};
+use burn_fused_ce::backend::IncomingGuess;
+use burn_fused_ce::{CrossEntropyOptions, Reduction, try_fused_cross_entropy};
 
 use crate::call::*;
 use crate::common::*;
@@ -15,7 +16,7 @@ use crate::contract::{Case, REDUCTIONS, check_case, check_grad, poisoned};
 use crate::cube_primitives::{self as cube, C, Float, Ints};
 use crate::options::{all_options, plans};
 use burn::backend::ops::FloatTensorOps;
-use burn_fused_ce::FusedCrossEntropyBackend;
+use burn_fused_ce::backend::FusedCrossEntropyBackend;
 
 /// `[B, T, V]` logits through `check_case` (the None output is `[B, T]`, reduced ones
 /// `[1, 1]`), plain and with every option.

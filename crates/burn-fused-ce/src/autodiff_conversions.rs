@@ -3,17 +3,17 @@
 //! untracked tensors. Shared by every op family's autodiff impl.
 
 use burn::backend::{
-    AutodiffBackend,
+    AutodiffBackend, Backend,
     autodiff::{Autodiff, checkpoint::strategy::CheckpointStrategy},
     tensor::FloatTensor,
 };
 
-use crate::loss::entropy_node::{EntropyGradient, tracked_entropy};
-use crate::loss::extension::FusedCrossEntropyBackend;
-use crate::loss::types::{ClassWeights, CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt};
+use crate::values::{
+    ClassWeights, CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats,
+};
 
 /// Class weights of the inner backend (they are constants: no node).
-pub(crate) fn inner_weights<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+pub(crate) fn inner_weights<B: Backend, C: CheckpointStrategy>(
     weights: ClassWeights<Autodiff<B, C>>,
 ) -> ClassWeights<B> {
     match weights {
@@ -26,21 +26,21 @@ pub(crate) fn inner_weights<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
 }
 
 /// An optional float of the inner backend.
-pub(crate) fn inner_optional<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+pub(crate) fn inner_optional<B: Backend, C: CheckpointStrategy>(
     tensor: OptionalFloat<Autodiff<B, C>>,
 ) -> OptionalFloat<B> {
     OptionalFloat::from_option(tensor.into_option().map(|t| t.into_primitive()))
 }
 
 /// An optional float of the inner backend as an untracked one of `Autodiff`.
-pub(crate) fn outer_optional<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+pub(crate) fn outer_optional<B: Backend, C: CheckpointStrategy>(
     tensor: OptionalFloat<B>,
 ) -> OptionalFloat<Autodiff<B, C>> {
     OptionalFloat::from_option(tensor.into_option().map(Autodiff::<B, C>::from_inner))
 }
 
 /// The inner backend's inputs, the logits' autodiff node left behind.
-pub(crate) fn inner_inputs<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+pub(crate) fn inner_inputs<B: Backend, C: CheckpointStrategy>(
     inputs: CrossEntropyInputs<Autodiff<B, C>>,
 ) -> CrossEntropyInputs<B> {
     CrossEntropyInputs {
@@ -50,25 +50,30 @@ pub(crate) fn inner_inputs<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
     }
 }
 
-/// [`outer_parts`] with the entropy tracked as a child of the tracked `loss`, its
-/// incoming gradient handed to `gradient` (`None`: the one pass, which cannot
-/// differentiate it; see `loss/entropy_node.rs`).
-pub(crate) fn outer_parts_with_entropy<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
-    loss: FloatTensor<Autodiff<B, C>>,
-    mut parts: LossParts<B>,
-    gradient: Option<EntropyGradient<B>>,
-) -> LossParts<Autodiff<B, C>> {
-    let entropy = parts.entropy.into_option();
-    parts.entropy = OptionalFloat::Absent;
-    let entropy = entropy.map(|entropy| tracked_entropy::<B, C>(&loss, entropy, gradient));
-    LossParts {
-        entropy: OptionalFloat::from_option(entropy),
-        ..outer_parts(loss, parts)
+/// Per-row statistics of the inner backend as untracked ones of `Autodiff`.
+pub(crate) fn outer_rows<B: Backend, C: CheckpointStrategy>(
+    rows: RowStats<B>,
+) -> RowStats<Autodiff<B, C>> {
+    RowStats {
+        stats: Autodiff::<B, C>::from_inner(rows.stats),
+        predicted: OptionalInt::from_option(rows.predicted.into_option()),
+        weighted: rows.weighted,
+    }
+}
+
+/// Per-row statistics of `Autodiff` as the inner backend's.
+pub(crate) fn inner_rows<B: Backend, C: CheckpointStrategy>(
+    rows: RowStats<Autodiff<B, C>>,
+) -> RowStats<B> {
+    RowStats {
+        stats: rows.stats.into_primitive(),
+        predicted: OptionalInt::from_option(rows.predicted.into_option()),
+        weighted: rows.weighted,
     }
 }
 
 /// The extra outputs of the inner backend as untracked tensors, around the tracked `loss`.
-pub(crate) fn outer_parts<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
+pub(crate) fn outer_parts<B: Backend, C: CheckpointStrategy>(
     loss: FloatTensor<Autodiff<B, C>>,
     parts: LossParts<B>,
 ) -> LossParts<Autodiff<B, C>> {

@@ -28,13 +28,12 @@
 //! fields; [`fused_cross_entropy`] is the same loss without a module.
 //! [`FusedLinearCrossEntropyLoss`] computes the LM head and the loss in chunks of rows,
 //! never holding the N x V logits whole, and [`try_vocab_parallel_cross_entropy`] the
-//! loss of logits whose classes are split over devices. The ops plug into Burn as the
-//! backend extensions [`FusedCrossEntropyBackend`], [`LinearCrossEntropyBackend`] and
-//! [`VocabParallelBackend`]. The user's guide is `docs/usage.md` in the repository.
+//! loss of logits whose classes are split over devices. The ops plug into Burn as backend
+//! extensions; [`backend`] has what implementing them on another backend takes. The
+//! user's guide is `docs/usage.md` in the repository.
 #![allow(clippy::clone_on_copy)]
 
 mod autodiff_conversions;
-mod checks;
 #[cfg(feature = "cube")]
 mod cube_tensors;
 mod linear;
@@ -50,6 +49,7 @@ pub mod test_hooks;
 mod test_hooks;
 #[cfg(feature = "train")]
 mod train;
+mod values;
 mod vocab_parallel;
 
 #[doc(hidden)]
@@ -60,22 +60,11 @@ pub use linear::chunking::LinearChunking;
 pub use linear::counted_rows::CountedRows;
 #[cfg(feature = "cuda")]
 pub use linear::cublaslt::cublaslt_version;
-pub use linear::extension::LinearCrossEntropyBackend;
 pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
-pub use linear::types::{LinearHead, LinearInputs};
 pub use linear::weight_gradient_stream::WeightGradientStream;
 pub use loss::api::{fused_cross_entropy, try_fused_cross_entropy};
-pub use loss::check_read::TargetCheckRead;
-pub use loss::extension::FusedCrossEntropyBackend;
-pub use loss::incoming_guess::IncomingGuess;
 pub use loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
-pub use loss::pending_read::PendingRead;
-pub use loss::portable;
 pub use loss::target_check::wait_for_target_checks;
-pub use loss::types::{
-    ClassWeights, CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat,
-    OptionalInt, Reduced, RowStats, TwoPassBackward, row_stat,
-};
 pub use mean_denominators::MeanDenominators;
 pub use options::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
@@ -86,9 +75,29 @@ pub use output::CrossEntropyOutput;
 pub use train::sequence_output::FusedSequenceOutput;
 pub use vocab_parallel::api::try_vocab_parallel_cross_entropy;
 pub use vocab_parallel::exchange::{DistributedExchange, InProcessExchange, ShardExchange};
-pub use vocab_parallel::extension::VocabParallelBackend;
-pub use vocab_parallel::extension_types::{ExchangedRows, KernelBackwardRows, ShardBackwardRows};
 pub use vocab_parallel::shard::VocabShard;
+
+/// For implementing the ops on a backend of your own: the backend extensions (Burn's
+/// `backend_extension`, one per op family), the values their ops take and return, and
+/// the portable implementation on Burn's tensor ops that the defaults use. Training with
+/// the losses needs none of this.
+pub mod backend {
+    pub use crate::linear::extension::LinearCrossEntropyBackend;
+    pub use crate::linear::types::{LinearHead, LinearInputs};
+    pub use crate::loss::check_read::TargetCheckRead;
+    pub use crate::loss::extension::FusedCrossEntropyBackend;
+    pub use crate::loss::incoming_guess::IncomingGuess;
+    pub use crate::loss::pending_read::PendingRead;
+    pub use crate::loss::portable;
+    pub use crate::loss::types::{OnePassOutput, OnePassScale, Reduced, TwoPassBackward};
+    pub use crate::values::{
+        ClassWeights, CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats, row_stat,
+    };
+    pub use crate::vocab_parallel::extension::VocabParallelBackend;
+    pub use crate::vocab_parallel::extension_types::{
+        ExchangedRows, KernelBackwardRows, ShardBackwardRows,
+    };
+}
 
 /// docs/usage.md's examples, compiled and run as doctests.
 #[cfg(doctest)]

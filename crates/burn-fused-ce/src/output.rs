@@ -3,8 +3,8 @@
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Shape, Tensor};
 
-use crate::loss::types::LossParts;
 use crate::options::Reduction;
+use crate::values::LossParts;
 
 /// The loss and the extra outputs asked for in [`CrossEntropyOptions::outputs`](crate::CrossEntropyOptions::outputs).
 ///

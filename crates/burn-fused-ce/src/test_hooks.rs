@@ -64,7 +64,7 @@ pub(crate) fn count_in_place_backward() {
 }
 
 /// How many weight-gradient products were summed in place by one matmul so far
-/// ([`crate::LinearCrossEntropyBackend::accumulate_product`] through cuBLASLt, or
+/// ([`crate::backend::LinearCrossEntropyBackend::accumulate_product`] through cuBLASLt, or
 /// CubeCL's kernel on a device with TMA).
 pub fn in_place_accumulate_count() -> usize {
     IN_PLACE_ACCUMULATES.load(Ordering::Relaxed)
@@ -81,7 +81,7 @@ pub fn in_place_accumulate_refusal() -> Option<String> {
 }
 
 /// How many products ran split along their inner dimension so far
-/// ([`crate::FusedCrossEntropyBackend::matmul_split_k`] on a device with TMA).
+/// ([`crate::backend::FusedCrossEntropyBackend::matmul_split_k`] on a device with TMA).
 pub fn split_k_product_count() -> usize {
     SPLIT_K_PRODUCTS.load(Ordering::Relaxed)
 }
@@ -90,7 +90,7 @@ pub(crate) fn count_split_k_product() {
     SPLIT_K_PRODUCTS.fetch_add(1, Ordering::Relaxed);
 }
 
-/// How many products [`crate::FusedCrossEntropyBackend::matmul_split_k`] formed unsplit
+/// How many products [`crate::backend::FusedCrossEntropyBackend::matmul_split_k`] formed unsplit
 /// by the in-place matmul into zeros so far (where splitting would not fill more of the
 /// device, on a device with TMA).
 pub fn unsplit_kernel_product_count() -> usize {

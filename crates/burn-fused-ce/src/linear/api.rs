@@ -6,17 +6,18 @@
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor};
 
-use crate::checks::{check_linear_shapes, checked_values};
+use crate::linear::checks::check_linear_shapes;
 use crate::linear::{
     buffer_limit::max_buffer_bytes,
     chunking::LinearChunking,
     extension::LinearCrossEntropyBackend,
     types::{LinearHead, LinearInputs},
 };
+use crate::loss::checks::checked_values;
 use crate::loss::incoming_guess::IncomingGuess;
-use crate::loss::types::OptionalFloat;
 use crate::options::{CrossEntropyError, CrossEntropyOptions};
 use crate::output::{CrossEntropyOutput, shaped_output};
+use crate::values::OptionalFloat;
 
 /// The fused linear cross-entropy: the loss of `hidden @ weight + bias` (`hidden [N, H]`
 /// or `[B, T, H]`, `weight [H, V]` as Burn's `Linear` stores it, `bias [V]`) against

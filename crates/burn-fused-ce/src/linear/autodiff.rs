@@ -26,7 +26,7 @@ use burn::backend::{
 };
 use burn::tensor::Shape;
 
-use crate::autodiff_conversions::{inner_weights, outer_parts, outer_parts_with_entropy};
+use crate::autodiff_conversions::{inner_weights, outer_parts};
 use crate::linear::{
     chunking::LinearChunking,
     extension::{LinearCrossEntropyBackend, linear_rows, with_aligned_weight},
@@ -35,10 +35,10 @@ use crate::linear::{
     },
     types::{LinearHead, LinearInputs},
 };
-use crate::loss::entropy_node::EntropyGradient;
+use crate::loss::entropy_node::{EntropyGradient, outer_parts_with_entropy};
 use crate::loss::incoming_guess::IncomingGuess;
-use crate::loss::types::{LossParts, OptionalFloat};
 use crate::options::CrossEntropyOptions;
+use crate::values::{LossParts, OptionalFloat};
 
 /// What backward needs.
 #[derive(Debug, Clone)]

@@ -20,10 +20,11 @@ use crate::linear::{
 };
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
-use crate::loss::types::{CrossEntropyInputs, LossParts, RowStats};
+
 use crate::options::CrossEntropyOptions;
 use crate::primitive::FloatOf;
 use crate::test_hooks::{self, LinearProduct};
+use crate::values::{CrossEntropyInputs, LossParts, RowStats};
 
 /// A Burn backend that can run the fused linear cross-entropy.
 ///

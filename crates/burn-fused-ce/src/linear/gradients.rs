@@ -17,10 +17,11 @@ use crate::linear::{
     weight_gradient_stream::WeightGradientStream,
 };
 use crate::loss::reduce::given_denominators;
-use crate::loss::types::{OnePassScale, OptionalFloat, RowStats, TwoPassBackward};
+use crate::loss::types::{OnePassScale, TwoPassBackward};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::FloatOf;
 use crate::test_hooks::{self, LinearProduct};
+use crate::values::{OptionalFloat, RowStats};
 
 /// Which of the op's inputs get a gradient: those whose autodiff parent is tracked
 /// (Burn's node requirements). A frozen head (adapter fine-tuning) needs the hidden

@@ -14,7 +14,7 @@ pub(crate) fn product<B: Backend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>) -> F
 
 /// `sum + lhs rhs` by tensor ops: the whole product, taken to `sum`'s dtype, then added
 /// (the default of
-/// [`LinearCrossEntropyBackend::accumulate_product`](crate::LinearCrossEntropyBackend::accumulate_product)).
+/// [`LinearCrossEntropyBackend::accumulate_product`](crate::backend::LinearCrossEntropyBackend::accumulate_product)).
 pub(crate) fn product_added<B: Backend>(
     sum: FloatTensor<B>,
     lhs: FloatTensor<B>,
@@ -26,7 +26,7 @@ pub(crate) fn product_added<B: Backend>(
 }
 
 /// `sum[:, start..start + w] += block` by tensor ops (the default of
-/// [`LinearCrossEntropyBackend::add_into_columns`](crate::LinearCrossEntropyBackend::add_into_columns)):
+/// [`LinearCrossEntropyBackend::add_into_columns`](crate::backend::LinearCrossEntropyBackend::add_into_columns)):
 /// the block is added to a view of the columns, which `slice_assign` writes back.
 pub(crate) fn columns_added<B: Backend>(
     sum: FloatTensor<B>,

@@ -7,9 +7,9 @@ use burn::backend::Backend;
 use burn::tensor::DType;
 
 use crate::linear::{chunking::LinearChunking, types::LinearInputs};
-use crate::loss::types::{ClassWeights, OptionalInt, RowStats, row_stat};
 use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL};
 use crate::primitive::{FloatOf, IntOf};
+use crate::values::{ClassWeights, OptionalInt, RowStats, row_stat};
 
 /// The tensors of a call as typed views.
 pub(crate) struct Typed<B: Backend> {
@@ -22,7 +22,7 @@ pub(crate) struct Typed<B: Backend> {
 
 impl<B: Backend> Typed<B> {
     /// The call's tensors, the weight as given (callers pass it through
-    /// [`LinearCrossEntropyBackend::with_matmul_aligned_rows`](crate::LinearCrossEntropyBackend::with_matmul_aligned_rows) first).
+    /// [`LinearCrossEntropyBackend::with_matmul_aligned_rows`](crate::backend::LinearCrossEntropyBackend::with_matmul_aligned_rows) first).
     pub fn of(inputs: LinearInputs<B>) -> Self {
         Self {
             hidden: FloatOf::new(inputs.hidden),

@@ -6,7 +6,7 @@ use burn::backend::{
     tensor::{FloatTensor, IntTensor},
 };
 
-use crate::loss::types::{ClassWeights, OptionalFloat};
+use crate::values::{ClassWeights, OptionalFloat};
 
 /// The LM head: `weight [H, V]` (Burn's `Linear` layout) and, when it has one, `bias [V]`.
 #[derive(ExtensionType, Debug, Clone)]

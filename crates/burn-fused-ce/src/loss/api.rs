@@ -5,12 +5,13 @@
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor};
 
-use crate::checks::{check_shapes, checked_values};
+use crate::loss::checks::{check_shapes, checked_values};
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
-use crate::loss::types::CrossEntropyInputs;
+
 use crate::options::{CrossEntropyError, CrossEntropyOptions};
 use crate::output::{CrossEntropyOutput, shaped_output};
+use crate::values::CrossEntropyInputs;
 
 /// The loss of `logits` (`[N, V]` or `[B, T, V]`, rows may be strided) against class
 /// indices `targets` (`[N]` or `[B, T]`): the targets' shape for `Reduction::None`, one

@@ -23,22 +23,20 @@ use burn::backend::{
 use burn::tensor::DType;
 
 use crate::autodiff_conversions::{
-    inner_inputs, inner_optional, inner_weights, outer_optional, outer_parts,
-    outer_parts_with_entropy,
+    inner_inputs, inner_optional, inner_rows, inner_weights, outer_optional, outer_parts,
+    outer_rows,
 };
 use crate::loss::check_read::TargetCheckRead;
-use crate::loss::entropy_node::EntropyGradient;
+use crate::loss::entropy_node::{EntropyGradient, outer_parts_with_entropy};
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
 use crate::loss::reduce::given_denominators;
-use crate::loss::types::{
-    CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat, OptionalInt,
-    Reduced, RowStats, TwoPassBackward,
-};
+use crate::loss::types::{OnePassOutput, OnePassScale, Reduced, TwoPassBackward};
 use crate::options::CrossEntropyOptions;
 #[cfg(doc)]
 use crate::options::GradientPlan;
 use crate::primitive::FloatOf;
+use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, RowStats};
 
 /// What backward needs.
 #[derive(Debug, Clone)]
@@ -120,26 +118,6 @@ fn takes_one_pass<B: FusedCrossEntropyBackend>(
     let shape = logits.shape();
     let rows: usize = shape.iter().take(shape.num_dims() - 1).product();
     options.one_pass() && rows > 0
-}
-
-fn outer_rows<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
-    rows: RowStats<B>,
-) -> RowStats<Autodiff<B, C>> {
-    RowStats {
-        stats: Autodiff::<B, C>::from_inner(rows.stats),
-        predicted: OptionalInt::from_option(rows.predicted.into_option()),
-        weighted: rows.weighted,
-    }
-}
-
-fn inner_rows<B: FusedCrossEntropyBackend, C: CheckpointStrategy>(
-    rows: RowStats<Autodiff<B, C>>,
-) -> RowStats<B> {
-    RowStats {
-        stats: rows.stats.into_primitive(),
-        predicted: OptionalInt::from_option(rows.predicted.into_option()),
-        weighted: rows.weighted,
-    }
 }
 
 impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBackend

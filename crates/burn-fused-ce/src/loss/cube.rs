@@ -17,11 +17,9 @@ use crate::loss::check_read::{TargetCheckRead, queued_cube_read};
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::next_guess;
 use crate::loss::reduce::{reduce_stats, stat_row_of};
-use crate::loss::types::{
-    CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat, OptionalInt,
-    Reduced, RowStats, TwoPassBackward,
-};
+use crate::loss::types::{OnePassOutput, OnePassScale, Reduced, TwoPassBackward};
 use crate::options::{CrossEntropyOptions, Reduction};
+use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats};
 
 /// The row kernels' launch for `[B, T, V]` logits and `[B, T]` targets.
 pub(crate) fn row_launch(

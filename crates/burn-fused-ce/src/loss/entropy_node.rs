@@ -20,7 +20,9 @@ use burn::backend::{
 };
 use burn::tensor::{DType, Shape};
 
+use crate::autodiff_conversions::outer_parts;
 use crate::primitive::FloatOf;
+use crate::values::{LossParts, OptionalFloat};
 
 /// Where the entropy's step leaves its incoming gradient (f32 `[N]`) for the loss's step.
 /// Clones share it.
@@ -100,7 +102,7 @@ impl<B: Backend> Backward<B, 1> for EntropyBackward {
 /// The per-row `entropy` (f32 `[N]`) as a tracked tensor whose parent is the tracked
 /// `loss`; its incoming gradient goes to `gradient`, or, with `None` (the one pass),
 /// panics with the plans that can differentiate it.
-pub(crate) fn tracked_entropy<B: Backend, C: CheckpointStrategy>(
+fn tracked_entropy<B: Backend, C: CheckpointStrategy>(
     loss: &FloatTensor<Autodiff<B, C>>,
     entropy: FloatTensor<B>,
     gradient: Option<EntropyGradient<B>>,
@@ -119,5 +121,22 @@ pub(crate) fn tracked_entropy<B: Backend, C: CheckpointStrategy>(
     {
         OpsKind::Tracked(prep) => prep.finish(state, entropy),
         OpsKind::UnTracked(prep) => prep.finish(entropy),
+    }
+}
+
+/// [`outer_parts`] with the entropy tracked as a child of the tracked `loss`, its
+/// incoming gradient handed to `gradient` (`None`: the one pass, which cannot
+/// differentiate it).
+pub(crate) fn outer_parts_with_entropy<B: Backend, C: CheckpointStrategy>(
+    loss: FloatTensor<Autodiff<B, C>>,
+    mut parts: LossParts<B>,
+    gradient: Option<EntropyGradient<B>>,
+) -> LossParts<Autodiff<B, C>> {
+    let entropy = parts.entropy.into_option();
+    parts.entropy = OptionalFloat::Absent;
+    let entropy = entropy.map(|entropy| tracked_entropy::<B, C>(&loss, entropy, gradient));
+    LossParts {
+        entropy: OptionalFloat::from_option(entropy),
+        ..outer_parts(loss, parts)
     }
 }

@@ -14,12 +14,10 @@ use burn::tensor::DType;
 use crate::loss::check_read::TargetCheckRead;
 use crate::loss::incoming_guess::{IncomingGuess, next_guess};
 use crate::loss::reduce::{mean_denominators, reduce_stats};
-use crate::loss::types::{
-    CrossEntropyInputs, LossParts, OnePassOutput, OnePassScale, OptionalFloat, Reduced, RowStats,
-    TwoPassBackward,
-};
+use crate::loss::types::{OnePassOutput, OnePassScale, Reduced, TwoPassBackward};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{FloatOf, IntOf};
+use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, RowStats};
 
 #[cfg(all(feature = "fusion", feature = "cube"))]
 use crate::loss::fusion_meta::*;

@@ -5,8 +5,9 @@ use burn::backend::{Flex, tensor::FloatTensor};
 
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::portable::{cross_entropy_backward, cross_entropy_rows};
-use crate::loss::types::{CrossEntropyInputs, RowStats, TwoPassBackward};
+use crate::loss::types::TwoPassBackward;
 use crate::options::CrossEntropyOptions;
+use crate::values::{CrossEntropyInputs, RowStats};
 
 impl FusedCrossEntropyBackend for Flex {
     fn cross_entropy_rows(

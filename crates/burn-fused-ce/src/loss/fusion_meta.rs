@@ -7,11 +7,14 @@ use burn::tensor::{DType, Shape};
 
 use crate::loss::check_read::TargetCheckRead;
 use crate::loss::types::{
-    ClassWeightsMetadata, CrossEntropyInputsMetadata, LossPartsMetadata, OnePassOutputMetadata,
-    OnePassScaleMetadata, OptionalFloatMetadata, OptionalIntMetadata, ReducedMetadata,
-    RowStatsMetadata, TwoPassBackwardMetadata, row_stat,
+    OnePassOutputMetadata, OnePassScaleMetadata, ReducedMetadata, TwoPassBackwardMetadata,
 };
 use crate::options::{CrossEntropyOptions, Reduction};
+use crate::values::row_stat;
+use crate::values::{
+    ClassWeightsMetadata, CrossEntropyInputsMetadata, LossPartsMetadata, OptionalFloatMetadata,
+    OptionalIntMetadata, RowStatsMetadata,
+};
 
 fn spec(shape: impl Into<Shape>, dtype: DType) -> TensorSpec {
     TensorSpec::new(shape.into(), dtype)

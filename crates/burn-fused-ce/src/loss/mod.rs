@@ -4,6 +4,7 @@
 pub(crate) mod api;
 mod autodiff;
 pub(crate) mod check_read;
+pub(crate) mod checks;
 #[cfg(feature = "cube")]
 mod cube;
 pub(crate) mod entropy_node;

@@ -1,5 +1,5 @@
 //! The reduction of forward's per-row statistics by Burn's own ops: the default of
-//! [`FusedCrossEntropyBackend::reduce_row_stats`](crate::FusedCrossEntropyBackend::reduce_row_stats)
+//! [`FusedCrossEntropyBackend::reduce_row_stats`](crate::backend::FusedCrossEntropyBackend::reduce_row_stats)
 //! (cube backends run one kernel instead, but for per-row losses and empty batches).
 
 use burn::backend::{
@@ -8,10 +8,11 @@ use burn::backend::{
 };
 use burn::tensor::{DType, TensorData};
 
-use crate::loss::types::{LossParts, OptionalFloat, OptionalInt, Reduced, RowStats, row_stat};
+use crate::loss::types::Reduced;
 use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{BoolOf, FloatOf, IntOf};
+use crate::values::{LossParts, OptionalFloat, OptionalInt, RowStats, row_stat};
 
 /// One statistic's row of the stats matrix, `[N]` (a view: rows are contiguous).
 pub(crate) fn stat_row<B: Backend>(stats: &FloatOf<B, 2>, stat: usize) -> FloatOf<B, 1> {

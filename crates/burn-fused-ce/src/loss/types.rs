@@ -1,116 +1,9 @@
-//! The values the loss's extension ops take and return: tensors of one backend grouped
-//! as Burn's dispatch maps them (`ExtensionType`), optional tensors as enums.
+//! The values the loss's own extension ops take and return, grouped as Burn's dispatch
+//! maps them (`ExtensionType`); the values every family shares are in `values.rs`.
 
-use burn::backend::{
-    Backend, ExtensionType,
-    tensor::{FloatTensor, IntTensor},
-};
+use burn::backend::{Backend, ExtensionType, tensor::FloatTensor};
 
-pub use fused_ce_kernels::row_stat;
-
-/// Class weights on the device, f32: `weights [V]` and their sum `total [1]`.
-#[derive(ExtensionType, Debug, Clone)]
-#[extension_type(fusion: cfg(feature = "fusion"))]
-pub enum ClassWeights<B: Backend> {
-    /// Every class weighs 1.
-    Unweighted,
-    /// One weight per class.
-    Weighted {
-        weights: FloatTensor<B>,
-        total: FloatTensor<B>,
-    },
-}
-
-impl<B: Backend> ClassWeights<B> {
-    /// The weights and their total, when given.
-    pub fn tensors(self) -> Option<(FloatTensor<B>, FloatTensor<B>)> {
-        match self {
-            Self::Unweighted => None,
-            Self::Weighted { weights, total } => Some((weights, total)),
-        }
-    }
-
-    /// Whether weights were given.
-    pub fn is_weighted(&self) -> bool {
-        matches!(self, Self::Weighted { .. })
-    }
-}
-
-/// A float output that is there only when asked for.
-#[derive(ExtensionType, Debug, Clone)]
-#[extension_type(fusion: cfg(feature = "fusion"))]
-pub enum OptionalFloat<B: Backend> {
-    Absent,
-    Present { tensor: FloatTensor<B> },
-}
-
-impl<B: Backend> OptionalFloat<B> {
-    pub fn from_option(tensor: Option<FloatTensor<B>>) -> Self {
-        match tensor {
-            Some(tensor) => Self::Present { tensor },
-            None => Self::Absent,
-        }
-    }
-
-    pub fn into_option(self) -> Option<FloatTensor<B>> {
-        match self {
-            Self::Absent => None,
-            Self::Present { tensor } => Some(tensor),
-        }
-    }
-}
-
-/// An int output that is there only when asked for.
-#[derive(ExtensionType, Debug, Clone)]
-#[extension_type(fusion: cfg(feature = "fusion"))]
-pub enum OptionalInt<B: Backend> {
-    Absent,
-    Present { tensor: IntTensor<B> },
-}
-
-impl<B: Backend> OptionalInt<B> {
-    pub fn from_option(tensor: Option<IntTensor<B>>) -> Self {
-        match tensor {
-            Some(tensor) => Self::Present { tensor },
-            None => Self::Absent,
-        }
-    }
-
-    pub fn into_option(self) -> Option<IntTensor<B>> {
-        match self {
-            Self::Absent => None,
-            Self::Present { tensor } => Some(tensor),
-        }
-    }
-}
-
-/// The tensors of one call: logits `[N, V]` or `[B, T, V]` (rows may be strided; the
-/// class dimension is read as it is laid out), targets `[N]` or `[B, T]`, and the class
-/// weights.
-#[derive(ExtensionType, Debug, Clone)]
-#[extension_type(fusion: cfg(feature = "fusion"))]
-pub struct CrossEntropyInputs<B: Backend> {
-    pub logits: FloatTensor<B>,
-    pub targets: IntTensor<B>,
-    #[extension_type]
-    pub class_weights: ClassWeights<B>,
-}
-
-/// What the fused forward pass produces.
-#[derive(ExtensionType, Debug, Clone)]
-#[extension_type(fusion: cfg(feature = "fusion"))]
-pub struct RowStats<B: Backend> {
-    /// f32 `[row_stat::COUNT, N]`, one row per statistic (see [`row_stat`]); `N` counts
-    /// the rows of `[N, V]` or `[B, T, V]` logits in row-major order. `O(N)`, and all that
-    /// backward needs besides the logits.
-    pub stats: FloatTensor<B>,
-    /// The argmax per row (-1 on ignored rows), in the targets' int type, `[N]`; present
-    /// when `options.outputs` asks for accuracy or predictions.
-    #[extension_type]
-    pub predicted: OptionalInt<B>,
-    /// Class weights were given (the `WEIGHT` statistic differs from `VALID`).
-    pub weighted: bool,
-}
+use crate::values::{LossParts, OptionalFloat, RowStats};
 
 /// What the two-pass backward reads besides the call's inputs.
 #[derive(ExtensionType, Debug, Clone)]
@@ -150,29 +43,6 @@ pub struct OnePassOutput<B: Backend> {
     #[extension_type]
     pub rows: RowStats<B>,
     pub grad: FloatTensor<B>,
-}
-
-/// The loss and extra outputs as primitives, all rank 1 (`[N]` per row, `[1]` reduced).
-#[derive(ExtensionType, Debug, Clone)]
-#[extension_type(fusion: cfg(feature = "fusion"))]
-pub struct LossParts<B: Backend> {
-    /// In the logits' dtype.
-    pub loss: FloatTensor<B>,
-    /// f32, reduced like the loss.
-    #[extension_type]
-    pub z_loss: OptionalFloat<B>,
-    /// f32 `[1]`.
-    #[extension_type]
-    pub accuracy: OptionalFloat<B>,
-    /// `[N]`, -1 on ignored rows.
-    #[extension_type]
-    pub predicted: OptionalInt<B>,
-    /// f32 `[N]`.
-    #[extension_type]
-    pub lse: OptionalFloat<B>,
-    /// f32 `[N]`.
-    #[extension_type]
-    pub entropy: OptionalFloat<B>,
 }
 
 /// The reduced outputs and, for `Mean`, the denominators backward divides by.

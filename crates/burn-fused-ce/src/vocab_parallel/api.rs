@@ -5,12 +5,13 @@
 use burn::backend::{Dispatch, tensor::FloatTensor};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
-use crate::checks::{check_class_weights, check_logits, checked_values};
 use crate::loss::api::cross_entropy_checked;
+use crate::loss::checks::{check_class_weights, check_logits, checked_values};
 use crate::loss::incoming_guess::IncomingGuess;
-use crate::loss::types::{ClassWeights, CrossEntropyInputs, OptionalFloat};
+
 use crate::options::{CrossEntropyError, CrossEntropyOptions};
 use crate::output::{CrossEntropyOutput, shaped_output};
+use crate::values::{ClassWeights, CrossEntropyInputs, OptionalFloat};
 use crate::vocab_parallel::exchange::ShardExchange;
 use crate::vocab_parallel::extension::VocabParallelBackend;
 use crate::vocab_parallel::extension_types::ExchangedRows;

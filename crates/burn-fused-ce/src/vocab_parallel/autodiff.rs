@@ -15,9 +15,12 @@ use burn::backend::{
     tensor::FloatTensor,
 };
 
-use crate::autodiff_conversions::{inner_inputs, inner_optional, inner_weights, outer_optional};
-use crate::loss::types::{CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats};
+use crate::autodiff_conversions::{
+    inner_inputs, inner_optional, inner_rows, inner_weights, outer_optional, outer_parts,
+    outer_rows,
+};
 use crate::options::CrossEntropyOptions;
+use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, RowStats};
 use crate::vocab_parallel::extension::VocabParallelBackend;
 use crate::vocab_parallel::extension_types::{
     ExchangedRows, KernelBackwardRows, ShardBackwardRows,
@@ -86,12 +89,7 @@ impl<B: VocabParallelBackend, C: CheckpointStrategy> VocabParallelBackend for Au
             class_weights: inner_weights(exchanged.class_weights),
             shard_totals: inner_optional(exchanged.shard_totals),
         };
-        let rows = B::whole_vocabulary_rows(exchanged, shard, options);
-        RowStats {
-            stats: Self::from_inner(rows.stats),
-            predicted: OptionalInt::from_option(rows.predicted.into_option()),
-            weighted: rows.weighted,
-        }
+        outer_rows(B::whole_vocabulary_rows(exchanged, shard, options))
     }
 
     fn shard_gradient_rows(
@@ -129,11 +127,7 @@ impl<B: VocabParallelBackend, C: CheckpointStrategy> VocabParallelBackend for Au
             targets: inputs.targets,
             class_weights: inner_weights(inputs.class_weights),
         };
-        let rows: RowStats<B> = RowStats {
-            stats: rows.stats.into_primitive(),
-            predicted: OptionalInt::from_option(rows.predicted.into_option()),
-            weighted: rows.weighted,
-        };
+        let rows = inner_rows(rows);
         // The node guard keeps the logits' node referenced until this op's node is
         // registered.
         let (loss, parts) = match VocabParallelBackward
@@ -161,13 +155,6 @@ impl<B: VocabParallelBackend, C: CheckpointStrategy> VocabParallelBackend for Au
                 (prep.finish(parts.loss.clone()), parts)
             }
         };
-        LossParts {
-            loss,
-            z_loss: outer_optional(parts.z_loss),
-            accuracy: outer_optional(parts.accuracy),
-            predicted: OptionalInt::from_option(parts.predicted.into_option()),
-            lse: outer_optional(parts.lse),
-            entropy: outer_optional(parts.entropy),
-        }
+        outer_parts(loss, parts)
     }
 }

@@ -1,14 +1,15 @@
 //! What one shard contributes to the exchanged sums, by tensor ops around the loss's row
-//! op: the default of [`crate::VocabParallelBackend::shard_contributions`].
+//! op: the default of [`crate::backend::VocabParallelBackend::shard_contributions`].
 
 use burn::backend::{TensorMetadata, tensor::FloatTensor};
 use burn::tensor::{DType, Shape};
 
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::reduce::stat_row;
-use crate::loss::types::{ClassWeights, CrossEntropyInputs, row_stat};
+
 use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
+use crate::values::{ClassWeights, CrossEntropyInputs, row_stat};
 use crate::vocab_parallel::shard::{VocabShard, local_options, smoothing_options};
 use crate::vocab_parallel::target_rows::{TargetRows, shard_weights};
 

@@ -14,9 +14,10 @@ use crate::cube_tensors::{
     contiguous_buffer, elem, f32_buffer, poison, predictions, rows_view, with_leading_one,
 };
 use crate::loss::extension::FusedCrossEntropyBackend;
-use crate::loss::types::{ClassWeights, CrossEntropyInputs, OptionalFloat, OptionalInt, RowStats};
+
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::IntOf;
+use crate::values::{ClassWeights, CrossEntropyInputs, OptionalFloat, OptionalInt, RowStats};
 use crate::vocab_parallel::contributions::shard_contributions_by_tensor_ops;
 use crate::vocab_parallel::extension::VocabParallelBackend;
 use crate::vocab_parallel::extension_types::{

@@ -7,8 +7,9 @@
 use burn::backend::{backend_extension, tensor::FloatTensor};
 
 use crate::loss::extension::FusedCrossEntropyBackend;
-use crate::loss::types::{CrossEntropyInputs, LossParts, RowStats};
+
 use crate::options::CrossEntropyOptions;
+use crate::values::{CrossEntropyInputs, LossParts, RowStats};
 use crate::vocab_parallel::contributions::shard_contributions_by_tensor_ops;
 use crate::vocab_parallel::extension_types::{
     ExchangedRows, KernelBackwardRows, ShardBackwardRows,

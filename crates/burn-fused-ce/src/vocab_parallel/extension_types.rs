@@ -6,10 +6,10 @@ use burn::backend::{
     tensor::{FloatTensor, IntTensor},
 };
 
-use crate::loss::types::{ClassWeights, OptionalFloat};
+use crate::values::{ClassWeights, OptionalFloat};
 
 /// What the shards exchanged and what every shard knows of the rows: the input of
-/// [`crate::VocabParallelBackend::whole_vocabulary_rows`].
+/// [`crate::backend::VocabParallelBackend::whole_vocabulary_rows`].
 #[derive(ExtensionType, Debug, Clone)]
 #[extension_type(fusion: cfg(feature = "fusion"))]
 pub struct ExchangedRows<B: Backend> {
@@ -32,7 +32,7 @@ pub struct ExchangedRows<B: Backend> {
 }
 
 /// The inputs of a shard's backward kernel: what
-/// [`crate::VocabParallelBackend::shard_gradient_rows`] reads.
+/// [`crate::backend::VocabParallelBackend::shard_gradient_rows`] reads.
 #[derive(ExtensionType, Debug, Clone)]
 #[extension_type(fusion: cfg(feature = "fusion"))]
 pub struct ShardBackwardRows<B: Backend> {
@@ -53,7 +53,7 @@ pub struct ShardBackwardRows<B: Backend> {
 }
 
 /// What a shard's backward kernel takes, from
-/// [`crate::VocabParallelBackend::shard_gradient_rows`].
+/// [`crate::backend::VocabParallelBackend::shard_gradient_rows`].
 #[derive(ExtensionType, Debug, Clone)]
 #[extension_type(fusion: cfg(feature = "fusion"))]
 pub struct KernelBackwardRows<B: Backend> {

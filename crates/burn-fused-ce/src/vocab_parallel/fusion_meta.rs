@@ -5,11 +5,12 @@
 use burn::backend::fusion::custom::TensorSpec;
 use burn::tensor::{DType, Shape};
 
-use crate::loss::types::{
-    ClassWeightsMetadata, CrossEntropyInputsMetadata, OptionalFloatMetadata, OptionalIntMetadata,
-    RowStatsMetadata, row_stat,
-};
 use crate::options::CrossEntropyOptions;
+use crate::values::row_stat;
+use crate::values::{
+    ClassWeightsMetadata, CrossEntropyInputsMetadata, OptionalFloatMetadata, OptionalIntMetadata,
+    RowStatsMetadata,
+};
 use crate::vocab_parallel::extension_types::{
     ExchangedRowsMetadata, KernelBackwardRowsMetadata, ShardBackwardRowsMetadata,
 };

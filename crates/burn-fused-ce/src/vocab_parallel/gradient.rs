@@ -6,11 +6,10 @@ use burn::tensor::{DType, Shape};
 
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::reduce::stat_row;
-use crate::loss::types::{
-    ClassWeights, CrossEntropyInputs, OptionalFloat, TwoPassBackward, row_stat,
-};
+use crate::loss::types::TwoPassBackward;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{FloatOf, IntOf};
+use crate::values::{ClassWeights, CrossEntropyInputs, OptionalFloat, row_stat};
 use crate::vocab_parallel::extension::VocabParallelBackend;
 use crate::vocab_parallel::extension_types::ShardBackwardRows;
 use crate::vocab_parallel::gradient_rows::{RowCoefficients, row_scales};

@@ -1,13 +1,13 @@
 //! Each row's coefficients of a shard's gradient, and the inputs of the shard's backward
-//! kernel by tensor ops: the default of [`crate::VocabParallelBackend::shard_gradient_rows`].
+//! kernel by tensor ops: the default of [`crate::backend::VocabParallelBackend::shard_gradient_rows`].
 
 use burn::backend::{Backend, tensor::FloatTensor};
 use burn::tensor::{DType, Shape};
 
 use crate::loss::reduce::stat_row;
-use crate::loss::types::{OptionalFloat, row_stat};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{BoolOf, FloatOf};
+use crate::values::{OptionalFloat, row_stat};
 use crate::vocab_parallel::extension_types::{KernelBackwardRows, ShardBackwardRows};
 use crate::vocab_parallel::shard::{SHARD_IGNORE, VocabShard};
 use crate::vocab_parallel::target_rows::TargetRows;

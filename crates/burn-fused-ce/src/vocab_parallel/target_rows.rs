@@ -9,8 +9,8 @@ use burn::backend::{
 };
 use burn::tensor::{DType, Shape};
 
-use crate::loss::types::ClassWeights;
 use crate::primitive::{BoolOf, FloatOf, IntOf};
+use crate::values::ClassWeights;
 use crate::vocab_parallel::shard::{ELSEWHERE, SHARD_IGNORE, VocabShard};
 
 /// `[N]` tensors of the targets and what they say on one shard.

@@ -1,14 +1,14 @@
 //! The whole vocabulary's per-row statistics from the exchanged sums, by tensor ops: the
-//! default of [`crate::VocabParallelBackend::whole_vocabulary_rows`] (the math is the
+//! default of [`crate::backend::VocabParallelBackend::whole_vocabulary_rows`] (the math is the
 //! module doc's).
 
 use burn::backend::Backend;
 use burn::tensor::DType;
 
 use crate::loss::reduce::stat_row;
-use crate::loss::types::{ClassWeights, OptionalInt, RowStats, row_stat};
 use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
+use crate::values::{ClassWeights, OptionalInt, RowStats, row_stat};
 use crate::vocab_parallel::extension_types::ExchangedRows;
 use crate::vocab_parallel::shard::{VocabShard, log_sum_rows};
 use crate::vocab_parallel::target_rows::TargetRows;
