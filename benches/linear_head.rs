@@ -35,8 +35,9 @@
 //! times each chunk product through cuBLASLt. `stream2=hidden` sums the weight gradient on a
 //! second CUDA stream beside each chunk's hidden-state gradient, `stream2=next` beside the
 //! next chunk's products (`LinearChunking::weight_gradient_stream`, `Backend` by default).
-//! `ltrank=K` gives the weight gradient's sums the algorithm cuBLASLt's heuristic lists
-//! K-th (0: its first, the default; `test_hooks::set_accumulate_algorithm_rank`).
+//! cuBLASLt's algorithm for each kind of product is the fastest of its heuristic's first
+//! few, timed the first time the kind runs (in the warm-up steps, or read from the store
+//! kept beside Burn's autotune cache).
 //! `sms=A,B` runs cuBLASLt's products on the second stream on B SMs, and those on
 //! cubecl's stream on A while a sum on the second stream may run beside them
 //! (`test_hooks::set_sm_targets`), so that the two streams' products overlap.
@@ -293,11 +294,6 @@ fn main() {
                     .collect()
             },
         );
-    if let Some(rank) =
-        std::env::args().find_map(|arg| arg.strip_prefix("ltrank=")?.parse::<usize>().ok())
-    {
-        test_hooks::set_accumulate_algorithm_rank(rank);
-    }
     // `sms=A,B`: products on cubecl's stream on A SMs (beside a sum), the second's on B.
     if let Some(targets) = std::env::args().find_map(|arg| {
         let (cubecl, second) = arg.strip_prefix("sms=")?.split_once(',')?;

@@ -58,6 +58,12 @@ pub use linear::api::try_fused_linear_cross_entropy;
 pub use linear::buffer_limit::max_buffer_bytes;
 pub use linear::chunking::LinearChunking;
 pub use linear::counted_rows::CountedRows;
+/// For the project's tests: one product through cuBLASLt with the algorithm its heuristic
+/// lists at a rank, not the one measured for the kind (nothing measured, kept or
+/// counted), to compare the two.
+#[cfg(all(feature = "cuda", feature = "test-hooks"))]
+#[doc(hidden)]
+pub use linear::cublaslt::cublaslt_listed_product;
 #[cfg(feature = "cuda")]
 pub use linear::cublaslt::cublaslt_version;
 pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};

@@ -13,7 +13,6 @@ static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static UNSPLIT_KERNEL_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static CUBLASLT_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static PROBE_MEMORY: AtomicBool = AtomicBool::new(false);
-static ACCUMULATE_ALGORITHM_RANK: AtomicUsize = AtomicUsize::new(0);
 /// Two i32 halves: the SMs of products on cubecl's stream, then of those on the second.
 static SM_TARGETS: AtomicU64 = AtomicU64::new(0);
 static PROBED_PEAK: AtomicU64 = AtomicU64::new(0);
@@ -139,20 +138,22 @@ pub(crate) fn note_bytes_in_use(bytes: u64) {
     PROBED_PEAK.fetch_max(bytes, Ordering::Relaxed);
 }
 
-/// For the benches: the weight gradient's sums through cuBLASLt take the algorithm its
-/// heuristic lists at `rank` (0, its first choice, by default; its last where it lists
-/// fewer), for products not run before. To measure the others against the first.
-pub fn set_accumulate_algorithm_rank(rank: usize) {
-    ACCUMULATE_ALGORITHM_RANK.store(rank, Ordering::Relaxed);
+thread_local! {
+    // Per thread: the products are asked for on the calling thread (the timing runs on
+    // the device's), and the tests that read it run side by side.
+    static CUBLASLT_MEASUREMENTS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// How many cuBLASLt products asked for on this thread had their kind's algorithm chosen
+/// by timing cuBLASLt's candidates on the device (the first product of each kind in the
+/// process; none where the kind's algorithm was read from the store on disk).
+pub fn cublaslt_measurement_count() -> usize {
+    CUBLASLT_MEASUREMENTS.with(Cell::get)
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn accumulate_algorithm_rank() -> usize {
-    if cfg!(feature = "test-hooks") {
-        ACCUMULATE_ALGORITHM_RANK.load(Ordering::Relaxed)
-    } else {
-        0
-    }
+pub(crate) fn count_cublaslt_measurement() {
+    CUBLASLT_MEASUREMENTS.with(|count| count.set(count.get() + 1));
 }
 
 /// For the benches: cuBLASLt's products on the second stream

@@ -25,13 +25,13 @@ pub struct LinearChunking {
     /// Form each chunk's weight-gradient product `h_c^T dlogits_c` a block of columns at a
     /// time, each block at most this many bytes in the dtype the sum is kept in, and add
     /// each block into the sum in place
-    /// ([`LinearCrossEntropyBackend::add_into_columns`](crate::LinearCrossEntropyBackend::add_into_columns)). `None`: the whole `[H, V]`
+    /// ([`LinearCrossEntropyBackend::add_into_columns`](crate::backend::LinearCrossEntropyBackend::add_into_columns)). `None`: the whole `[H, V]`
     /// product of a chunk at once, added to the sum, which holds a second `[H, V]` buffer
     /// while it is summed. A
     /// block below one column of the sum is an error ([`LinearChunking::validate`]).
     pub weight_gradient_block_bytes: Option<usize>,
     /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
-    /// adds the sum as it writes ([`LinearCrossEntropyBackend::accumulate_product`](crate::LinearCrossEntropyBackend::accumulate_product)):
+    /// adds the sum as it writes ([`LinearCrossEntropyBackend::accumulate_product`](crate::backend::LinearCrossEntropyBackend::accumulate_product)):
     /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
     /// 16-byte aligned) the product is formed and added as without it. Takes precedence
     /// over [`Self::weight_gradient_block_bytes`]. On by default (also when a saved
@@ -40,7 +40,7 @@ pub struct LinearChunking {
     pub weight_gradient_in_place: bool,
     /// Form each chunk's hidden-state gradient `dlogits_c W^T` (`chunk x H` over the
     /// whole vocabulary, often too few output tiles to occupy a large GPU) by the
-    /// backend's own kernel ([`LinearCrossEntropyBackend::matmul_split_k`](crate::LinearCrossEntropyBackend::matmul_split_k)), where the
+    /// backend's own kernel ([`LinearCrossEntropyBackend::matmul_split_k`](crate::backend::LinearCrossEntropyBackend::matmul_split_k)), where the
     /// backend has one (TMA): with the vocabulary cut into slices multiplied side by side
     /// and summed in f32 where that fills more of the device, unsplit otherwise; off: the
     /// backend's matmul. On by default (also when a saved config lacks it).
@@ -51,7 +51,11 @@ pub struct LinearChunking {
     /// `cuda` feature is on and the library loads at run time (`cublaslt_version` tells
     /// whether it does); a product it refuses, and every
     /// product elsewhere, takes the CubeCL path the options above describe. Exact f32 for
-    /// f32 operands (not TF32). On by default (also when a saved config lacks it).
+    /// f32 operands (not TF32). Each kind of product (shapes, layouts, dtypes, summed or
+    /// not) takes the fastest of cuBLASLt's first 8 algorithms, timed on the device the
+    /// first time the kind runs in the process (a one-time host wait, as Burn's autotune)
+    /// and kept on disk with the `persistence` feature. On by default (also when a saved
+    /// config lacks it).
     #[serde(default = "cublaslt_by_default")]
     pub cublaslt: bool,
     /// Where each chunk's weight-gradient sum runs: on the backend's stream, or through

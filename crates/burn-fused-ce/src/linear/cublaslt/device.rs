@@ -1,29 +1,85 @@
 //! Per CUDA device: cuBLASLt's handle, cubecl's streams by slot, and the algorithm
-//! chosen for each product shape. Used only inside tasks on the device's thread, which
-//! cubecl runs one at a time.
+//! chosen for each kind of product (`measure.rs`). Used only inside tasks on the device's
+//! thread, which cubecl runs one at a time.
 
 use std::collections::{HashMap, hash_map::Entry};
 use std::sync::{LazyLock, Mutex};
 
 use cubecl::device::DeviceId;
 use cudarc::cublaslt::{result, sys};
-use cudarc::driver::sys as driver;
+use cudarc::driver::{result as driver_result, sys as driver};
 
 use super::descriptors::failed;
+use super::layout::StoredMatrix;
+use super::library::cublaslt_version;
+use super::measure::Algorithm;
 use super::second_stream::SecondStream;
+use super::store::StoreKey;
 use super::stream_scan::{regular_slots, stream_of_slot};
 
-/// What picks an algorithm: the product, the operands' types and alignments, and which
-/// of the heuristic's list is taken (0, its first, but where the benches ask).
+/// A kind of product, for which one algorithm is chosen: the product, the operands' types
+/// and alignments, whether it sums into its output, and the SMs it is described to run
+/// on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct AlgorithmKey {
     pub product: super::layout::LtProduct,
     pub types: [u32; 3],
     pub alignments: [u32; 4],
     pub accumulate: bool,
-    pub rank: usize,
     /// The SMs the product is described to run on (0: all).
     pub sm_target: i32,
+}
+
+impl AlgorithmKey {
+    /// The key as the store writes it (`store.rs`): every field, as words.
+    pub fn store_words(&self) -> Vec<u64> {
+        let matrix = |m: StoredMatrix| [u64::from(m.transposed), m.rows, m.cols, m.ld];
+        let product = &self.product;
+        let mut words = Vec::with_capacity(26);
+        for m in [product.a, product.b, product.d] {
+            words.extend(matrix(m));
+        }
+        words.extend([product.m, product.n, product.k]);
+        words.extend(self.types.map(u64::from));
+        words.extend(self.alignments.map(u64::from));
+        words.push(u64::from(self.accumulate));
+        words.push(i64::from(self.sm_target) as u64);
+        words
+    }
+}
+
+/// What tells one device's algorithms from another's in the store.
+#[derive(Debug, Clone)]
+struct DeviceIdentity {
+    name: String,
+    compute_capability: [u32; 2],
+    multiprocessors: u32,
+}
+
+impl DeviceIdentity {
+    /// The current context's device, where the driver tells.
+    fn current() -> Option<Self> {
+        use driver::CUdevice_attribute as A;
+        let mut device: driver::CUdevice = 0;
+        // SAFETY: writes one handle; the device's context is current in its tasks.
+        unsafe { driver::cuCtxGetDevice(&mut device) }
+            .result()
+            .ok()?;
+        let attribute = |attribute| {
+            // SAFETY: a device of the current context.
+            unsafe { driver_result::device::get_attribute(device, attribute) }
+                .ok()
+                .and_then(|value| u32::try_from(value).ok())
+        };
+        Some(Self {
+            name: driver_result::device::get_name(device).ok()?,
+            compute_capability: [
+                attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ],
+            multiprocessors: attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        })
+    }
 }
 
 /// One device's cuBLASLt state.
@@ -32,9 +88,11 @@ pub(crate) struct LtDevice {
     streams: HashMap<u64, sys::cudaStream_t>,
     /// The second stream beside each of cubecl's streams that has used one.
     second_streams: HashMap<u64, SecondStream>,
-    /// The algorithm the heuristic listed at the key's rank (its first by default) and
-    /// its workspace, or why it found none.
-    pub algorithms: HashMap<AlgorithmKey, Result<(sys::cublasLtMatmulAlgo_t, usize), String>>,
+    /// The algorithm chosen for each kind of product run so far and its workspace, or
+    /// why none was found.
+    algorithms: HashMap<AlgorithmKey, Result<Algorithm, String>>,
+    /// The device, for the store (`None` where the driver did not tell: nothing stored).
+    identity: Option<DeviceIdentity>,
 }
 
 // SAFETY: the raw handles are only used inside the device's tasks, one at a time.
@@ -61,6 +119,7 @@ pub(crate) fn with_device<R>(
                 streams: HashMap::new(),
                 second_streams: HashMap::new(),
                 algorithms: HashMap::new(),
+                identity: DeviceIdentity::current(),
             })
             .map_err(|error| failed("handle", error))
     });
@@ -84,6 +143,35 @@ pub(crate) enum Refusal {
 }
 
 impl LtDevice {
+    /// The algorithm for products of kind `key`: the one chosen before in this process,
+    /// else what `choose` chooses (given where the store keeps the kind's), kept for the
+    /// process.
+    pub fn algorithm(
+        &mut self,
+        key: AlgorithmKey,
+        choose: impl FnOnce(Option<StoreKey>) -> Result<Algorithm, String>,
+    ) -> Result<Algorithm, String> {
+        if let Some(chosen) = self.algorithms.get(&key) {
+            return chosen.clone();
+        }
+        let store_key =
+            self.identity
+                .as_ref()
+                .zip(cublaslt_version().ok())
+                .map(|(device, version)| {
+                    StoreKey::new(
+                        &device.name,
+                        device.compute_capability,
+                        device.multiprocessors,
+                        version as u64,
+                        key.store_words(),
+                    )
+                });
+        let chosen = choose(store_key);
+        self.algorithms.insert(key, chosen.clone());
+        chosen
+    }
+
     /// The second stream beside cubecl's stream `stream_id`, made on first use.
     pub fn second_stream(&mut self, stream_id: u64) -> Result<&mut SecondStream, Refusal> {
         Ok(match self.second_streams.entry(stream_id) {

@@ -1,10 +1,11 @@
 //! One product through cuBLASLt, enqueued on the stream cubecl launches the calling
 //! thread's kernels on, from a task on the device's thread: the operands' addresses are
 //! resolved there (cubecl orders the stream after their producers), nothing else is
-//! enqueued meanwhile, and the host waits for no kernel.
+//! enqueued meanwhile, and the host waits for no kernel but once per kind of product,
+//! the first time it runs in the process, while its algorithm is chosen by measurement
+//! (`measure.rs`).
 
 use core::any::TypeId;
-use core::ffi::c_void;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{LazyLock, Mutex};
@@ -20,18 +21,16 @@ use cubecl_runtime::{
     runtime::Runtime,
     server::{Handle, Server, ServerStorage},
 };
-use cudarc::cublaslt::{result, sys};
+use cudarc::cublaslt::sys;
 
-use super::descriptors::{Layout, Preference, ProductDesc, failed};
+use super::descriptors::{Layout, ProductDesc};
 use super::device::{AlgorithmKey, Refusal, with_device};
 use super::layout::{LtProduct, Matrix, alignment_bytes, lt_product};
 use super::library::cublaslt_version;
+use super::measure::{Described, Operands, WORKSPACE_BYTES, choose};
 use crate::test_hooks;
 
 type CudaServer = <CudaRuntime as Runtime>::Server;
-
-/// The most workspace a product may use: what cuBLAS asks for on Hopper.
-const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// What a product's workspace depends on: the device, the product and its types, and
 /// whether it sums into its output.
@@ -115,12 +114,53 @@ pub(crate) fn may_run(client: &Client) -> bool {
 /// (`second_stream.rs`), after everything enqueued so far; [`join_second_stream`] orders
 /// cubecl's stream after it. Where it did not run, the caller joins before writing
 /// `out` another way.
+///
+/// The algorithm is the one measured fastest for the product's kind (its shapes, layouts,
+/// types, alignments, whether it sums): the first product of a kind times cuBLASLt's
+/// candidates on its operands first (`measure.rs`, a one-time host wait; a sum's output
+/// is not written by the timing), or takes the one kept on disk (`store.rs`).
 pub(crate) fn launch_product(
     lhs: &CubeTensor,
     rhs: &CubeTensor,
     out: &CubeTensor,
     accumulate: bool,
     second_stream: bool,
+) -> Result<(), String> {
+    launch(lhs, rhs, out, accumulate, second_stream, Choice::Measured)
+}
+
+/// For the tests (`test_hooks::cublaslt_listed_product`): the product as
+/// [`launch_product`] runs it on cubecl's stream, with the algorithm cuBLASLt's
+/// heuristic lists at `rank` (its first at 0; its last where it lists fewer) instead of
+/// the kind's measured one. Nothing is measured, kept or counted.
+#[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+pub(crate) fn launch_listed_product(
+    lhs: &CubeTensor,
+    rhs: &CubeTensor,
+    out: &CubeTensor,
+    accumulate: bool,
+    rank: usize,
+) -> Result<(), String> {
+    launch(lhs, rhs, out, accumulate, false, Choice::Listed(rank))
+}
+
+/// Which algorithm a product runs with.
+#[derive(Debug, Clone, Copy)]
+enum Choice {
+    /// Its kind's, chosen by measurement the first time the kind runs (`measure.rs`).
+    Measured,
+    /// The heuristic's at this rank, for the tests.
+    Listed(usize),
+}
+
+/// [`launch_product`] with the algorithm `choice` says.
+fn launch(
+    lhs: &CubeTensor,
+    rhs: &CubeTensor,
+    out: &CubeTensor,
+    accumulate: bool,
+    second_stream: bool,
+    choice: Choice,
 ) -> Result<(), String> {
     let client = &out.client;
     unavailable(client)?;
@@ -157,75 +197,41 @@ pub(crate) fn launch_product(
         accumulate,
         workspace_bytes: 0,
         second_stream,
+        choice,
     };
-    call.workspace_bytes = workspace_for(&call.workspace_key(device));
+    call.workspace_bytes = match choice {
+        Choice::Measured => workspace_for(&call.workspace_key(device)),
+        Choice::Listed(_) => WORKSPACE_BYTES,
+    };
     // cuBLASLt's A is `rhs` and its B `lhs` (see `layout.rs`); the workspace last,
     // where there is one.
     let mut handles = vec![rhs.handle.clone(), lhs.handle.clone(), out.handle.clone()];
     if call.workspace_bytes > 0 {
         handles.push(client.empty(call.workspace_bytes));
     }
-    on_device_thread(device, move |server| {
+    let timed = on_device_thread(device, move |server| {
         probe_memory(server);
         call.run(server, device, handles)
-    })
+    })?;
+    if timed {
+        // On the calling thread, for the tests that run side by side.
+        test_hooks::count_cublaslt_measurement();
+    }
+    Ok(())
 }
 
 /// Runs `task` on `device`'s thread and waits for it (not for the device). cudarc's
 /// symbols panic where missing: a panic is an `Err`, as a failed task is.
-fn on_device_thread(
+fn on_device_thread<R: Send + 'static>(
     device: DeviceId,
-    task: impl FnOnce(&mut CudaServer) -> Result<(), String> + Send + 'static,
-) -> Result<(), String> {
+    task: impl FnOnce(&mut CudaServer) -> Result<R, String> + Send + 'static,
+) -> Result<R, String> {
     DeviceHandle::<CudaServer>::new(device)
         .submit_blocking(move |server| {
             catch_unwind(AssertUnwindSafe(|| task(server)))
                 .unwrap_or_else(|_| Err("cuBLASLt panicked".into()))
         })
         .map_err(|error| format!("the device's task failed: {error:?}"))?
-}
-
-/// The algorithm cuBLASLt's heuristic lists at `rank` for the product (its first at 0;
-/// its last where it lists fewer) and the workspace it uses.
-///
-/// # Safety
-/// The descriptors must be live ones of one product.
-unsafe fn listed_algorithm(
-    handle: sys::cublasLtHandle_t,
-    desc: &ProductDesc,
-    [a, b, d]: [&Layout; 3],
-    preference: &Preference,
-    rank: usize,
-) -> Result<(sys::cublasLtMatmulAlgo_t, usize), String> {
-    let requested = rank.min(31) + 1;
-    // SAFETY: plain data, each entry written by the call before it is read.
-    let mut listed: Vec<sys::cublasLtMatmulHeuristicResult_t> =
-        vec![unsafe { core::mem::zeroed() }; requested];
-    let mut count = 0;
-    // SAFETY: the descriptors are live (the caller's promise); the array holds
-    // `requested` entries.
-    unsafe {
-        sys::cublasLtMatmulAlgoGetHeuristic(
-            handle,
-            desc.0,
-            a.0,
-            b.0,
-            d.0,
-            d.0,
-            preference.0,
-            requested as i32,
-            listed.as_mut_ptr(),
-            &mut count,
-        )
-    }
-    .result()
-    .map_err(|error| failed("algorithm heuristic", error))?;
-    let count = usize::try_from(count).unwrap_or(0).min(requested);
-    if count == 0 {
-        return Err("cuBLASLt found no algorithm".into());
-    }
-    let found = listed[rank.min(count - 1)];
-    Ok((found.algo, found.workspaceSize))
 }
 
 /// cubecl's stream (the calling thread's) waits, on the device, for the products
@@ -279,6 +285,7 @@ struct Call {
     /// The workspace given (its buffer is the fourth handle where this is not 0).
     workspace_bytes: usize,
     second_stream: bool,
+    choice: Choice,
 }
 
 impl Call {
@@ -292,12 +299,13 @@ impl Call {
         }
     }
 
+    /// Enqueues the product; whether its algorithm was chosen by timing candidates.
     fn run(
         self,
         server: &mut CudaServer,
         device: DeviceId,
         handles: Vec<Handle>,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let stream_id = StreamId::current();
         let workspace_key = self.workspace_key(device);
         // On the second stream, what the product reads stays allocated until cubecl's
@@ -333,6 +341,7 @@ impl Call {
             accumulate,
             workspace_bytes: workspace_given,
             second_stream,
+            choice,
         } = self;
         let workspace_address = address.get(3).copied().unwrap_or(0);
         // C and D are one matrix.
@@ -343,7 +352,12 @@ impl Call {
             out_alignment,
             out_alignment,
         ];
+        // The bytes from the output's start to the end of its last column (cuBLASLt's
+        // column-major D).
+        let d = product.d;
+        let out_bytes = ((d.cols.max(1) - 1) * d.ld + d.rows) * elem_bytes[1];
         let server_text = || format!("{server:?}");
+        let mut timed = false;
         let used = with_device(device, |lt| {
             let main = lt.stream(stream_id.value, server_text)?;
             let this_call = Refusal::ThisCall;
@@ -362,80 +376,89 @@ impl Call {
                 }
             });
             let desc = ProductDesc::new(&product, sm_target).map_err(this_call)?;
-            let key = AlgorithmKey {
-                product,
-                types: types.map(|t| t as u32),
-                alignments,
-                accumulate,
-                rank: if accumulate {
-                    test_hooks::accumulate_algorithm_rank()
-                } else {
-                    0
-                },
-                sm_target,
+            let described = Described {
+                handle: lt.handle,
+                desc: &desc,
+                a: &a,
+                b: &b,
+                d: &d,
             };
-            let handle = lt.handle;
-            let (algorithm, workspace_bytes) = lt
-                .algorithms
-                .entry(key)
-                .or_insert_with(|| {
-                    let preference = Preference::new(WORKSPACE_BYTES as u64, alignments)?;
-                    // SAFETY: the descriptors live until the end of this task.
-                    unsafe { listed_algorithm(handle, &desc, [&a, &b, &d], &preference, key.rank) }
-                })
-                .clone()
-                .map_err(this_call)?;
-            note_workspace(workspace_key, workspace_bytes);
+            // On the second stream, the product follows everything enqueued on cubecl's
+            // so far; an algorithm measured for it is timed there.
+            let stream = if second_stream {
+                lt.second_stream(stream_id.value)?
+                    .follow(main)
+                    .map_err(Refusal::ThisCall)?
+            } else {
+                main
+            };
+            let (algorithm, workspace_bytes) = match choice {
+                Choice::Measured => {
+                    let key = AlgorithmKey {
+                        product,
+                        types: types.map(|t| t as u32),
+                        alignments,
+                        accumulate,
+                        sm_target,
+                    };
+                    let operands = Operands {
+                        a: address[0],
+                        b: address[1],
+                        out: address[2],
+                        out_bytes: out_bytes as usize,
+                        accumulate,
+                        workspace: workspace_address,
+                        workspace_bytes: workspace_given,
+                        stream,
+                    };
+                    let chosen = lt.algorithm(key, |store| {
+                        // SAFETY: the operands are pinned by `resources` until the end
+                        // of this task, in the device's current context; the
+                        // descriptors are theirs.
+                        unsafe { choose(&described, &operands, alignments, store) }.map(
+                            |(algorithm, was_timed)| {
+                                timed = was_timed;
+                                algorithm
+                            },
+                        )
+                    });
+                    let chosen = chosen.map_err(this_call)?;
+                    note_workspace(workspace_key, chosen.1);
+                    chosen
+                }
+                Choice::Listed(rank) => {
+                    let listed = described.listed(alignments, rank + 1).map_err(this_call)?;
+                    listed[rank.min(listed.len() - 1)]
+                }
+            };
             if workspace_bytes > workspace_given {
                 return Err(Refusal::ThisCall(format!(
                     "the algorithm uses {workspace_bytes} bytes of workspace, {workspace_given} given"
                 )));
             }
-            let mut second = if second_stream {
-                Some(lt.second_stream(stream_id.value)?)
-            } else {
-                None
-            };
-            let stream = match second.as_mut() {
-                Some(second) => second.follow(main).map_err(Refusal::ThisCall)?,
-                None => main,
-            };
-            let alpha = 1.0f32;
-            let beta = if accumulate { 1.0f32 } else { 0.0 };
-            let pointer = |at: u64| at as usize as *mut c_void;
             // SAFETY: the addresses are the operands' (pinned by `resources` until the
             // product is enqueued), within the extents the layouts give them (checked
-            // by `lt_product` against the tensors' shapes and strides); C and D are one
-            // matrix with one layout, which cuBLASLt allows in place.
+            // by `lt_product` against the tensors' shapes and strides); the workspace
+            // holds `workspace_bytes`.
             unsafe {
-                result::matmul(
-                    handle,
-                    desc.0,
-                    (&alpha as *const f32).cast(),
-                    (&beta as *const f32).cast(),
-                    pointer(address[0]),
-                    a.0,
-                    pointer(address[1]),
-                    b.0,
-                    pointer(address[2]),
-                    d.0,
-                    pointer(address[2]),
-                    d.0,
+                described.enqueue(
+                    [address[0], address[1], address[2], address[2]],
+                    accumulate,
                     &algorithm,
-                    pointer(workspace_address),
-                    workspace_bytes,
+                    (workspace_address, workspace_bytes),
                     stream,
                 )
             }
-            .map_err(|error| Refusal::ThisCall(failed("matmul", error)))?;
-            if let Some(second) = second {
-                // The product ran: a failure to order it makes the host wait for it
-                // instead (`SecondStream::enqueued`), and is no refusal.
+            .map_err(Refusal::ThisCall)?;
+            // The product ran: a failure to order it makes the host wait for it instead
+            // (`SecondStream::enqueued`), and is no refusal. (The second stream was made
+            // above: it is found, not made, here.)
+            if second_stream && let Ok(second) = lt.second_stream(stream_id.value) {
                 let _ = second.enqueued(main, held);
             }
             Ok(())
         });
         drop(resources);
-        used
+        used.map(|()| timed)
     }
 }

@@ -5,10 +5,13 @@
 //!
 //! The library is loaded at run time (`library.rs`); each product is enqueued on the
 //! stream cubecl launches the caller's kernels on (`launch.rs`, `stream_scan.rs`), so
-//! the loss kernels between the products keep their order with no host wait. Where the
-//! library is missing, the device is not CUDA, or a product is refused (a shape cuBLASLt
-//! has no algorithm for, operands it cannot read in place), the caller runs CubeCL's
-//! path and nothing was written.
+//! the loss kernels between the products keep their order with no host wait. Each kind
+//! of product takes the algorithm measured fastest among the heuristic's first few the
+//! first time it runs in the process (`measure.rs`: one host wait per kind), kept on
+//! disk with the `persistence` feature (`store.rs`). Where the library is missing, the
+//! device is not CUDA, or a product is refused (a shape cuBLASLt has no algorithm for,
+//! operands it cannot read in place), the caller runs CubeCL's path and nothing was
+//! written.
 
 #[cfg(feature = "cuda")]
 mod descriptors;
@@ -21,7 +24,10 @@ mod layout;
 #[cfg(feature = "cuda")]
 mod library;
 #[cfg(feature = "cuda")]
+mod measure;
+#[cfg(feature = "cuda")]
 mod second_stream;
+mod store;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod stream_scan;
 
@@ -64,6 +70,20 @@ pub(crate) fn cublaslt_product(
         let _ = (lhs, rhs, out, accumulate, second_stream);
         Err("built without the `cuda` feature".into())
     }
+}
+
+/// For the tests: [`cublaslt_product`] on cubecl's stream with the algorithm cuBLASLt's
+/// heuristic lists at `rank` (see [`launch::launch_listed_product`]).
+#[cfg(feature = "cuda")]
+#[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+pub fn cublaslt_listed_product(
+    lhs: &CubeTensor,
+    rhs: &CubeTensor,
+    out: &CubeTensor,
+    accumulate: bool,
+    rank: usize,
+) -> Result<(), String> {
+    launch::launch_listed_product(lhs, rhs, out, accumulate, rank)
 }
 
 /// cubecl's stream waits for the products enqueued on its second stream (see
