@@ -38,9 +38,6 @@
 //! cuBLASLt's algorithm for each kind of product is the fastest of its heuristic's first
 //! few, timed the first time the kind runs (in the warm-up steps, or read from the store
 //! kept beside Burn's autotune cache).
-//! `sms=A,B` runs cuBLASLt's products on the second stream on B SMs, and those on
-//! cubecl's stream on A while a sum on the second stream may run beside them
-//! (`test_hooks::set_sm_targets`), so that the two streams' products overlap.
 //! `ignored=P` ignores the last P% of each
 //! sequence of 1024 rows (padding) and adds the fused linear cross-entropy on only the
 //! counted rows (`CountedRows`, built from the host's targets inside the step; its
@@ -294,13 +291,6 @@ fn main() {
                     .collect()
             },
         );
-    // `sms=A,B`: products on cubecl's stream on A SMs (beside a sum), the second's on B.
-    if let Some(targets) = std::env::args().find_map(|arg| {
-        let (cubecl, second) = arg.strip_prefix("sms=")?.split_once(',')?;
-        Some([cubecl.parse::<u32>().ok()?, second.parse::<u32>().ok()?])
-    }) {
-        test_hooks::set_sm_targets(Some(targets));
-    }
     let defaults = LinearChunking::default();
     let chunking = LinearChunking {
         logits_bytes: mib_arg("logits"),

@@ -9,8 +9,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_fused_ce::{
-    CrossEntropyOptions, ExtraOutputs, GradientPlan, LinearChunking, Reduction,
-    try_fused_cross_entropy, try_fused_linear_cross_entropy,
+    CrossEntropyError, CrossEntropyOptions, CrossEntropyOutput, ExtraOutputs, GradientPlan,
+    LinearChunking, Reduction, try_fused_cross_entropy, try_fused_linear_cross_entropy,
 };
 use rand::{Rng, rngs::SmallRng};
 
@@ -145,6 +145,19 @@ fn cases(dtypes: &[DType], rows: usize, vocab: usize) -> Vec<EntropyCase> {
     cases
 }
 
+/// A call's loss and entropy as rank 1 (the entropy asked for).
+fn flat_outputs<const D: usize>(
+    output: Result<CrossEntropyOutput<D>, CrossEntropyError>,
+) -> Result<(Tensor<1>, Tensor<1>), CrossEntropyError> {
+    let output = output?;
+    let flat = |tensor: Tensor<D>| {
+        let elements = tensor.shape().num_elements();
+        tensor.reshape([elements])
+    };
+    let entropy = output.entropy.expect("the entropy was asked for");
+    Ok((flat(output.loss), flat(entropy)))
+}
+
 /// The loss's logits gradient for `case` on `backend` against the f64 reference.
 fn check_loss_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
     let _backward = shared_device();
@@ -176,32 +189,23 @@ fn check_loss_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
     let weights = class_weights
         .as_ref()
         .map(|w| Tensor::<1>::from_floats(w.as_slice(), &device));
-    let out = if case.three_d {
-        let targets = targets_tensor(&targets, &device).reshape([2, rows / 2]);
-        let output = try_fused_cross_entropy(
+    let targets_ad = targets_tensor(&targets, &device);
+    let (loss, entropy) = if case.three_d {
+        flat_outputs(try_fused_cross_entropy(
             logits.clone().reshape([2, rows / 2, vocab]),
-            targets,
+            targets_ad.reshape([2, rows / 2]),
             weights,
             &case.options,
-        )
-        .unwrap_or_else(|e| panic!("{context}: {e}"));
-        let loss_len = output.loss.shape().num_elements();
-        (
-            output.loss.reshape([loss_len]),
-            output.entropy.map(|entropy| entropy.reshape([rows])),
-        )
+        ))
     } else {
-        let output = try_fused_cross_entropy(
+        flat_outputs(try_fused_cross_entropy(
             logits.clone(),
-            targets_tensor(&targets, &device),
+            targets_ad,
             weights,
             &case.options,
-        )
-        .unwrap_or_else(|e| panic!("{context}: {e}"));
-        (output.loss, output.entropy)
-    };
-    let (loss, entropy) = out;
-    let entropy = entropy.expect("the entropy was asked for");
+        ))
+    }
+    .unwrap_or_else(|e| panic!("{context}: {e}"));
     let grads = incoming.objective(loss, entropy, case.objective).backward();
     let got = to_f64(logits.grad(&grads).expect("logits gradient"));
     let ref_options = RefOptions::new(&case.options, class_weights.as_deref());
@@ -290,7 +294,7 @@ fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
         .map(|w| Tensor::<1>::from_floats(w.as_slice(), &device));
     let targets_ad = targets_tensor(&targets, &device);
     let (loss, entropy) = if case.three_d {
-        let output = try_fused_linear_cross_entropy(
+        flat_outputs(try_fused_linear_cross_entropy(
             hidden.clone().reshape([2, rows / 2, width]),
             weight.clone(),
             Some(bias.clone()),
@@ -298,15 +302,9 @@ fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
             weights,
             &case.options,
             &chunking,
-        )
-        .unwrap_or_else(|e| panic!("{context}: {e}"));
-        let loss_len = output.loss.shape().num_elements();
-        (
-            output.loss.reshape([loss_len]),
-            output.entropy.map(|entropy| entropy.reshape([rows])),
-        )
+        ))
     } else {
-        let output = try_fused_linear_cross_entropy(
+        flat_outputs(try_fused_linear_cross_entropy(
             hidden.clone(),
             weight.clone(),
             Some(bias.clone()),
@@ -314,11 +312,9 @@ fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
             weights,
             &case.options,
             &chunking,
-        )
-        .unwrap_or_else(|e| panic!("{context}: {e}"));
-        (output.loss, output.entropy)
-    };
-    let entropy = entropy.expect("the entropy was asked for");
+        ))
+    }
+    .unwrap_or_else(|e| panic!("{context}: {e}"));
     let grads = incoming.objective(loss, entropy, case.objective).backward();
 
     let mut logits64 = matmul_f64(&h64, &w64, rows, width, vocab);

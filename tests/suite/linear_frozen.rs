@@ -10,8 +10,7 @@ use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 use burn_fused_ce::test_hooks::{self, LinearProductCounts};
 use burn_fused_ce::{
-    CrossEntropyOptions, FusedLinearCrossEntropyLossConfig, GradientPlan, LinearChunking,
-    Reduction, try_fused_linear_cross_entropy,
+    FusedLinearCrossEntropyLossConfig, GradientPlan, Reduction, try_fused_linear_cross_entropy,
 };
 
 use crate::common::*;
@@ -19,6 +18,7 @@ use crate::contract::poisoned;
 use crate::linear::{
     LinearCase, LinearValues, bound, check_close, objective_of, reference_as_seen,
 };
+use crate::linear_memory::probed_step;
 
 /// Which of the op's inputs require a gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,56 +226,6 @@ fn frozen_inputs_form_no_gradient_on_flex_through_the_portable_path() {
     }
 }
 
-/// The most bytes in use beyond the inputs at the products of one step (`Mean`, f32),
-/// with the weight tracked or frozen.
-fn probed_step(weight_tracked: bool, rows: usize, width: usize, vocab: usize, seed: u64) -> u64 {
-    let device = TestBackend::Fusion.device().autodiff();
-    let mut rng = rng(seed);
-    let values = crate::linear::uniform(&mut rng, rows * width, 1.0);
-    let hidden = Tensor::<2>::from_data(
-        burn::tensor::TensorData::new(values, [rows, width]),
-        &device,
-    )
-    .require_grad();
-    let values = crate::linear::uniform(&mut rng, width * vocab, 0.2);
-    let weight = Tensor::<2>::from_data(
-        burn::tensor::TensorData::new(values, [width, vocab]),
-        &device,
-    );
-    let weight = if weight_tracked {
-        weight.require_grad()
-    } else {
-        weight
-    };
-    let targets: Vec<i64> = (0..rows as i64).map(|row| row * 7 % vocab as i64).collect();
-    let chunking = LinearChunking {
-        logits_bytes: Some(32 * vocab * DType::F32.size()),
-        ..LinearChunking::default()
-    };
-    let before = device
-        .memory_pool_usage()
-        .expect("a cube device reports its pool")
-        .bytes_in_use;
-    test_hooks::set_probe_memory(true);
-    let loss = try_fused_linear_cross_entropy(
-        hidden.clone(),
-        weight.clone(),
-        None,
-        targets_tensor(&targets, &device),
-        None,
-        &CrossEntropyOptions::new(Reduction::Mean),
-        &chunking,
-    )
-    .unwrap_or_else(|e| panic!("seed={seed}: {e}"))
-    .loss;
-    let grads = (loss * 0.75).backward();
-    let _ = (hidden.grad(&grads), weight.grad(&grads));
-    device.sync().expect("the step runs");
-    let peak = test_hooks::probed_peak_bytes_in_use();
-    test_hooks::set_probe_memory(false);
-    peak.saturating_sub(before)
-}
-
 /// A frozen head's step holds no `[H, V]` weight gradient: its peak in use drops by that
 /// buffer.
 #[test]
@@ -285,8 +235,8 @@ fn frozen_head_holds_no_weight_gradient() {
     let seed = fresh_seed();
     let (rows, width, vocab) = (128, 64, 4096);
     let weight_gradient = (width * vocab * DType::F32.size()) as u64;
-    let full = probed_step(true, rows, width, vocab, seed);
-    let frozen = probed_step(false, rows, width, vocab, seed);
+    let full = probed_step((rows, width, vocab), 32, true, seed);
+    let frozen = probed_step((rows, width, vocab), 32, false, seed);
     println!(
         "bytes in use beyond the inputs at the products: {full} (all tracked), {frozen} (frozen head); the weight gradient {weight_gradient}"
     );

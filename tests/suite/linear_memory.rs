@@ -10,8 +10,13 @@ use rand::Rng;
 use crate::common::*;
 
 /// Bytes in use beyond those before it at the products of one training step of
-/// `rows x width x vocab` f32 in chunks of `chunk_rows`.
-fn probed_step(rows: usize, width: usize, vocab: usize, chunk_rows: usize, seed: u64) -> u64 {
+/// `rows x width x vocab` f32 in chunks of `chunk_rows`, the weight tracked or frozen.
+pub(crate) fn probed_step(
+    (rows, width, vocab): (usize, usize, usize),
+    chunk_rows: usize,
+    weight_tracked: bool,
+    seed: u64,
+) -> u64 {
     let device = TestBackend::Fusion.device().autodiff();
     let mut rng = rng(seed);
     let mut uniform =
@@ -24,8 +29,12 @@ fn probed_step(rows: usize, width: usize, vocab: usize, chunk_rows: usize, seed:
     let weight = Tensor::<2>::from_data(
         TensorData::new(uniform(width * vocab), [width, vocab]),
         &device,
-    )
-    .require_grad();
+    );
+    let weight = if weight_tracked {
+        weight.require_grad()
+    } else {
+        weight
+    };
     let targets: Vec<i64> = (0..rows as i64).map(|row| row * 7 % vocab as i64).collect();
     let targets = targets_tensor(&targets, &device);
     let chunking = LinearChunking {
@@ -64,8 +73,8 @@ fn probed_peak_holds_a_chunk_and_follows_the_budget() {
     let (rows, width, vocab) = (256, 64, 4096);
     let logits_row = (vocab * DType::F32.size()) as u64;
     let weight_sum = (width * vocab * DType::F32.size()) as u64;
-    let small = probed_step(rows, width, vocab, 16, seed);
-    let large = probed_step(rows, width, vocab, 128, seed);
+    let small = probed_step((rows, width, vocab), 16, true, seed);
+    let large = probed_step((rows, width, vocab), 128, true, seed);
     println!(
         "bytes in use beyond the inputs at the products: {small} (16-row chunks), {large} (128-row chunks); one row of logits {logits_row}, the weight gradient's sum {weight_sum}"
     );

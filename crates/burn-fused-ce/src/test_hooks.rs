@@ -13,8 +13,6 @@ static SPLIT_K_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static UNSPLIT_KERNEL_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static CUBLASLT_PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 static PROBE_MEMORY: AtomicBool = AtomicBool::new(false);
-/// Two i32 halves: the SMs of products on cubecl's stream, then of those on the second.
-static SM_TARGETS: AtomicU64 = AtomicU64::new(0);
 static PROBED_PEAK: AtomicU64 = AtomicU64::new(0);
 
 /// Why the in-place matmul last refused a product (see [`in_place_accumulate_refusal`]).
@@ -154,29 +152,6 @@ pub fn cublaslt_measurement_count() -> usize {
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn count_cublaslt_measurement() {
     CUBLASLT_MEASUREMENTS.with(|count| count.set(count.get() + 1));
-}
-
-/// For the benches: cuBLASLt's products on the second stream
-/// ([`crate::LinearChunking::weight_gradient_stream`]) run on `second` SMs, and those on
-/// cubecl's stream on `cubecl` SMs while sums on the second stream may still run beside
-/// them, so that both streams' products run at once (each takes every SM otherwise);
-/// `None` (the default) leaves every product all of them.
-pub fn set_sm_targets(targets: Option<[u32; 2]>) {
-    let packed = targets.map_or(0, |[cubecl, second]| {
-        (u64::from(cubecl) << 32) | u64::from(second)
-    });
-    SM_TARGETS.store(packed, Ordering::Relaxed);
-}
-
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn sm_targets() -> Option<[i32; 2]> {
-    let packed = SM_TARGETS.load(Ordering::Relaxed);
-    (cfg!(feature = "test-hooks") && packed != 0).then(|| {
-        [
-            i32::try_from(packed >> 32).unwrap_or(0),
-            i32::try_from(packed & u64::from(u32::MAX)).unwrap_or(0),
-        ]
-    })
 }
 
 /// The fused linear cross-entropy's products, by what they form.

@@ -29,12 +29,12 @@ impl Drop for Layout {
     }
 }
 
-/// A product's description: f32 accumulation and scaling, which operands are
-/// transposed, and how many SMs it is to run on (where `sm_target` is not 0).
+/// A product's description: f32 accumulation and scaling, and which operands are
+/// transposed.
 pub(crate) struct ProductDesc(pub sys::cublasLtMatmulDesc_t);
 
 impl ProductDesc {
-    pub fn new(product: &LtProduct, sm_target: i32) -> Result<Self, String> {
+    pub fn new(product: &LtProduct) -> Result<Self, String> {
         let desc = result::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
@@ -63,18 +63,6 @@ impl ProductDesc {
                 )
             }
             .map_err(|error| failed("transpose attribute", error))?;
-        }
-        if sm_target > 0 {
-            // SAFETY: the attribute takes one i32, read during the call.
-            unsafe {
-                result::set_matmul_desc_attribute(
-                    desc.0,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
-                    (&sm_target as *const i32).cast::<c_void>(),
-                    size_of::<i32>(),
-                )
-            }
-            .map_err(|error| failed("SM count attribute", error))?;
         }
         Ok(desc)
     }

@@ -18,16 +18,13 @@ use super::store::StoreKey;
 use super::stream_scan::{regular_slots, stream_of_slot};
 
 /// A kind of product, for which one algorithm is chosen: the product, the operands' types
-/// and alignments, whether it sums into its output, and the SMs it is described to run
-/// on.
+/// and alignments, and whether it sums into its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct AlgorithmKey {
     pub product: super::layout::LtProduct,
     pub types: [u32; 3],
     pub alignments: [u32; 4],
     pub accumulate: bool,
-    /// The SMs the product is described to run on (0: all).
-    pub sm_target: i32,
 }
 
 impl AlgorithmKey {
@@ -43,7 +40,6 @@ impl AlgorithmKey {
         words.extend(self.types.map(u64::from));
         words.extend(self.alignments.map(u64::from));
         words.push(u64::from(self.accumulate));
-        words.push(i64::from(self.sm_target) as u64);
         words
     }
 }
@@ -178,14 +174,6 @@ impl LtDevice {
             Entry::Occupied(entry) => entry.into_mut(),
             Entry::Vacant(entry) => entry.insert(SecondStream::new().map_err(Refusal::ThisCall)?),
         })
-    }
-
-    /// Whether sums enqueued on the second stream beside cubecl's stream `stream_id` may
-    /// still run (cubecl's stream has not waited for them).
-    pub fn sums_pending(&self, stream_id: u64) -> bool {
-        self.second_streams
-            .get(&stream_id)
-            .is_some_and(SecondStream::has_pending)
     }
 
     /// cubecl's stream `stream_id` (`main`) waits for what its second stream has

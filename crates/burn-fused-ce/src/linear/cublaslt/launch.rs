@@ -129,7 +129,7 @@ pub(crate) fn launch_product(
     launch(lhs, rhs, out, accumulate, second_stream, Choice::Measured)
 }
 
-/// For the tests (`test_hooks::cublaslt_listed_product`): the product as
+/// For the tests (`crate::cublaslt_listed_product`): the product as
 /// [`launch_product`] runs it on cubecl's stream, with the algorithm cuBLASLt's
 /// heuristic lists at `rank` (its first at 0; its last where it lists fewer) instead of
 /// the kind's measured one. Nothing is measured, kept or counted.
@@ -364,18 +364,7 @@ impl Call {
             let a = Layout::new(types[0], product.a).map_err(this_call)?;
             let b = Layout::new(types[1], product.b).map_err(this_call)?;
             let d = Layout::new(types[2], product.d).map_err(this_call)?;
-            // The SMs the product is to run on, where the benches ask for a split: on
-            // cubecl's stream only while sums on the second stream may run beside it.
-            let sm_target = test_hooks::sm_targets().map_or(0, |[cubecl, second]| {
-                if second_stream {
-                    second
-                } else if lt.sums_pending(stream_id.value) {
-                    cubecl
-                } else {
-                    0
-                }
-            });
-            let desc = ProductDesc::new(&product, sm_target).map_err(this_call)?;
+            let desc = ProductDesc::new(&product).map_err(this_call)?;
             let described = Described {
                 handle: lt.handle,
                 desc: &desc,
@@ -399,7 +388,6 @@ impl Call {
                         types: types.map(|t| t as u32),
                         alignments,
                         accumulate,
-                        sm_target,
                     };
                     let operands = Operands {
                         a: address[0],

@@ -126,12 +126,6 @@ impl SecondStream {
         }
     }
 
-    /// Whether products on the stream may still run: cubecl's stream has not waited for
-    /// them.
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
-    }
-
     /// `main` waits for every product on the stream; their operands are released.
     pub fn join(&mut self, main: sys::cudaStream_t) -> Result<(), String> {
         let mut result = Ok(());
