@@ -3,7 +3,7 @@
 //! kernel is defined from its compilation arguments and an H200's properties, then
 //! compiled by cubecl-cpp's CUDA compiler. NVRTC and `ptxas -v` then check the result
 //! offline (`scripts/kernel_registers_offline.sh`): the inline PTX that only this backend
-//! takes (`ptx.rs`), and the registers, which decide how many cubes an SM holds. Tooling
+//! takes (`base/ptx.rs`), and the registers, which decide how many cubes an SM holds. Tooling
 //! only, behind the `cuda-source` feature.
 
 use std::sync::Arc;
@@ -14,11 +14,12 @@ use cubecl::prelude::*;
 use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 use cubecl_cpp::target::Cuda;
 
-use crate::forward::cross_entropy_forward_kernel::CrossEntropyForwardKernel;
+use crate::base::row::RowScalarsCompilationArg;
+use crate::base::row_launch::RowLaunch;
+use crate::base::target::Target;
+use crate::one_pass::OnePassPlan;
 use crate::one_pass::cross_entropy_one_pass_kernel::CrossEntropyOnePassKernel;
-use crate::plan::Target;
-use crate::row::RowScalarsCompilationArg;
-use crate::{OnePassPlan, RowLaunch};
+use crate::rows::cross_entropy_forward_kernel::CrossEntropyForwardKernel;
 
 /// What `launch_one_pass` would launch on an H200 for `shape` (its tuning included), as
 /// CUDA C++: the gradient written over the logits (`gradient_in_place`, when the loss owns

@@ -4,7 +4,7 @@
 //! Only the CUDA runtime's C++ backend (NVRTC) takes inline PTX: SPIR-V has no such thing,
 //! and cubecl-cuda 0.11's LLVM backend (its default) has no lowering for it and refuses
 //! the kernel. So every helper here is behind a comptime flag that the launches set only
-//! there ([`crate::plan::Target`]); without it each one is the plain operation.
+//! there ([`Target`](crate::base::target::Target)); without it each one is the plain operation.
 
 use core::f32::consts::LOG2_E;
 

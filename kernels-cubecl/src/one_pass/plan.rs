@@ -1,136 +1,16 @@
-//! Host-side planning: what each launch computes from the shapes, the options and the
-//! tuning (cube sizes, grids, the one pass's chunks), before any buffer is touched.
+//! How the one-pass kernel cuts the rows of a launch into chunks, from the shape and the
+//! tuning, before any buffer is touched.
 
 use cubecl::prelude::*;
 
-use crate::one_pass::{OnePassOptions, PARTIAL_SLOTS};
-use crate::row::RowOptions;
-use crate::tuning::{KernelTuning, MAX_CHUNKS};
-
-/// Largest grid dimension every runtime accepts (wgpu's limit).
-const MAX_GRID_DIM: usize = 65_535;
-
-/// A grid of `cubes` cubes (at least one), 2-D because wgpu caps each dimension at 65535;
-/// kernels number them with `row_of_cube`.
-pub(crate) fn grid_of(cubes: usize) -> CubeCount {
-    let (x, y) = grid_dims(cubes);
-    CubeCount::Static(x, y, 1)
-}
-
-fn grid_dims(cubes: usize) -> (u32, u32) {
-    let x = cubes.clamp(1, MAX_GRID_DIM);
-    let y = cubes.div_ceil(x).max(1);
-    (x as u32, y as u32)
-}
-
-/// Units of a one-cube reduction over the rows (the one pass's prologue, the reduced
-/// statistics, the first bad target): the most a cube holds, up to 1024, as a power of
-/// two. Their loops are latency-bound chains of loads (one row per unit per step), so
-/// more units mean fewer steps.
-pub(crate) fn reduction_units(client: &Client) -> usize {
-    units_for(client.properties().hardware.max_units_per_cube as usize)
-}
-
-fn units_for(max_units_per_cube: usize) -> usize {
-    1 << max_units_per_cube.clamp(32, 1024).ilog2()
-}
-
-/// What the kernels may use of the runtime they are launched on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Target {
-    /// The CUDA runtime: CUDA's fast-math options.
-    pub(crate) cuda: bool,
-    /// Inline PTX (`gpu_asm!`, the `ptx` module): the CUDA runtime compiling through CUDA
-    /// C++. Neither SPIR-V nor cubecl-cuda's LLVM backend takes it.
-    pub(crate) inline_ptx: bool,
-}
-
-impl Target {
-    /// Not CUDA (wgpu, the CPU runtime).
-    pub(crate) const OTHER: Self = Target {
-        cuda: false,
-        inline_ptx: false,
-    };
-    /// CUDA through CUDA C++ and NVRTC (cubecl-cuda's `cpp` feature).
-    #[cfg(any(test, feature = "cuda-source"))]
-    pub(crate) const CUDA_CPP: Self = Target {
-        cuda: true,
-        inline_ptx: true,
-    };
-
-    /// The runtime behind `client`. cubecl-cuda 0.11 compiles through LLVM unless its
-    /// `cpp` feature is on (process-wide), and the LLVM backend refuses a kernel with
-    /// inline assembly. The client does not say which backend it runs, but the LLVM one
-    /// narrows the device's features to what it lowers, and complex numbers, which the
-    /// C++ backend always advertises, are among those it takes away.
-    pub(crate) fn of(client: &Client) -> Self {
-        let cuda = client.name() == "cuda";
-        let cpp = !client.properties().features.types.complex.is_empty();
-        Target {
-            cuda,
-            inline_ptx: cuda && cpp,
-        }
-    }
-}
-
-/// The loss options as the kernels take them.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct LossSettings {
-    /// Targets equal to this are ignored.
-    pub ignore_index: i32,
-    /// 0 turns label smoothing off (no smoothing code is compiled in).
-    pub label_smoothing: f32,
-    /// 0 turns the z-loss off.
-    pub z_loss_scale: f32,
-    pub softcap: Option<f32>,
-    /// Logits are divided by this first (`None`: by 1, no code compiled in).
-    pub temperature: Option<f32>,
-    /// Class weights (and their total) are bound.
-    pub weighted: bool,
-    /// Track the argmax (accuracy or predictions asked for).
-    pub argmax: bool,
-    /// Track the softmax's entropy (asked for).
-    pub entropy: bool,
-    /// The fast exponential may flush results below 2^-126 to zero (CUDA through its C++
-    /// backend only: inline PTX).
-    pub exp_flush_to_zero: bool,
-    /// Softcap's `tanh` may be the hardware's approximation for bf16 logits (CUDA only).
-    pub approximate_tanh: bool,
-}
-
-/// What every row-per-cube launch needs besides its buffers.
-#[derive(Debug, Clone, Copy)]
-pub struct RowLaunch {
-    /// Number of rows (one cube each).
-    pub rows: usize,
-    /// Classes per row.
-    pub vocab: usize,
-    /// Elements per vectorised load; divides `vocab` and the row strides.
-    pub vector_size: usize,
-    /// 32-bit or 64-bit index arithmetic, from the largest buffer involved.
-    pub address_type: AddressType,
-    /// Element type of the logits (and of their gradient).
-    pub float_dtype: ElemType,
-    /// Element type of the targets (and of the predictions).
-    pub int_dtype: ElemType,
-    pub settings: LossSettings,
-    pub tuning: KernelTuning,
-}
+use crate::base::grid::grid_of;
+use crate::base::row_launch::RowLaunch;
+use crate::base::target::Target;
+use crate::base::tuning::MAX_CHUNKS;
+use crate::one_pass::exchange::PARTIAL_SLOTS;
+use crate::one_pass::options::OnePassOptions;
 
 impl RowLaunch {
-    /// Units per cube: a power of two (the shared-memory tree halves it), enough to cover
-    /// a short row with one pass, at most `tuning.row_units`.
-    pub(crate) fn cube_size(&self) -> usize {
-        let vectors = (self.vocab / self.vector_size).max(1);
-        vectors
-            .next_power_of_two()
-            .clamp(32, self.tuning.row_units.max(32))
-    }
-
-    pub(crate) fn cube_count(&self) -> CubeCount {
-        grid_of(self.rows)
-    }
-
     /// The shape the one-pass kernel runs on: the same, or narrower vectors when
     /// `tuning.one_pass_vector` divides the chosen width.
     pub fn for_one_pass(self) -> Self {
@@ -143,46 +23,6 @@ impl RowLaunch {
             }
             _ => self,
         }
-    }
-
-    /// The row kernels' comptime options on `target`: the options asked for, and the
-    /// fast-math ones it allows (the approximate `tanh` only for bf16 logits, whose own
-    /// rounding is coarser than its error).
-    pub(crate) fn options_on(
-        &self,
-        target: Target,
-        cube_size: usize,
-        loads_per_step: usize,
-    ) -> RowOptions {
-        let settings = self.settings;
-        let bf16 = self.float_dtype == ElemType::Float(cubecl::ir::FloatKind::BF16);
-        RowOptions {
-            loads_per_step,
-            temperature: settings.temperature.is_some(),
-            softcap: settings.softcap.is_some(),
-            smoothing: settings.label_smoothing > 0.0,
-            weighted: settings.weighted,
-            z_loss: settings.z_loss_scale > 0.0,
-            argmax: settings.argmax,
-            entropy: settings.entropy,
-            entropy_gradient: false,
-            cube_size,
-            exp_flush_to_zero: target.inline_ptx && settings.exp_flush_to_zero,
-            approximate_tanh: target.inline_ptx
-                && settings.softcap.is_some()
-                && bf16
-                && settings.approximate_tanh,
-        }
-    }
-
-    /// [`RowLaunch::options_on`] the runtime of `client`.
-    pub(crate) fn launch_options(
-        &self,
-        client: &Client,
-        cube_size: usize,
-        loads_per_step: usize,
-    ) -> RowOptions {
-        self.options_on(Target::of(client), cube_size, loads_per_step)
     }
 }
 
@@ -300,43 +140,7 @@ mod tests {
     use cubecl::ir::FloatKind;
 
     fn shape(rows: usize, vocab: usize, float: FloatKind, vector_size: usize) -> RowLaunch {
-        RowLaunch {
-            rows,
-            vocab,
-            vector_size,
-            address_type: AddressType::U32,
-            float_dtype: ElemType::Float(float),
-            int_dtype: ElemType::Int(cubecl::ir::IntKind::I32),
-            settings: LossSettings::default(),
-            tuning: KernelTuning::defaults(true, true),
-        }
-    }
-
-    #[test]
-    fn grids_cover_every_cube_within_wgpu_limits() {
-        assert_eq!(grid_dims(0), (1, 1));
-        assert_eq!(grid_dims(1), (1, 1));
-        assert_eq!(grid_dims(65_535), (65_535, 1));
-        assert_eq!(grid_dims(65_536), (65_535, 2));
-        let (x, y) = grid_dims(8192 * 6);
-        assert!(x as usize * y as usize >= 8192 * 6);
-        let (x, y) = grid_dims(1 << 22);
-        assert!(x as usize * y as usize >= 1 << 22 && x <= 65_535 && y <= 65_535);
-    }
-
-    #[test]
-    fn reduction_units_are_a_power_of_two_up_to_1024() {
-        assert_eq!(units_for(1024), 1024);
-        assert_eq!(units_for(1536), 1024);
-        assert_eq!(units_for(768), 512);
-        assert_eq!(units_for(16), 32);
-    }
-
-    #[test]
-    fn row_cubes_fit_short_rows() {
-        assert_eq!(shape(4, 100, FloatKind::F32, 4).cube_size(), 32);
-        assert_eq!(shape(4, 1000, FloatKind::F32, 4).cube_size(), 256);
-        assert_eq!(shape(4, 128_256, FloatKind::BF16, 8).cube_size(), 256);
+        RowLaunch::example(rows, vocab, float, vector_size)
     }
 
     #[test]
@@ -401,20 +205,6 @@ mod tests {
         // The entropy is summed as the staged vectors turn into exponentials.
         launch.settings.entropy = true;
         assert!(staged(&launch));
-    }
-
-    #[test]
-    fn fast_math_only_on_cuda_and_tanh_only_for_bf16() {
-        let mut launch = shape(8, 128_256, FloatKind::BF16, 8);
-        launch.settings.softcap = Some(30.0);
-        launch.settings.exp_flush_to_zero = true;
-        launch.settings.approximate_tanh = true;
-        let cuda = launch.options_on(Target::CUDA_CPP, 256, 8);
-        assert!(cuda.exp_flush_to_zero && cuda.approximate_tanh);
-        let other = launch.options_on(Target::OTHER, 256, 8);
-        assert!(!other.exp_flush_to_zero && !other.approximate_tanh);
-        launch.float_dtype = ElemType::Float(FloatKind::F32);
-        assert!(!launch.options_on(Target::CUDA_CPP, 256, 8).approximate_tanh);
     }
 
     #[test]

@@ -2,12 +2,14 @@
 
 use cubecl::prelude::*;
 
-use crate::row::{
+use crate::base::row::{
     RowOptions, RowScalars, is_class, ln_one_plus, read_target, row_of_cube, row_offset,
     runtime_nan, stat_index,
 };
-use crate::row_stat;
-use crate::row_state::{RowState, cube_merge, entropy_term, reduce_span};
+use crate::base::row_stat;
+use crate::rows::cube_merge::cube_merge;
+use crate::rows::reduce_span::reduce_span;
+use crate::rows::row_state::{RowState, entropy_term};
 
 /// What the one pass's gradient needs of a row after [`finish_row`].
 #[derive(CubeType, Clone, Copy)]

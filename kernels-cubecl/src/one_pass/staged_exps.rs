@@ -4,18 +4,19 @@
 
 use cubecl::prelude::*;
 
-use crate::backward::{RowGradient, gradient_from_probs};
-use crate::ptx::{load_vector, store_vector};
-use crate::row::{
+use crate::base::ptx::{load_vector, store_vector};
+use crate::base::row::{
     RUNNING_MAX_START, RowOptions, RowScalars, fast_exp, fast_exp_scalar, lane_max, lane_sum,
     weights_vector,
 };
-use crate::row_state::{
-    RowState, absorb_held_target, best_lane_col, entropy_term, fold_vector_max,
-    rescaled_entropy_sum, smooth_reference, smoothing_term, target_share,
+use crate::rows::gradient::{RowGradient, gradient_from_probs};
+use crate::rows::reduce_span::{absorb_held_target, target_share};
+use crate::rows::row_state::{
+    RowState, best_lane_col, entropy_term, fold_vector_max, rescaled_entropy_sum, smooth_reference,
+    smoothing_term,
 };
 
-/// `row::reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
+/// `reduce_span` for the one pass with `staged_exps` (no softcap), and the reference
 /// maximum `m` of the unit's kept exponentials. No barrier: a unit reads back only what
 /// it staged. The unit's staged vectors (the chunk's first `staged_limit`) go to shared
 /// memory; then they are turned into `exp(x - m)` in place (in the logits' type) and

@@ -1,4 +1,4 @@
-//! The output writer of [`crate::launch_matmul_accumulate`]: cubek-matmul's plane writer
+//! The output writer of `launch_matmul_accumulate`: cubek-matmul's plane writer
 //! (`PlaneWriter`: each computing plane writes its tiles from shared memory to the output,
 //! one vector per unit at a time) with the output's own value added to each vector before
 //! it is written back, so that the kernel forms `out + lhs rhs`.

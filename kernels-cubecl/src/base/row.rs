@@ -1,7 +1,7 @@
 //! Row primitives shared by every kernel: the options and scalars, where a row and its
-//! statistics lie, the fast exponential, the temperature and softcap, the class weights,
-//! and the mean's denominators. The online state a cube reduces a row into is
-//! `row_state.rs`.
+//! statistics lie, the fast exponential, the temperature and softcap, and the class
+//! weights. The online state a cube reduces a row into is the row family's
+//! (`rows::row_state`).
 //!
 //! Logits are seen as `[B, T, V]` (2-D inputs as `[1, N, V]`) with any stride on the two
 //! row dimensions, so a slice of a bigger tensor is read where it lies. Every option is a
@@ -9,7 +9,7 @@
 
 use cubecl::prelude::*;
 
-use crate::ptx::{exp_flush_to_zero, exp_flush_to_zero_lanes, tanh_approx_lanes};
+use crate::base::ptx::{exp_flush_to_zero, exp_flush_to_zero_lanes, tanh_approx_lanes};
 
 /// Start value of a running maximum. Finite on purpose: `exp(m_old - m_new)` with both at
 /// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
@@ -47,7 +47,7 @@ pub struct RowOptions {
     /// Vectors each unit loads before using any (bytes in flight per unit).
     pub loads_per_step: usize,
     /// The fast exponential as `ex2.approx.ftz.f32` (`fast_exp`): inline PTX, so set only
-    /// where the CUDA runtime compiles through CUDA C++ (`plan::Target`).
+    /// where the CUDA runtime compiles through CUDA C++ (`Target`).
     pub exp_flush_to_zero: bool,
     /// Softcap's `tanh` as the hardware's approximation (`soft_cap`).
     pub approximate_tanh: bool,
@@ -225,74 +225,4 @@ pub(crate) fn weights_vector<N: Size>(
         weights.insert(lane, class_weights[first_col + lane]);
     }
     weights
-}
-
-/// The mean's denominators from the targets alone, as forward's statistics would sum
-/// them: `D` (the targets' class weights over non-ignored rows; 1 for a target that is not
-/// a class) and `n` (non-ignored rows), clamped like `reduce_stats` clamps them. Every
-/// cube computes them (reading `rows` targets is cheap next to one row of logits).
-#[cube]
-pub(crate) fn mean_denominators<I: Int>(
-    targets: &Tensor<I>,
-    class_weights: &Tensor<f32>,
-    rows: usize,
-    vocab: usize,
-    scalars: RowScalars,
-    #[comptime] options: RowOptions,
-) -> (f32, f32) {
-    let cube_size = options.cube_size;
-    let mut weight_sum = f32::new(0.0);
-    let mut count = f32::new(0.0);
-    let mut row = UNIT_POS as usize;
-    while row < rows {
-        let target = read_target::<I>(targets, row);
-        let counted = target != scalars.ignore_index;
-        let class = is_class(target, vocab);
-        let mut weight = f32::new(1.0);
-        if comptime!(options.weighted) {
-            weight = select(
-                class,
-                class_weights[select(class, usize::cast_from(target), 0usize)],
-                f32::new(1.0),
-            );
-        }
-        weight_sum += select(counted, weight, f32::new(0.0));
-        count += select(counted, f32::new(1.0), f32::new(0.0));
-        row += cube_size;
-    }
-    let mut shared = Shared::<[f32]>::new_slice(comptime!(2 * cube_size));
-    let unit = UNIT_POS as usize;
-    shared[unit] = weight_sum;
-    shared[cube_size + unit] = count;
-    sum_stacked(&mut shared, 2usize, cube_size);
-    (
-        f32::max(shared[0], f32::new(f32::MIN_POSITIVE)),
-        f32::max(shared[cube_size], f32::new(1.0)),
-    )
-}
-
-/// Sums `sums` stacked arrays of `cube_size` f32 in `shared` (unit `u` has stored its
-/// values at `u`, `cube_size + u`, ..) by a tree over the units: array `k`'s total ends
-/// at `k * cube_size`. Every unit of the cube calls it (it holds the barriers).
-#[cube]
-pub(crate) fn sum_stacked(
-    shared: &mut Shared<[f32]>,
-    #[comptime] sums: usize,
-    #[comptime] cube_size: usize,
-) {
-    let unit = UNIT_POS as usize;
-    sync_cube();
-    let levels = comptime!(cube_size.trailing_zeros() as usize);
-    #[unroll]
-    for level in 0..levels {
-        let half = comptime!(cube_size >> (level + 1));
-        if unit < half {
-            #[unroll]
-            for sum in 0..sums {
-                let at = comptime!(sum * cube_size);
-                shared[at + unit] += shared[at + unit + half];
-            }
-        }
-        sync_cube();
-    }
 }

@@ -1,13 +1,10 @@
-//! The reduced outputs from forward's per-row statistics, in one launch: the loss (`Mean`
-//! or `Sum`), the z-loss, the accuracy and the mean's denominators. Done with Burn's
-//! tensor ops this was eight small kernels (two sums, each a zero fill and an atomic
-//! reduction, a clamp as a compare and a masked fill, a division, a cast), and each small
-//! launch has a fixed cost on the device.
+//! One cube sums every row's statistics and forms the reduced outputs.
 
 use cubecl::prelude::*;
 
-use crate::row::{stat_index, sum_stacked};
-use crate::row_stat;
+use crate::base::row::stat_index;
+use crate::base::row_stat;
+use crate::base::tree::sum_stacked;
 
 /// Which reduced outputs a launch forms (each combination compiles its own kernel).
 #[derive_cube_comptime]

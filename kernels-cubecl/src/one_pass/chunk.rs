@@ -1,261 +1,31 @@
-//! The training step in one pass over the logits, for an incoming gradient guessed at
-//! forward time (`Mean`/`Sum`: the last one this loss saw, 1 at first; backward rescales
-//! the gradient when the guess misses).
-//!
-//! Each row is cut into chunks, one cube per chunk. A cube streams its chunk into shared
-//! memory while reducing it, publishes its partial state in global memory, waits for the
-//! other chunks of its row, merges their states into the row's log-sum-exp, and writes
-//! the chunk's gradient from shared memory. The logits are read from DRAM once and the
-//! gradient written once: the training floor. (Re-reading a row from global memory
-//! instead relied on L2 and missed it: docs/history.md.)
-//!
-//! The cubes of a row wait for each other, so a row's cubes must all be resident at once.
-//! A cube takes its chunk from a ticket counter when it starts, so chunks are handed out
-//! in start order: every resident cube belongs to a row whose chunks have all started,
-//! except the cubes of the one row being handed out, and that row completes as soon as
-//! the device holds as many cubes as a row has chunks. The launch cuts rows into more
-//! than one chunk only where it knows the device runs that many cubes at once (CUDA);
-//! elsewhere (lavapipe runs as many workgroups at once as it has threads) a row is one
-//! chunk, and the exchange is the cube's own.
+//! One chunk of a row that is not ignored: reduced (staged in shared memory), exchanged
+//! with the row's other chunks, and its gradient written.
 
 use cubecl::prelude::*;
 
-use crate::backward::{
-    gradient_coefficients, incoming_scales, store_gradient_vector, write_gradient_span,
-    zero_vectors,
+use crate::base::ptx::{load_vector, store_vector};
+use crate::base::row::{
+    RUNNING_MAX_START, RowOptions, RowScalars, fast_exp_scalar, is_class, row_offset,
 };
-use crate::forward::{finish_row, write_ignored_row};
-use crate::ptx::{load_vector, store_vector};
-use crate::row::{
-    RUNNING_MAX_START, RowOptions, RowScalars, fast_exp_scalar, is_class, mean_denominators,
-    read_target, row_offset,
-};
-use crate::row_state::{RowState, cube_merge, reduce_span, rescaled_entropy_sum, target_share};
-use crate::staged_exps::{
+use crate::one_pass::exchange::{PARTIAL_SLOTS, UNPUBLISHED, published_bits, slot};
+use crate::one_pass::options::OnePassOptions;
+use crate::one_pass::prologue::scale_slot;
+use crate::one_pass::staged_exps::{
     gradient_from_staged_exps, reduce_chunk_staging_exps, write_staged_exps_gradient,
 };
-
-/// Where each value of a chunk's partial state lives among its `PARTIAL_SLOTS` slots of
-/// `partials` (f32 bits as i32, the column as i32).
-mod slot {
-    pub const MAX: usize = 0;
-    pub const OTHERS: usize = 1;
-    pub const TARGET_LOGIT: usize = 2;
-    pub const BEST: usize = 3;
-    pub const BEST_COL: usize = 4;
-    pub const SMOOTH: usize = 5;
-    pub const ENTROPY: usize = 6;
-}
-
-/// Slots per chunk in the partials buffer `[rows * chunks * PARTIAL_SLOTS]` (i32).
-pub const PARTIAL_SLOTS: usize = 7;
-
-/// A slot's value until its chunk publishes. Published f32 bits are kept off it.
-pub const UNPUBLISHED: i32 = -1;
-
-/// How the one-pass kernel runs (each combination compiles its own kernel).
-#[derive_cube_comptime]
-pub struct OnePassOptions {
-    /// Divide by the mean's denominators (else the gradient of a `Sum`).
-    pub mean: bool,
-    /// Vectors of shared memory holding a chunk's first vectors; the gradient pass
-    /// re-reads the rest from global memory (L2: they were read last) before it writes the
-    /// staged part. 0: nothing staged.
-    pub staged_vectors: usize,
-    /// Most chunks a row may have (sizes the exchange's shared memory).
-    pub max_chunks: usize,
-    /// Some chunk is longer than `staged_vectors`: the re-reading loop is compiled in
-    /// (when every chunk is staged it would never run, but would still hold registers).
-    pub reread: bool,
-    /// Vectors each unit of the re-reading loop loads before storing any. Its registers
-    /// set the kernel's: fewer loads, more cubes per SM.
-    pub reread_loads: usize,
-    /// The staged vectors are kept as `exp(x - m)` (in the logits' type) with `m` a
-    /// reference maximum per unit and step, so their gradient is one multiply per element
-    /// instead of an exponential (not with softcap, whose derivative needs the logits).
-    pub staged_exps: bool,
-    /// Inline PTX, so only where the CUDA runtime compiles through CUDA C++ (see
-    /// `KernelTuning::cache_hints`): bit 0, the loads of the logits that are not read
-    /// again from L2 (the staged part, the re-read part's second read) as `ld.global.cs`;
-    /// bit 1, the gradient's stores as `st.global.cs` (`ptx::load_vector`,
-    /// `ptx::store_vector`). Both evict first from L2, leaving it to the unstaged part the
-    /// gradient pass re-reads. 0: plain loads and stores.
-    pub cache_hints: u32,
-}
-
-impl OnePassOptions {
-    /// The logits' loads that are not read again use `ld.global.cs`.
-    pub(crate) fn stream_loads(&self) -> bool {
-        self.cache_hints & 1 != 0
-    }
-
-    /// The gradient's stores use `st.global.cs`.
-    pub(crate) fn stream_stores(&self) -> bool {
-        self.cache_hints & 2 != 0
-    }
-}
-
-/// f32 bits for a slot, never `UNPUBLISHED` (that bit pattern is a NaN; any NaN says the
-/// same).
-#[cube]
-fn published_bits(value: f32) -> i32 {
-    let bits = i32::reinterpret(value);
-    select(bits == UNPUBLISHED, i32::new(0x7fff_ffff), bits)
-}
-
-/// Where each value lives in the one pass's `scales` (f32 `[3]`): the mean's
-/// denominators `D` and `n` (written for `Mean` only) and the guessed incoming gradient.
-pub mod scale_slot {
-    pub const WEIGHT_TOTAL: usize = 0;
-    pub const COUNT: usize = 1;
-    pub const GUESS: usize = 2;
-    /// Length of the buffer.
-    pub const LEN: usize = 3;
-}
-
-/// Before the one-pass kernel: every slot of `partials` to `UNPUBLISHED`, the ticket counter
-/// to 0, the guessed incoming gradient `guess [1]` into `scales` and, for `Mean`, the
-/// denominators `D` and `n`: `given [2]` when `given_denominators`, else from the targets
-/// (cube 0).
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-pub fn one_pass_prologue_kernel<I: Int>(
-    targets: &Tensor<I>,
-    class_weights: &Tensor<f32>,
-    guess: &Tensor<f32>,
-    given: &Tensor<f32>,
-    scales: &mut Tensor<f32>,
-    tickets: &mut Tensor<Atomic<i32>>,
-    partials: &mut Tensor<Atomic<i32>>,
-    vocab: u32,
-    scalars: RowScalars,
-    #[comptime] options: RowOptions,
-    #[comptime] mean: bool,
-    #[comptime] given_denominators: bool,
-    #[define(I)] _dtype: ElemType,
-) {
-    let len = partials.len();
-    let stride = CUBE_COUNT * CUBE_DIM as usize;
-    let mut at = ABSOLUTE_POS;
-    while at < len {
-        partials[at].store(i32::new(UNPUBLISHED as i64));
-        at += stride;
-    }
-    if CUBE_POS == 0 {
-        if UNIT_POS == 0 {
-            tickets[0].store(i32::new(0));
-            scales[scale_slot::GUESS] = guess[0];
-        }
-        if comptime!(mean && given_denominators) {
-            if UNIT_POS == 0 {
-                scales[scale_slot::WEIGHT_TOTAL] = given[0];
-                scales[scale_slot::COUNT] = given[1];
-            }
-        } else if comptime!(mean) {
-            let rows = targets.shape(0) * targets.shape(1);
-            let (weight_sum, count) = mean_denominators::<I>(
-                targets,
-                class_weights,
-                rows,
-                vocab as usize,
-                scalars.clone(),
-                options,
-            );
-            if UNIT_POS == 0 {
-                scales[scale_slot::WEIGHT_TOTAL] = weight_sum;
-                scales[scale_slot::COUNT] = count;
-            }
-        }
-    }
-}
-
-/// Forward that also writes the gradient for the guessed incoming gradient in `scales`
-/// (divided by the mean's denominators when `one_pass.mean`), over the logits when `grad`
-/// aliases them: one cube per chunk of `chunk_vectors` vectors of a row (see the module's
-/// text).
-#[cube(launch_unchecked, address_type = "dynamic")]
-#[allow(clippy::too_many_arguments)]
-pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    targets: &Tensor<I>,
-    class_weights: &Tensor<f32>,
-    weight_total: &Tensor<f32>,
-    scales: &Tensor<f32>,
-    stats: &mut Tensor<f32>,
-    predicted: &mut Tensor<I>,
-    grad: &mut Tensor<Vector<F, N>>,
-    tickets: &mut Tensor<Atomic<i32>>,
-    partials: &mut Tensor<Atomic<i32>>,
-    chunk_vectors: u32,
-    scalars: RowScalars,
-    #[comptime] options: RowOptions,
-    #[comptime] one_pass: OnePassOptions,
-    #[define(F, I)] _dtypes: [ElemType; 2],
-) {
-    let rows = stats.shape(1);
-    let vector_size = logits.vector_size();
-    let vectors_per_row = logits.shape(2) / vector_size;
-    let chunk_vectors = chunk_vectors as usize;
-    let chunks = vectors_per_row.div_ceil(chunk_vectors);
-
-    // The chunk: the next ticket, in the order cubes start.
-    let mut shared_ticket = Shared::<[u32]>::new_slice(1usize);
-    if UNIT_POS == 0 {
-        shared_ticket[0] = u32::cast_from(tickets[0].fetch_add(i32::new(1)));
-    }
-    sync_cube();
-    let ticket = shared_ticket[0] as usize;
-    let row = ticket / chunks;
-    if row >= rows {
-        terminate!();
-    }
-    let chunk = ticket % chunks;
-    let first = chunk * chunk_vectors;
-    let len = usize::min(chunk_vectors, vectors_per_row - first);
-
-    let target = read_target::<I>(targets, row);
-    if target == scalars.ignore_index {
-        // Nobody waits for an ignored row's chunks: they publish nothing.
-        let out_start = row_offset::<Vector<F, N>>(&*grad, row) / grad.vector_size() + first;
-        zero_vectors::<F, N>(
-            grad,
-            out_start,
-            len,
-            options.cube_size,
-            comptime!(one_pass.stream_stores()),
-        );
-        if chunk == 0 && UNIT_POS == 0 {
-            write_ignored_row::<I>(stats, predicted, row, options);
-        }
-    } else {
-        one_pass_chunk::<F, I, N>(
-            logits,
-            class_weights,
-            weight_total,
-            scales,
-            stats,
-            predicted,
-            grad,
-            partials,
-            row.clone(),
-            chunk,
-            chunks,
-            first,
-            len,
-            target,
-            scalars.clone(),
-            options,
-            one_pass,
-        );
-    }
-}
+use crate::rows::cube_merge::cube_merge;
+use crate::rows::forward::finish_row;
+use crate::rows::gradient::{gradient_coefficients, incoming_scales};
+use crate::rows::gradient_span::{store_gradient_vector, write_gradient_span, zero_vectors};
+use crate::rows::reduce_span::{reduce_span, target_share};
+use crate::rows::row_state::{RowState, rescaled_entropy_sum};
 
 /// One chunk of a row that is not ignored: reduce (staging the chunk), exchange, write
 /// the gradient.
 #[cube]
 // A comptime `if` around a runtime one: merged, the option's code would stay compiled in.
 #[allow(clippy::too_many_arguments, clippy::collapsible_if)]
-fn one_pass_chunk<F: Float, I: Int, N: Size>(
+pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
     logits: &Tensor<Vector<F, N>>,
     class_weights: &Tensor<f32>,
     weight_total: &Tensor<f32>,

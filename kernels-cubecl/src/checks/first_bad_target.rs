@@ -1,8 +1,8 @@
-//! Input checks that run on the device.
+//! The first target that is neither a class nor ignored.
 
 use cubecl::prelude::*;
 
-use crate::row::{read_target, row_offset};
+use crate::base::row::{read_target, row_offset};
 
 /// The input check: the first row whose target is neither a class in `[0, vocab)` nor
 /// `ignore_index` (compared as i32, as the loss kernels read targets: 64-bit integer
