@@ -4,27 +4,26 @@
 use cubecl::prelude::*;
 
 use crate::base::ptx::{load_vector, store_vector};
-use crate::base::row::{
-    RUNNING_MAX_START, RowOptions, RowScalars, fast_exp_scalar, is_class, row_offset,
-};
-use crate::one_pass::exchange::{PARTIAL_SLOTS, UNPUBLISHED, published_bits, slot};
+use crate::base::row::{RowOptions, RowScalars, fast_exp_scalar, is_class, row_offset};
+use crate::one_pass::exchange::{merge_chunks, publish_and_gather};
 use crate::one_pass::options::OnePassOptions;
 use crate::one_pass::prologue::scale_slot;
 use crate::one_pass::staged_exps::{
     gradient_from_staged_exps, reduce_chunk_staging_exps, write_staged_exps_gradient,
 };
 use crate::rows::cube_merge::cube_merge;
-use crate::rows::forward::finish_row;
-use crate::rows::gradient::{gradient_coefficients, incoming_scales};
+use crate::rows::forward::{RowForward, finish_row};
+use crate::rows::gradient::{RowGradient, gradient_coefficients, incoming_scales};
 use crate::rows::gradient_span::{store_gradient_vector, write_gradient_span, zero_vectors};
 use crate::rows::reduce_span::{reduce_span, target_share};
-use crate::rows::row_state::{RowState, rescaled_entropy_sum};
+use crate::rows::row_state::RowState;
 
-/// One chunk of a row that is not ignored: reduce (staging the chunk), exchange, write
-/// the gradient.
+/// One chunk of a row that is not ignored, in four phases: reduce it, staging it
+/// ([`reduce_chunk`]); publish its state and gather those of the row's chunks
+/// ([`publish_and_gather`]); merge them into the row's ([`merge_chunks`]); write the
+/// chunk's gradient ([`write_chunk_gradient`]).
 #[cube]
-// A comptime `if` around a runtime one: merged, the option's code would stay compiled in.
-#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
     logits: &Tensor<Vector<F, N>>,
     class_weights: &Tensor<f32>,
@@ -44,10 +43,6 @@ pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
     #[comptime] options: RowOptions,
     #[comptime] one_pass: OnePassOptions,
 ) {
-    let cube_size = options.cube_size;
-    let stream_loads = comptime!(one_pass.stream_loads());
-    let stream_stores = comptime!(one_pass.stream_stores());
-    let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
     let target_is_class = is_class(target, vocab);
     // When the target is not a class, `target_col` is one no unit reaches.
@@ -58,8 +53,108 @@ pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
         } else {
             1
         }));
+    let reduced = reduce_chunk::<F, N>(
+        logits,
+        class_weights,
+        &mut staged,
+        row.clone(),
+        first,
+        len,
+        target_col,
+        scalars.clone(),
+        options,
+        one_pass,
+    );
+    let gathered = publish_and_gather(
+        partials,
+        reduced.merged.clone(),
+        &reduced.target_logit,
+        reduced.has_target,
+        row.clone(),
+        chunk,
+        chunks,
+        options,
+        one_pass,
+    );
+    let row_state = merge_chunks(
+        &gathered,
+        chunks,
+        vocab,
+        reduced.merged.smooth_reference,
+        options,
+    );
+    // The row's statistics, written by chunk 0, and what its gradient needs.
+    let forward = finish_row::<I>(
+        row_state.clone(),
+        select(target_is_class, row_state.target_logit, f32::new(0.0)),
+        target,
+        vocab,
+        class_weights,
+        weight_total,
+        stats,
+        predicted,
+        row.clone(),
+        chunk == 0 && UNIT_POS == 0,
+        scalars.clone(),
+        options,
+    );
+    write_chunk_gradient::<F, N>(
+        logits,
+        grad,
+        class_weights,
+        weight_total,
+        scales,
+        &staged,
+        &reduced,
+        forward,
+        row,
+        first,
+        len,
+        vocab,
+        target_col,
+        target_is_class,
+        scalars,
+        options,
+        one_pass,
+    );
+}
 
-    // 1. Reduce the chunk, keeping it in shared memory when it fits.
+/// What a cube knows of its chunk after reducing it.
+#[derive(CubeType)]
+struct ReducedChunk {
+    /// The units' states merged: the chunk's, in every unit.
+    merged: RowState,
+    /// The reference maximum of the unit's staged exponentials (`staged_exps`; 0 without).
+    reference: f32,
+    /// The target's logit, where the chunk holds the target (published by the merge's
+    /// barriers).
+    target_logit: Shared<[f32]>,
+    /// The chunk holds the target's vector.
+    has_target: bool,
+    /// This unit's share holds it, at `target_at` in the chunk (see `target_share`).
+    holds_target: bool,
+    target_at: usize,
+}
+
+/// Phase 1: reduces the chunk, keeping it in shared memory (`staged`) when it fits, and
+/// merges the units' states.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn reduce_chunk<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    class_weights: &Tensor<f32>,
+    staged: &mut Shared<[Vector<F, N>]>,
+    row: usize,
+    first: usize,
+    len: usize,
+    target_col: usize,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[comptime] one_pass: OnePassOptions,
+) -> ReducedChunk {
+    let cube_size = options.cube_size;
+    let stream_loads = comptime!(one_pass.stream_loads());
+    let vector_size = logits.vector_size();
     let row_start = row_offset::<Vector<F, N>>(logits, row) / vector_size;
     // With `staged_exps`, the unit's staged vectors are kept as `exp(x - reference)`.
     let (state, reference) = if comptime!(one_pass.staged_exps) {
@@ -70,7 +165,7 @@ pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
             len,
             target_col,
             class_weights,
-            &mut staged,
+            staged,
             scalars.clone(),
             options,
             one_pass.staged_vectors,
@@ -85,7 +180,7 @@ pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
             len,
             target_col,
             class_weights,
-            &mut staged,
+            staged,
             scalars.clone(),
             options,
             one_pass.staged_vectors,
@@ -101,128 +196,47 @@ pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
     }
     // The merge's barriers also publish `shared_target_logit`.
     let merged = cube_merge(state, options);
-
-    // 2. Publish the chunk's state, then gather every chunk's; each slot is checked on its
-    // own, so no ordering between the stores is assumed. Only the slots the options use
-    // are published and polled (each poll is an atomic at L2).
-    let row_base = row * chunks * PARTIAL_SLOTS;
-    if UNIT_POS == 0 {
-        let base = row_base + chunk * PARTIAL_SLOTS;
-        let chunk_target_logit = select(chunk_has_target, shared_target_logit[0], f32::new(0.0));
-        partials[base + slot::OTHERS].store(published_bits(merged.others));
-        partials[base + slot::TARGET_LOGIT].store(published_bits(chunk_target_logit));
-        if comptime!(options.argmax) {
-            partials[base + slot::BEST].store(published_bits(merged.best));
-            partials[base + slot::BEST_COL].store(i32::cast_from(merged.best_col));
-        }
-        if comptime!(options.smoothing) {
-            partials[base + slot::SMOOTH].store(published_bits(merged.smooth));
-        }
-        if comptime!(options.entropy) {
-            partials[base + slot::ENTROPY].store(published_bits(merged.entropy_sum));
-        }
-        partials[base + slot::MAX].store(published_bits(merged.max));
+    ReducedChunk {
+        merged,
+        reference,
+        target_logit: shared_target_logit,
+        has_target: chunk_has_target,
+        holds_target,
+        target_at,
     }
-    let mut gathered = Shared::<[i32]>::new_slice(comptime!(one_pass.max_chunks * PARTIAL_SLOTS));
-    // Unit `u` waits for slot `u % PARTIAL_SLOTS` of chunk `u / PARTIAL_SLOTS` when the
-    // options use that slot. (A unit never loops over several slots: cubecl 0.10 made a
-    // `break` inside nested loops leave the outer one too.)
-    let count = chunks * PARTIAL_SLOTS;
-    let mut at = UNIT_POS as usize;
-    while at < count {
-        let index = at % PARTIAL_SLOTS;
-        let wanted = index <= slot::TARGET_LOGIT
-            || (comptime!(options.argmax) && (index == slot::BEST || index == slot::BEST_COL))
-            || (comptime!(options.smoothing) && index == slot::SMOOTH)
-            || (comptime!(options.entropy) && index == slot::ENTROPY);
-        if wanted {
-            // `loop` + `break` with the copy inside: a `while` re-assigning the loaded
-            // value never saw the published value.
-            loop {
-                let value = partials[row_base + at].load();
-                if value != i32::new(UNPUBLISHED as i64) {
-                    gathered[at] = value;
-                    break;
-                }
-            }
-        }
-        at += cube_size;
-    }
-    sync_cube();
+}
 
-    // 3. Every unit merges the chunks' states in chunk order (ties of the argmax go to
-    // the first column, as within a chunk).
-    let mut row_max = f32::new(RUNNING_MAX_START);
-    let mut row_others = f32::new(0.0);
-    let mut row_target_logit = f32::new(0.0);
-    let mut row_best = f32::new(RUNNING_MAX_START);
-    let mut row_best_col = u32::cast_from(vocab);
-    let mut row_smooth = f32::new(0.0);
-    let mut row_entropy = f32::new(0.0);
-    let mut index = 0usize;
-    while index < chunks {
-        let base = index * PARTIAL_SLOTS;
-        let chunk_max = f32::reinterpret(gathered[base + slot::MAX]);
-        let chunk_others = f32::reinterpret(gathered[base + slot::OTHERS]);
-        let new_max = f32::max(row_max, chunk_max);
-        let (row_rescale, chunk_rescale) =
-            (f32::exp(row_max - new_max), f32::exp(chunk_max - new_max));
-        if comptime!(options.entropy) {
-            let chunk_entropy = f32::reinterpret(gathered[base + slot::ENTROPY]);
-            row_entropy =
-                rescaled_entropy_sum(row_entropy, row_others, row_max - new_max, row_rescale)
-                    + rescaled_entropy_sum(
-                        chunk_entropy,
-                        chunk_others,
-                        chunk_max - new_max,
-                        chunk_rescale,
-                    );
-        }
-        row_others = row_others * row_rescale + chunk_others * chunk_rescale;
-        row_max = new_max;
-        // One chunk holds the target; the others published 0.
-        row_target_logit += f32::reinterpret(gathered[base + slot::TARGET_LOGIT]);
-        if comptime!(options.argmax) {
-            let chunk_best = f32::reinterpret(gathered[base + slot::BEST]);
-            let better = chunk_best > row_best;
-            row_best = select(better, chunk_best, row_best);
-            row_best_col = select(
-                better,
-                u32::cast_from(gathered[base + slot::BEST_COL]),
-                row_best_col,
-            );
-        }
-        if comptime!(options.smoothing) {
-            row_smooth += f32::reinterpret(gathered[base + slot::SMOOTH]);
-        }
-        index += 1;
-    }
-    let row_state = RowState {
-        max: row_max,
-        others: row_others,
-        target_logit: row_target_logit,
-        best: row_best,
-        best_col: row_best_col,
-        smooth: row_smooth,
-        smooth_reference: merged.smooth_reference,
-        entropy_sum: row_entropy,
-    };
-    let forward = finish_row::<I>(
-        row_state,
-        select(target_is_class, row_target_logit, f32::new(0.0)),
-        target,
-        vocab,
-        class_weights,
-        weight_total,
-        stats,
-        predicted,
-        row.clone(),
-        chunk == 0 && UNIT_POS == 0,
-        scalars.clone(),
-        options,
-    );
-
-    // 4. The chunk's gradient for the guessed incoming gradient.
+/// Phase 4: writes the chunk's gradient for the guessed incoming gradient, from the row's
+/// `forward` and the chunk as `reduced` left it.
+#[cube]
+// A comptime `if` around a runtime one: merged, the option's code would stay compiled in.
+#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
+fn write_chunk_gradient<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    grad: &mut Tensor<Vector<F, N>>,
+    class_weights: &Tensor<f32>,
+    weight_total: &Tensor<f32>,
+    scales: &Tensor<f32>,
+    staged: &Shared<[Vector<F, N>]>,
+    reduced: &ReducedChunk,
+    forward: RowForward,
+    row: usize,
+    first: usize,
+    len: usize,
+    vocab: usize,
+    target_col: usize,
+    target_is_class: bool,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[comptime] one_pass: OnePassOptions,
+) {
+    let cube_size = options.cube_size;
+    let stream_loads = comptime!(one_pass.stream_loads());
+    let stream_stores = comptime!(one_pass.stream_stores());
+    let vector_size = logits.vector_size();
+    let holds_target = reduced.holds_target;
+    let target_at = reduced.target_at;
+    let reference = reduced.reference;
     let incoming = select(target_is_class, scales[scale_slot::GUESS], f32::new(0.0));
     let (ce_scale, z_scale) = incoming_scales(incoming, scales, one_pass.mean);
     let row_grad = gradient_coefficients(
@@ -274,38 +288,19 @@ pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
                 stream_stores,
             );
         }
-        if comptime!(one_pass.staged_exps) {
-            write_staged_exps_gradient::<F, N>(
-                grad,
-                out_start,
-                first,
-                staged_len,
-                &staged,
-                reference,
-                class_weights,
-                row_grad.clone(),
-                options,
-                stream_stores,
-            );
-        } else {
-            let mut local = UNIT_POS as usize;
-            while local < staged_len {
-                // Each unit reads back only the vectors it staged itself.
-                store_gradient_vector::<F, N>(
-                    grad,
-                    out_start,
-                    first + local,
-                    staged[local],
-                    class_weights,
-                    row_grad.clone(),
-                    scalars.clone(),
-                    options,
-                    false,
-                    stream_stores,
-                );
-                local += cube_size;
-            }
-        }
+        write_staged_gradient::<F, N>(
+            grad,
+            out_start,
+            first,
+            staged_len,
+            staged,
+            reference,
+            class_weights,
+            row_grad.clone(),
+            scalars.clone(),
+            options,
+            one_pass,
+        );
         // The target's vector: from its kept exponentials when staged as such, else from
         // its logits.
         let from_exps = holds_target && target_staged && comptime!(one_pass.staged_exps);
@@ -339,6 +334,60 @@ pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
                 true,
                 stream_stores,
             );
+        }
+    }
+}
+
+/// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
+/// as if none held the target: from their kept exponentials with `staged_exps`, else from
+/// the staged logits.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_staged_gradient<F: Float, N: Size>(
+    grad: &mut Tensor<Vector<F, N>>,
+    out_start: usize,
+    first: usize,
+    staged_len: usize,
+    staged: &Shared<[Vector<F, N>]>,
+    reference: f32,
+    class_weights: &Tensor<f32>,
+    row_grad: RowGradient,
+    scalars: RowScalars,
+    #[comptime] options: RowOptions,
+    #[comptime] one_pass: OnePassOptions,
+) {
+    let cube_size = options.cube_size;
+    let stream_stores = comptime!(one_pass.stream_stores());
+    if comptime!(one_pass.staged_exps) {
+        write_staged_exps_gradient::<F, N>(
+            grad,
+            out_start,
+            first,
+            staged_len,
+            staged,
+            reference,
+            class_weights,
+            row_grad.clone(),
+            options,
+            stream_stores,
+        );
+    } else {
+        let mut local = UNIT_POS as usize;
+        while local < staged_len {
+            // Each unit reads back only the vectors it staged itself.
+            store_gradient_vector::<F, N>(
+                grad,
+                out_start,
+                first + local,
+                staged[local],
+                class_weights,
+                row_grad.clone(),
+                scalars.clone(),
+                options,
+                false,
+                stream_stores,
+            );
+            local += cube_size;
         }
     }
 }
