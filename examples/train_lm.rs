@@ -22,7 +22,14 @@
 //! parallel: each global batch split over N replicas on the first N GPUs, their gradients
 //! averaged by Burn's all-reduce (`burn::tensor::distributed`) where the runtime has
 //! collectives (CUDA with NCCL), else on the first device; on wgpu the replicas share the
-//! device), `--out DIR` (plots and tables; default target/train_lm).
+//! device), `--out DIR` (plots and tables; default target/train_lm), `--temperature T`
+//! and `--top-k K` (how the closing sample draws its tokens: default 0.8 and 40, seeded;
+//! temperature 0 is greedy).
+//!
+//! The default features (`wgpu`) leave Burn's autotune out: without a GPU, wgpu runs on
+//! lavapipe, where tuning would compile every candidate kernel of every shape for minutes.
+//! GPU builds turn it on (`--features cuda,autotune`; `--features autotune` for wgpu on a
+//! GPU).
 //!
 //! The summary's second table tells whether a long run stays flat (a soak: `--steps
 //! 10000`): the memory pool (pages reserved, bytes in use) after warm-up (step 100) and at
@@ -37,10 +44,10 @@ use burn_fused_ce::LinearChunking;
 use fused_ce_suite::{
     RUNTIME_NAME, SUPPORTS_BF16, devices,
     lm::{
-        Corpus, GptConfig, GradientSync, LearnerRun, LossKind, RunConfig, SAMPLE_TEXT, StepLog,
-        Vocabulary, initial_model,
+        Corpus, Gpt, GptConfig, GradientSync, LearnerRun, LossKind, RunConfig, SAMPLE_TEXT,
+        Sampling, StepLog, Vocabulary, cpu, initial_model,
         plot::{Curve, loss_curves_svg},
-        sample, train, train_data_parallel_with, train_with_learner,
+        prose_prompt, sample_with, train, train_data_parallel_with, train_with_learner,
     },
 };
 use indicatif::{ProgressBar, ProgressStyle};
@@ -71,6 +78,7 @@ struct Args {
     bf16: bool,
     devices: usize,
     out: PathBuf,
+    sampling: Sampling,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -87,6 +95,14 @@ fn parse_args() -> Result<Args, String> {
             .map(|v| {
                 v.parse()
                     .map_err(|_| format!("{name} takes a number, got {v}"))
+            })
+            .transpose()
+    };
+    let real = |name: &str| -> Result<Option<f64>, String> {
+        value(name)
+            .map(|v| match v.parse::<f64>() {
+                Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+                _ => Err(format!("{name} takes a number of 0 or more, got {v}")),
             })
             .transpose()
     };
@@ -151,6 +167,11 @@ fn parse_args() -> Result<Args, String> {
         bf16,
         devices: number("--devices")?.unwrap_or(1).max(1),
         out: PathBuf::from(value("--out").unwrap_or("target/train_lm")),
+        sampling: Sampling {
+            temperature: real("--temperature")?.unwrap_or(0.8),
+            top_k: number("--top-k")?.unwrap_or(40),
+            seed: 7,
+        },
     })
 }
 
@@ -172,6 +193,9 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if args.fit_trial.is_none() {
+        println!("{}", autotune_note(cpu::device_is_cpu()));
+    }
     // The first `--devices` devices (one by default; the first trains alone). Their default
     // float dtype is set before any tensor is made on them: Burn fixes it at the first.
     let replicas = devices(args.devices);
@@ -254,9 +278,6 @@ fn run(args: &Args, replicas: &[Device]) {
             Err(why) => format!("not used ({why})"),
         }
     );
-    println!(
-        "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); this workspace's CUDA builds keep the results on disk for later runs (Burn's `persistence` feature: in target/environment of the Cargo workspace run from, else in the user cache directory)."
-    );
     if args.learner {
         let directory = args.out.join("learner");
         let learner_run = LearnerRun {
@@ -266,12 +287,7 @@ fn run(args: &Args, replicas: &[Device]) {
         };
         let start = initial_model(&config, run.seed, &device);
         let result = train_with_learner(&config, &run, &learner_run, start, &corpus, &directory);
-        let model = result.model.gpt;
-        let prompt = &corpus.tokens[..8.min(corpus.tokens.len())];
-        println!(
-            "sample: {}",
-            sample(&model, &config, &corpus, prompt, 24, &device)
-        );
+        print_sample(args, &text, &result.model.gpt, &corpus, &device);
         println!(
             "metrics, checkpoints and the summary in {}",
             directory.display()
@@ -379,13 +395,50 @@ fn run(args: &Args, replicas: &[Device]) {
         last_model = Some(model);
     }
     if let Some(model) = &last_model {
-        let prompt = &corpus.tokens[..8.min(corpus.tokens.len())];
-        println!(
-            "sample: {:?}",
-            sample(model, &config, &corpus, prompt, 24, &device)
-        );
+        print_sample(args, &text, model, &corpus, &device);
     }
     report(args, &outcomes);
+}
+
+/// What this run does about Burn's autotune, which tunes each matmul and reduction shape at
+/// its first use when the build has it (`--features autotune`).
+fn autotune_note(on_cpu: bool) -> &'static str {
+    match (cfg!(feature = "autotune"), on_cpu) {
+        (true, true) => {
+            "The device is a CPU (wgpu finds no GPU: lavapipe, software Vulkan), and this build has Burn's autotune (`--features autotune`): the first step compiles and measures every candidate kernel of every shape (many minutes) and finds nothing worth it on a CPU. Builds without it (the default features) skip that."
+        }
+        (true, false) => {
+            "Burn autotunes its matmuls and reductions at the first use of each shape (on a GPU, minutes for a large LM head); this workspace's CUDA builds keep the results on disk for later runs (Burn's `persistence` feature: in target/environment of the Cargo workspace run from, else in the user cache directory)."
+        }
+        (false, true) => {
+            "The device is a CPU (wgpu finds no GPU: lavapipe, software Vulkan): Burn's default kernels, without its autotune (not in the default features), which on a CPU would compile every candidate kernel of every shape for minutes."
+        }
+        (false, false) => {
+            "Burn's autotune is not in this build: Burn's default kernels. On a GPU, `--features autotune` tunes each matmul and reduction shape at its first use."
+        }
+    }
+}
+
+/// A continuation of the text's first words of prose, drawn as `--temperature` and
+/// `--top-k` say (seeded: the same text on every run of the same model).
+fn print_sample(args: &Args, text: &str, model: &Gpt, corpus: &Corpus, device: &Device) {
+    let prompt = corpus.vocabulary.encode(&prose_prompt(text, 6));
+    let prompt = if prompt.is_empty() {
+        &corpus.tokens[..corpus.tokens.len().min(8)]
+    } else {
+        &prompt[..]
+    };
+    let sampling = &args.sampling;
+    let how = if sampling.temperature > 0.0 {
+        format!(
+            "temperature {}, top-k {}, seed {}",
+            sampling.temperature, sampling.top_k, sampling.seed
+        )
+    } else {
+        "greedy".to_string()
+    };
+    let text = sample_with(model, &args.model, corpus, prompt, 40, sampling, device);
+    println!("sample ({how}):\n{text}\n");
 }
 
 /// The value of `--loss` that names `kind`.
@@ -532,18 +585,21 @@ fn stability_table(steps: usize, outcomes: &[Outcome]) -> String {
 /// Prints and writes the curves and the table.
 fn report(args: &Args, outcomes: &[Outcome]) {
     let mut table = String::from(
-        "| loss | step ms (median) | tokens/s | pool growth MiB | largest batch | final loss |\n|---|---:|---:|---:|---:|---:|\n",
+        "| loss | first step s | step ms (median) | tokens/s | whole run s | pool growth MiB | largest batch | first loss | final loss |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for o in outcomes {
         let seconds = median_seconds(&o.logs);
         let tokens = o.logs.first().map_or(0, |l| l.tokens) as f64;
         table += &format!(
-            "| {} | {:.1} | {:.0} | {:.0} | {} | {:.4} |\n",
+            "| {} | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} | {} | {:.4} | {:.4} |\n",
             o.kind.name(),
+            o.logs.first().map_or(f64::NAN, |l| l.seconds),
             seconds * 1e3,
             tokens / seconds.max(1e-12),
+            o.logs.iter().map(|l| l.seconds).sum::<f64>(),
             o.pool_growth_mib,
             o.largest_batch.map_or("-".to_string(), |b| b.to_string()),
+            o.logs.first().map_or(f64::NAN, |l| l.loss),
             o.logs.last().map_or(f64::NAN, |l| l.loss),
         );
     }

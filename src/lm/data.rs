@@ -38,6 +38,11 @@ impl Vocabulary {
         }
     }
 
+    /// The tokens of `text`.
+    pub fn encode(self, text: &str) -> Vec<u32> {
+        self.bpe().encode_ordinary(text)
+    }
+
     fn bpe(self) -> &'static CoreBPE {
         match self {
             Vocabulary::Gpt2 => tiktoken_rs::r50k_base_singleton(),
@@ -56,7 +61,7 @@ impl Corpus {
     pub fn new(text: &str, vocabulary: Vocabulary) -> Self {
         Self {
             vocabulary,
-            tokens: vocabulary.bpe().encode_ordinary(text),
+            tokens: vocabulary.encode(text),
         }
     }
 
@@ -84,4 +89,26 @@ impl Corpus {
             .decode(tokens)
             .unwrap_or_else(|_| String::from("<undecodable>"))
     }
+}
+
+/// A prompt for sampling: the first `words` words of the first paragraph of prose in
+/// `text`, the first one with a line of 40 lowercase letters or more (past a title page
+/// and a table of contents), else of `text`.
+pub fn prose_prompt(text: &str, words: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|line| line.chars().filter(char::is_ascii_lowercase).count() >= 40)
+        .map_or(0, |prose| {
+            lines[..prose]
+                .iter()
+                .rposition(|line| line.trim().is_empty())
+                .map_or(0, |blank| blank + 1)
+        });
+    lines[start..]
+        .iter()
+        .flat_map(|line| line.split_whitespace())
+        .take(words)
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -16,7 +16,7 @@ use burn_fused_ce::{
     FusedCrossEntropyLoss, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLoss,
     FusedLinearCrossEntropyLossConfig, LinearChunking,
 };
-use rand::{SeedableRng, rngs::SmallRng};
+use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 use super::data::Corpus;
 use super::model::{Gpt, GptConfig};
@@ -175,6 +175,27 @@ pub fn train(
     (logs, model)
 }
 
+/// How [`sample_with`] picks each next token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// The logits are divided by it before the softmax: below 1 sharpens the distribution,
+    /// above 1 flattens it; 0 (or less) picks the most likely token, as [`sample`] does.
+    pub temperature: f64,
+    /// Draw among the `top_k` most likely tokens only (0: among all of them).
+    pub top_k: usize,
+    /// The draws follow from it alone, on the host: a seed gives the same text on every run.
+    pub seed: u64,
+}
+
+impl Sampling {
+    /// The most likely token each time.
+    pub const GREEDY: Sampling = Sampling {
+        temperature: 0.0,
+        top_k: 0,
+        seed: 0,
+    };
+}
+
 /// Greedy continuation of `prompt` by `len` tokens, without autodiff (whatever the device
 /// `model` trained on).
 pub fn sample(
@@ -185,8 +206,31 @@ pub fn sample(
     len: usize,
     device: &Device,
 ) -> String {
+    sample_with(
+        model,
+        config,
+        corpus,
+        prompt,
+        len,
+        &Sampling::GREEDY,
+        device,
+    )
+}
+
+/// Continuation of `prompt` by `len` tokens drawn as `sampling` says, without autodiff
+/// (whatever the device `model` trained on).
+pub fn sample_with(
+    model: &Gpt,
+    config: &GptConfig,
+    corpus: &Corpus,
+    prompt: &[u32],
+    len: usize,
+    sampling: &Sampling,
+    device: &Device,
+) -> String {
     let model = model.valid();
     let device = device.clone().without_autodiff();
+    let mut rng = SmallRng::seed_from_u64(sampling.seed);
     let mut tokens = prompt.to_vec();
     // One input shape for every token: the context padded on the right to a fixed window.
     // Causal attention leaves the positions before the padding as they were, and under
@@ -202,12 +246,86 @@ pub fn sample(
             .take(window)
             .collect();
         let input = Tensor::<2, Int>::from_data(TensorData::new(input, [1, window]), &device);
-        let logits = model.forward(input);
-        let next = logits
-            .slice([last..last + 1, 0..config.vocab])
-            .argmax(1)
-            .into_scalar::<i64>();
+        let logits = model
+            .forward(input)
+            .slice([last..last + 1, 0..config.vocab]);
+        let next = if sampling.temperature > 0.0 {
+            let logits = logits
+                .into_data()
+                .try_into_vec_as::<f64>()
+                .expect("the logits read back as numbers");
+            draw(&logits, sampling, &mut rng)
+        } else {
+            logits.argmax(1).into_scalar::<i64>() as usize
+        };
         tokens.push(next as u32);
     }
     corpus.decode(&tokens)
+}
+
+/// A token drawn from the softmax of `logits / temperature` over the `top_k` largest.
+fn draw(logits: &[f64], sampling: &Sampling, rng: &mut SmallRng) -> usize {
+    let mut order: Vec<usize> = (0..logits.len())
+        .filter(|&i| logits[i].is_finite())
+        .collect();
+    let k = match sampling.top_k {
+        0 => order.len(),
+        k => k.min(order.len()),
+    };
+    if k == 0 {
+        return 0;
+    }
+    let larger = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]);
+    if k < order.len() {
+        order.select_nth_unstable_by(k - 1, larger);
+        order.truncate(k);
+    }
+    // Sorted, so that the draw does not depend on the selection's order.
+    order.sort_unstable_by(larger);
+    let top = logits[order[0]];
+    let weights: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i] - top) / sampling.temperature).exp())
+        .collect();
+    let mut target = rng.random::<f64>() * weights.iter().sum::<f64>();
+    for (&i, &weight) in order.iter().zip(&weights) {
+        if target < weight {
+            return i;
+        }
+        target -= weight;
+    }
+    order[k - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampling(temperature: f64, top_k: usize) -> Sampling {
+        Sampling {
+            temperature,
+            top_k,
+            seed: 7,
+        }
+    }
+
+    #[test]
+    fn draws_stay_among_the_top_k_and_follow_the_seed() {
+        let logits = [0.5, 3.0, f64::NAN, 2.0, -1.0, 2.5];
+        let draws = |sampling: &Sampling| {
+            let mut rng = SmallRng::seed_from_u64(sampling.seed);
+            (0..200)
+                .map(|_| draw(&logits, sampling, &mut rng))
+                .collect::<Vec<_>>()
+        };
+        assert!(draws(&sampling(1.0, 1)).iter().all(|&t| t == 1));
+        let top_three = draws(&sampling(1.0, 3));
+        assert!(top_three.iter().all(|t| [1, 5, 3].contains(t)));
+        assert!([1, 5, 3].iter().all(|t| top_three.contains(t)));
+        assert_eq!(top_three, draws(&sampling(1.0, 3)));
+        // All finite logits when top-k is 0; a low temperature all but picks the largest.
+        assert!(draws(&sampling(1.0, 0)).iter().all(|&t| t != 2));
+        let cold = draws(&sampling(0.05, 0));
+        assert!(cold.iter().filter(|&&t| t == 1).count() > 190);
+    }
 }
