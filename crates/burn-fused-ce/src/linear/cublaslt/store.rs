@@ -17,7 +17,7 @@
 //!
 //! keyed by the device's name, compute capability and SM count, cuBLASLt's version and
 //! the product (its shapes, transposes, leading dimensions, types, alignments, whether it
-//! sums into its output, its SM target); the algorithm is `cublasLtMatmulAlgo_t`'s
+//! sums into its output); the algorithm is `cublasLtMatmulAlgo_t`'s
 //! opaque 8 words, with the workspace it said it uses. A stored algorithm is checked
 //! with `cublasLtMatmulAlgoCheck` before it is used, and measured again where the check
 //! fails.
