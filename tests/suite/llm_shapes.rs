@@ -151,9 +151,21 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, one_pass: bo
         "{context}: the shape must pass 2^31 elements"
     );
     device.seed(seed);
-    // Drawn in f32 (33.6 GB at most), then cast: the f32 draw is freed before the loss.
-    let inner =
-        Tensor::<2>::random([rows, vocab], Distribution::Uniform(-6.0, 6.0), &device).cast(dtype);
+    // Drawn in f32 a quarter of the rows at a time, each cast before the next is drawn:
+    // one f32 draw of the whole shape (33.6 GB) passes the largest buffer cubecl's pool
+    // gives on an 80 GB card.
+    let quarter = rows.div_ceil(4);
+    let inner = Tensor::cat(
+        (0..rows)
+            .step_by(quarter)
+            .map(|start| {
+                let block = quarter.min(rows - start);
+                Tensor::<2>::random([block, vocab], Distribution::Uniform(-6.0, 6.0), &device)
+                    .cast(dtype)
+            })
+            .collect(),
+        0,
+    );
     let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
     let sample: Vec<usize> = (0..16).chain(rows - 16..rows).collect();
     let sample_rows = |t: &Tensor<2>| -> Vec<Vec<f64>> {
