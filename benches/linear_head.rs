@@ -386,11 +386,18 @@ fn main() {
             .with_bias(false)
             .init(&autodiff);
         head.weight = burn::module::Param::from_tensor(weight.clone());
+        // Frozen as users freeze them: `Param::from_tensor` turns gradients on and
+        // `detach` keeps a leaf's `require_grad`, so both are turned off explicitly.
         let frozen_head = burn::nn::Linear {
-            weight: burn::module::Param::from_tensor(weight.clone().detach()),
+            weight: burn::module::Param::from_tensor(weight.clone().detach())
+                .set_require_grad(false),
             bias: None,
         };
-        let frozen_hidden = hidden.clone().detach();
+        let frozen_hidden = hidden.clone().detach().set_require_grad(false);
+        assert!(
+            !frozen_head.weight.val().is_require_grad() && !frozen_hidden.is_require_grad(),
+            "the frozen ways' weight and hidden states are untracked"
+        );
         let mut fused_ms = None;
         let mut linear_ms = None;
         for way in [
