@@ -3,6 +3,20 @@
 use cubecl::prelude::*;
 
 use crate::base::row::{read_target, row_offset};
+use crate::base::tree::{TreeFold, TreeFoldExpand, tree_fold};
+
+/// The units' first bad rows, a slot per unit, folded to the smallest.
+#[derive(CubeType)]
+struct FirstRows {
+    rows: Shared<[u32]>,
+}
+
+#[cube]
+impl TreeFold for FirstRows {
+    fn fold(&mut self, unit: usize, #[comptime] half: usize) {
+        self.rows[unit] = u32::min(self.rows[unit], self.rows[unit + half]);
+    }
+}
 
 /// The input check: the first row whose target is neither a class in `[0, vocab)` nor
 /// `ignore_index` (compared as i32, as the loss kernels read targets: 64-bit integer
@@ -29,21 +43,14 @@ pub fn first_bad_target_kernel<I: Int>(
         first = select(bad && first == rows, row, first);
         row += cube_size;
     }
-    let mut shared_first = Shared::<[u32]>::new_slice(cube_size);
+    let mut first_rows = FirstRows {
+        rows: Shared::<[u32]>::new_slice(cube_size),
+    };
     let unit = UNIT_POS as usize;
-    shared_first[unit] = u32::cast_from(first);
-    sync_cube();
-    let levels = comptime!(cube_size.trailing_zeros() as usize);
-    #[unroll]
-    for level in 0..levels {
-        let half = comptime!(cube_size >> (level + 1));
-        if unit < half {
-            shared_first[unit] = u32::min(shared_first[unit], shared_first[unit + half]);
-        }
-        sync_cube();
-    }
+    first_rows.rows[unit] = u32::cast_from(first);
+    tree_fold::<FirstRows>(&mut first_rows, cube_size);
     if unit == 0 {
-        let first = usize::cast_from(shared_first[0]);
+        let first = usize::cast_from(first_rows.rows[0]);
         let found = first < rows;
         let at = row_offset::<I>(targets, select(found, first, 0usize));
         result[0] = I::cast_from(first);

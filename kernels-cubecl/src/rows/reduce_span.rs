@@ -76,7 +76,8 @@ pub(crate) fn reduce_span<F: Float, N: Size>(
     let cube_size = options.cube_size;
     let vector_size = logits.vector_size();
     let vocab = logits.shape(2);
-    // The running state as scalars: cubecl cannot reassign a struct variable in a loop.
+    // The running state as scalars, not a `RowState` reassigned in the loop: see the
+    // note above `absorb`.
     let mut max = f32::new(RUNNING_MAX_START);
     let mut others = f32::new(0.0);
     let target_logit = f32::new(0.0);

@@ -31,6 +31,15 @@ pub(crate) struct RowState {
     pub(crate) entropy_sum: f32,
 }
 
+// The online-softmax step (a new maximum; `others` and `entropy_sum` rescaled by
+// `exp(old - new)`) is written out four times: `absorb` here, the tree merge
+// (`cube_merge`), the chunk merge (`one_pass::exchange::merge_chunks`) and the staged
+// path's rescale per step (`one_pass::staged_exps::reduce_rest`); only the entropy's
+// rescale is shared (`rescaled_entropy_sum`). Each copy interleaves the step with its own
+// loads, stores and terms; one helper, by value or as a `RowState` reassigned in a loop
+// (`CubeTypeMut`, which also stores the fields that did not change), moves those loads
+// and stores in the emitted kernels. The copies stay so that the kernels do not change.
+
 /// Folds one vector (columns `first_col..`) into a unit's state. With `with_target`, the
 /// column `target_col` (if in this vector) is kept out of the sum and its logit kept;
 /// without, the vector holds no target (the streaming loops leave the target's vector to
