@@ -257,7 +257,7 @@ fn denominators_of_targets_count_as_the_loss_does() {
 
 /// Given denominators that are negative, not finite or given to another reduction are
 /// refused before any kernel runs (the vocabulary-parallel loss refuses any: see
-/// `vocab_parallel.rs`).
+/// `vocab_parallel/mod.rs`).
 #[test]
 fn bad_mean_denominators_are_an_error() {
     let device = TestBackend::Flex.device();

@@ -1,32 +1,23 @@
 //! The whole test suite as one executable (one link instead of several: a faster CI build
 //! and a smaller GPU bundle). Runtime: Vulkan by default, CUDA with `--features cuda`, wgpu from WGSL
 //! with `--features wgpu`.
+//!
+//! The tests are grouped by op family as the library is: `loss/`, `linear/`,
+//! `vocab_parallel/`, `train/`; the harness they share (`common.rs`, `call.rs`,
+//! `run_call.rs`, `cube_primitives.rs`, and `vocab_shards.rs`, included from
+//! `crates/burn-fused-ce/tests/support/`) and the tests across families (`accumulation.rs`,
+//! `properties.rs`) are at the top.
 
 mod accumulation;
-mod backends;
-mod bad_input;
 mod call;
 mod common;
-mod contract;
-mod counted_rows;
 mod cube_primitives;
-mod cublaslt;
-mod defaults;
-mod entropy_gradient;
-mod in_place;
-mod learner;
 mod linear;
-mod linear_concurrency;
-mod linear_frozen;
-mod linear_memory;
-mod linear_non_finite;
-mod llm_shapes;
-mod lm;
-mod log_probs;
-mod options;
-mod ownership_and_autodiff;
+mod loss;
 mod properties;
 mod run_call;
-mod shapes;
+mod train;
 mod vocab_parallel;
-mod vocab_parallel_non_finite;
+// Shared with the crate's smoke test: one copy.
+#[path = "../../crates/burn-fused-ce/tests/support/vocab_shards.rs"]
+mod vocab_shards;

@@ -11,8 +11,8 @@ use burn_fused_ce::{CrossEntropyOptions, ExtraOutputs, Reduction};
 use rand::{Rng, rngs::SmallRng};
 
 use crate::common::*;
-use crate::contract::{Case, REDUCTIONS, check_case_seeded, poisoned};
 use crate::linear::{LinearCase, check_linear_case_seeded};
+use crate::loss::contract::{Case, REDUCTIONS, check_case_seeded, poisoned};
 
 /// Cases of the loss per run.
 const LOSS_CASES: usize = 500;

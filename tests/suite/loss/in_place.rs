@@ -52,7 +52,7 @@ fn check_ownership(backend: TestBackend, held: bool) {
             (
                 CrossEntropyOptions {
                     ignore_index: -100,
-                    ..crate::options::all_options(reduction, vocab)
+                    ..super::options::all_options(reduction, vocab)
                 },
                 Some(weights.as_slice()),
             )

@@ -7,6 +7,8 @@
 //! class weights, ignored and all-ignored rows, uneven shards, 3-D logits, f16, outputs
 //! poisoned before the kernels run.
 
+mod non_finite;
+
 use burn::tensor::{
     DType, Device, Int, Tensor, TensorData,
     distributed::{DistributedConfig, DistributedContext, ReduceOperation},
@@ -19,7 +21,8 @@ use burn_fused_ce::{
 use rand::Rng;
 
 use crate::common::*;
-use crate::contract::{describe_grad_error, poisoned};
+use crate::loss::contract::{describe_grad_error, poisoned};
+use crate::vocab_shards::{Flat, columns};
 
 #[derive(Debug, Clone)]
 pub(crate) struct ShardCase {
@@ -73,23 +76,6 @@ pub(crate) struct ShardResult {
     pub(crate) grad: Vec<f64>,
 }
 
-/// The columns `range` of a row-major `[rows, vocab]` matrix.
-pub(crate) fn columns(values: &[f32], vocab: usize, range: std::ops::Range<usize>) -> Vec<f32> {
-    values
-        .chunks(vocab)
-        .flat_map(|row| row[range.clone()].to_vec())
-        .collect()
-}
-
-/// The outputs of one call, flattened to rank 1.
-struct Flat {
-    loss: Tensor<1>,
-    z_loss: Option<Tensor<1>>,
-    accuracy: Option<Tensor<1>>,
-    predicted: Option<Tensor<1, Int>>,
-    lse: Option<Tensor<1>>,
-}
-
 fn shard_call<E: ShardExchange + ?Sized, const DL: usize, const DT: usize>(
     logits: Tensor<DL>,
     targets: Tensor<DT, Int>,
@@ -101,20 +87,7 @@ fn shard_call<E: ShardExchange + ?Sized, const DL: usize, const DT: usize>(
     let output =
         try_vocab_parallel_cross_entropy(logits, targets, weights, shard, options, exchange)
             .unwrap_or_else(|error| panic!("shard {}: {error}", shard.index()));
-    let flat = |tensor: Tensor<DT>| {
-        let elements = tensor.dims().iter().product::<usize>();
-        tensor.reshape([elements])
-    };
-    Flat {
-        loss: flat(output.loss),
-        z_loss: output.z_loss.map(flat),
-        accuracy: output.accuracy,
-        predicted: output.predicted.map(|predicted| {
-            let elements = predicted.dims().iter().product::<usize>();
-            predicted.reshape([elements])
-        }),
-        lse: output.lse.map(flat),
-    }
+    Flat::of(output)
 }
 
 /// A case's inputs over the whole vocabulary: `[N, V]` logits, targets, class weights and

@@ -7,8 +7,8 @@ use burn::tensor::DType;
 use burn_fused_ce::{InProcessExchange, Reduction, VocabShard};
 use rand::Rng;
 
+use super::{ShardCase, ShardInputs, run_shards};
 use crate::common::*;
-use crate::vocab_parallel::{ShardCase, ShardInputs, run_shards};
 
 #[test]
 fn non_finite_logits_poison_only_their_rows_on_every_shard() {

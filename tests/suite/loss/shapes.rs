@@ -10,11 +10,11 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_fused_ce::backend::IncomingGuess;
 use burn_fused_ce::{CrossEntropyOptions, Reduction, try_fused_cross_entropy};
 
+use super::contract::{Case, REDUCTIONS, check_case, check_grad, poisoned};
+use super::options::{all_options, plans};
 use crate::call::*;
 use crate::common::*;
-use crate::contract::{Case, REDUCTIONS, check_case, check_grad, poisoned};
 use crate::cube_primitives::{self as cube, C, Float, Ints};
-use crate::options::{all_options, plans};
 use burn::backend::ops::FloatTensorOps;
 use burn_fused_ce::backend::FusedCrossEntropyBackend;
 

@@ -19,8 +19,8 @@ use fused_ce_suite::lm::{
     LearnerRun, LossKind, initial_model, logged_metric, train, train_with_learner,
 };
 
+use super::lm::tiny_run;
 use crate::common::*;
-use crate::lm::tiny_run;
 
 fn metadata() -> MetricMetadata {
     MetricMetadata {

@@ -830,7 +830,7 @@ fn checked_out_of_range_target_is_an_error() {
         },
         "seed={seed}"
     );
-    let message = crate::bad_input::panic_message(|| {
+    let message = super::bad_input::panic_message(|| {
         fused_cross_entropy(logits, targets_tensor(&targets, &device), &options);
     });
     assert_eq!(

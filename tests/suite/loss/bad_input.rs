@@ -13,9 +13,9 @@ use burn_fused_ce::{
     GradientPlan, Reduction, TargetCheck, fused_cross_entropy, try_fused_cross_entropy,
 };
 
+use super::contract::{Case, REDUCTIONS, check_bad_targets, check_case, check_grad, poisoned};
 use crate::call::*;
 use crate::common::*;
-use crate::contract::{Case, REDUCTIONS, check_bad_targets, check_case, check_grad, poisoned};
 use crate::cube_primitives::{self as cube, C};
 use crate::run_call::tracked_call;
 

@@ -14,10 +14,10 @@ use burn_fused_ce::{CountedRows, CrossEntropyError, Reduction, try_fused_linear_
 use rand::Rng;
 
 use crate::common::*;
-use crate::contract::{REDUCTIONS, poisoned};
 use crate::linear::{
     LinearCase, LinearValues, bound, check_close, module_config, objective_of, reference_as_seen,
 };
+use crate::loss::contract::{REDUCTIONS, poisoned};
 
 /// Which rows a case ignores.
 #[derive(Debug, Clone, Copy, PartialEq)]

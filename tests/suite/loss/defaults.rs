@@ -8,9 +8,9 @@ use burn_fused_ce::{
     wait_for_target_checks,
 };
 
-use crate::bad_input::panic_message;
+use super::bad_input::panic_message;
+use super::contract::{check_grad, poisoned};
 use crate::common::*;
-use crate::contract::{check_grad, poisoned};
 use crate::cube_primitives as cube;
 
 #[test]

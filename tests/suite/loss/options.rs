@@ -8,8 +8,8 @@
 use burn::tensor::DType;
 use burn_fused_ce::{CrossEntropyOptions, ExtraOutputs, Reduction};
 
+use super::contract::{Case, REDUCTIONS, check_case, check_confident, poisoned};
 use crate::common::*;
-use crate::contract::{Case, REDUCTIONS, check_case, check_confident, poisoned};
 
 /// The ignore index "inside the vocabulary" for a shape: 42 when `V > 42`.
 fn inside_ignore(vocab: usize) -> i64 {

@@ -14,8 +14,8 @@ use burn_fused_ce::{
 };
 use rand::{Rng, rngs::SmallRng};
 
+use super::contract::{REDUCTIONS, poisoned};
 use crate::common::*;
-use crate::contract::{REDUCTIONS, poisoned};
 use crate::linear::{bound, check_close, matmul_f64, transpose_f64};
 
 /// Which terms the objective has.

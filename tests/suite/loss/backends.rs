@@ -12,8 +12,8 @@ use burn::{
 use burn_fused_ce::{FusedCrossEntropyLossConfig, Reduction};
 use rand::Rng;
 
+use super::contract::{check_matrix, poisoned};
 use crate::common::*;
-use crate::contract::{check_matrix, poisoned};
 
 /// The spec's small and odd shapes, every reduction, ignore pattern and dtype, on the
 /// fusion backend.

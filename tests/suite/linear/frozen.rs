@@ -13,12 +13,12 @@ use burn_fused_ce::{
     FusedLinearCrossEntropyLossConfig, GradientPlan, Reduction, try_fused_linear_cross_entropy,
 };
 
+use super::memory::probed_step;
 use crate::common::*;
-use crate::contract::poisoned;
 use crate::linear::{
     LinearCase, LinearValues, bound, check_close, objective_of, reference_as_seen,
 };
-use crate::linear_memory::probed_step;
+use crate::loss::contract::poisoned;
 
 /// Which of the op's inputs require a gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,11 +13,11 @@ use burn_fused_ce::backend::LinearCrossEntropyBackend;
 use burn_fused_ce::{Reduction, WeightGradientStream, test_hooks};
 
 use crate::common::*;
-use crate::contract::poisoned;
 use crate::cube_primitives::{self as prim, C};
 use crate::linear::{
     LinearCase, check_close, check_linear_case, matmul_f64, transpose_f64, uniform,
 };
+use crate::loss::contract::poisoned;
 
 /// Whether this build's products must run through cuBLASLt.
 const ON_CUDA: bool = cfg!(feature = "cuda");
