@@ -1,6 +1,6 @@
 //! What the vocabulary-parallel tests share, the crate's smoke test
 //! (`tests/vocab_parallel_smoke.rs`) and the workspace's suite
-//! (`tests/suite/vocab_parallel/`) alike: a shard's columns of the whole logits, and a
+//! (`crates/fused-ce-suite/tests/suite/vocab_parallel/`) alike: a shard's columns of the whole logits, and a
 //! call's outputs flattened to rank 1. Included by each with `#[path = ...] mod
 //! vocab_shards;`.
 

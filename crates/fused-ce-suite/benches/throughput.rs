@@ -737,8 +737,7 @@ fn main() {
         "MiB: device memory one iteration reserved beyond its inputs (pool pages, approximate)"
     );
     // `FUSED_CE_BENCH_OUT` (default `target/fused-ce-bench`): where the table, CSV and plot go.
-    let out =
-        std::env::var("FUSED_CE_BENCH_OUT").unwrap_or_else(|_| "target/fused-ce-bench".into());
+    let out = fused_ce_suite::bench_out();
     let header = report::Header {
         runtime: device_name(),
         copy_gbps: bandwidth / 1e9,

@@ -513,8 +513,7 @@ fn main() {
     if on_off_arg("breakdown") != Some(false) {
         table += &matmul_breakdown(&cases, &chunking, warmup, reps, &device);
     }
-    let out =
-        std::env::var("FUSED_CE_BENCH_OUT").unwrap_or_else(|_| "target/fused-ce-bench".into());
+    let out = fused_ce_suite::bench_out();
     let written = std::fs::create_dir_all(&out)
         .and_then(|()| std::fs::write(format!("{out}/linear_head.md"), &table))
         .and_then(|()| std::fs::write(format!("{out}/linear_head.csv"), &csv));

@@ -113,3 +113,17 @@ pub fn kernel_operand(
     let elem = burn::backend::cubecl::dtype_to_elem_type(tensor.dtype);
     (tensor.binding(), elem)
 }
+
+/// Where the benches write their results: `FUSED_CE_BENCH_OUT`, else `target/fused-ce-bench`
+/// of the workspace under `cargo bench` (which runs a bench in its package's folder,
+/// `crates/fused-ce-suite/`, and names it in `CARGO_MANIFEST_DIR`), else of the working
+/// folder (a bench run on its own, as from a GPU bundle).
+pub fn bench_out() -> String {
+    if let Ok(out) = std::env::var("FUSED_CE_BENCH_OUT") {
+        return out;
+    }
+    match std::env::var("CARGO_MANIFEST_DIR") {
+        Ok(package) => format!("{package}/../../target/fused-ce-bench"),
+        Err(_) => "target/fused-ce-bench".into(),
+    }
+}

@@ -19,5 +19,5 @@ mod run_call;
 mod train;
 mod vocab_parallel;
 // Shared with the crate's smoke test: one copy.
-#[path = "../../crates/burn-fused-ce/tests/support/vocab_shards.rs"]
+#[path = "../../../burn-fused-ce/tests/support/vocab_shards.rs"]
 mod vocab_shards;

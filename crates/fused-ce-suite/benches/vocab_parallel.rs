@@ -235,8 +235,7 @@ fn main() {
         print!("{line}");
         table.push_str(&line);
     }
-    let out =
-        std::env::var("FUSED_CE_BENCH_OUT").unwrap_or_else(|_| "target/fused-ce-bench".into());
+    let out = fused_ce_suite::bench_out();
     std::fs::create_dir_all(&out).expect("the results folder");
     std::fs::write(format!("{out}/vocab_parallel.md"), table).expect("writes the table");
     println!("results: {out}/vocab_parallel.md");

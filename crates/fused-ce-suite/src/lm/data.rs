@@ -7,7 +7,7 @@ use tiktoken_rs::CoreBPE;
 /// *Around the World in Eighty Days* (Jules Verne; Project Gutenberg eBook #103, public
 /// domain), as the crate `esaxx-rs` 0.1.10 ships it in `data/eighty.txt`, without the
 /// Gutenberg header and footer: the text the example and its test train on by default.
-/// Read from the repository's `examples/data/`, one folder above this package.
+/// Read from this package's `examples/data/` (`crates/fused-ce-suite/examples/data/`).
 pub const SAMPLE_TEXT: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/examples/data/around-the-world-in-80-days.txt"
