@@ -34,7 +34,7 @@ lines = []
 # `LinearChunking::DEFAULT_LOGITS_BYTES`, and the rows a chunk is a multiple of.
 DEFAULT_LOGITS_BYTES = 1 << 30
 TILE_ROWS, STAGE_ROWS, MIN_CHUNK_ROWS = 128, 256, 16
-# The benches' two LM-head shapes (`benches/linear_head.rs`).
+# The benches' two LM-head shapes (`crates/fused-ce-suite/benches/linear_head.rs`).
 HEADS = [(8192, 4096, 128256), (16384, 2048, 151936)]
 # Smaller logits budgets for the second table, in MiB.
 SMALL_BUDGETS_MIB = [256, 128]

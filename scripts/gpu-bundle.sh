@@ -32,9 +32,10 @@ FUSED_CE_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!do
 export FUSED_CE_COMMIT
 # And so does the bundle (run.sh copies it to the logs).
 echo "$FUSED_CE_COMMIT" > "$bundle/commit.txt"
-# Builds the named targets with the given features and copies their executables into the
-# bundle, stripped and compressed (xz with its x86 filter and a dictionary larger than
-# the executable: a tenth smaller than plain xz, which is a third smaller than gzip).
+# Builds the named targets of the suite's package (crates/fused-ce-suite, the workspace's
+# default member) with the given features and copies their executables into the bundle,
+# stripped and compressed (xz with its x86 filter and a dictionary larger than the
+# executable: a tenth smaller than plain xz, which is a third smaller than gzip).
 bundle_targets() {
   local features="$1" suffix="$2"; shift 2
   [ $# -gt 0 ] || return 0
@@ -43,12 +44,12 @@ bundle_targets() {
   "${build[@]}" --message-format=json 2>/dev/null \
     | python3 -c '
 import json, os, sys
-root = os.path.abspath("Cargo.toml")
+suite = os.path.abspath("crates/fused-ce-suite/Cargo.toml")
 for line in sys.stdin:
     msg = json.loads(line)
     if msg.get("reason") == "compiler-artifact" and msg.get("executable") \
             and msg["target"]["kind"][0] in ("test", "bench", "example") \
-            and os.path.abspath(msg.get("manifest_path", "")) == root:
+            and os.path.abspath(msg.get("manifest_path", "")) == suite:
         print(msg["target"]["name"], msg["executable"])
 ' | while read -r name exe; do
       cp "$exe" "$bundle/$name$suffix" && strip "$bundle/$name$suffix" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Registers of the one-pass kernel as it would be compiled on an H200, on a machine with
-# no GPU: `examples/cuda_source.rs` (fused-ce-kernels, feature `cuda-source`) writes the
-# kernels' CUDA C++ (IR built through lavapipe), then NVRTC and ptxas from NVIDIA's pip
+# no GPU: `crates/fused-ce-kernels/examples/cuda_source.rs` (feature `cuda-source`) writes
+# the kernels' CUDA C++ (IR built through lavapipe), then NVRTC and ptxas from NVIDIA's pip
 # wheels (CUDA 13.0, fetched once into ~/.cache/fused-ce-nvidia) compile them for sm_90a.
 # Registers decide how many cubes an SM holds (docs/history.md).
 #

@@ -6,9 +6,9 @@ step (forward + backward).
 
 Inputs, drawn on the GPU in f32 and cast to bf16 as the Rust benches draw them (random,
 never zeros):
-- loss only, N x V (benches/throughput.rs): logits uniform in [-6, 6), targets uniform in
+- loss only, N x V (crates/fused-ce-suite/benches/throughput.rs): logits uniform in [-6, 6), targets uniform in
   [0, V), none ignored.
-- LM head, N x H x V (benches/linear_head.rs): hidden states uniform in [-1, 1), the
+- LM head, N x H x V (crates/fused-ce-suite/benches/linear_head.rs): hidden states uniform in [-1, 1), the
   weight uniform in [-2/sqrt(H), 2/sqrt(H)) (held here as PyTorch's [V, H]), targets
   uniform in [0, V), none ignored; the logits' std is then 2/3.
 - LM head, "old" inputs: as this script drew them before (the figures of 2026-12-03/04

@@ -13,6 +13,11 @@ use burn_fused_ce::{
     try_fused_cross_entropy, try_vocab_parallel_cross_entropy,
 };
 
+#[path = "support/vocab_shards.rs"]
+mod vocab_shards;
+
+use vocab_shards::{Flat, columns};
+
 /// xorshift64*: reproducible from its seed, no dependency.
 struct Rng(u64);
 
@@ -121,28 +126,11 @@ fn ints<const D: usize>(tensor: Tensor<D, Int>) -> Vec<i64> {
         .expect("int values")
 }
 
-/// The columns `range` of a row-major `[rows, vocab]` matrix.
-fn columns(values: &[f32], vocab: usize, range: std::ops::Range<usize>) -> Vec<f32> {
-    values
-        .chunks(vocab)
-        .flat_map(|row| row[range.clone()].to_vec())
-        .collect()
-}
-
 /// Which loss a run computes.
 #[derive(Clone, Copy)]
 enum Loss<'a> {
     Plain,
     Shard(&'a VocabShard, &'a InProcessExchange),
-}
-
-/// The outputs of one call, flattened to rank 1.
-struct Flat {
-    loss: Tensor<1>,
-    z_loss: Option<Tensor<1>>,
-    accuracy: Option<Tensor<1>>,
-    predicted: Option<Tensor<1, Int>>,
-    lse: Option<Tensor<1>>,
 }
 
 fn call<const DL: usize, const DT: usize>(
@@ -165,20 +153,7 @@ fn call<const DL: usize, const DT: usize>(
         )
         .unwrap_or_else(|error| panic!("shard {}: {error}", shard.index())),
     };
-    let flat = |tensor: Tensor<DT>| {
-        let elements = tensor.dims().iter().product::<usize>();
-        tensor.reshape([elements])
-    };
-    Flat {
-        loss: flat(output.loss),
-        z_loss: output.z_loss.map(flat),
-        accuracy: output.accuracy,
-        predicted: output.predicted.map(|predicted| {
-            let elements = predicted.dims().iter().product::<usize>();
-            predicted.reshape([elements])
-        }),
-        lse: output.lse.map(flat),
-    }
+    Flat::of(output)
 }
 
 /// `loss` of `logits` (`[rows, width]` values), then backward with the case's incoming

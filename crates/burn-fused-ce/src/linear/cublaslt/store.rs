@@ -1,5 +1,5 @@
 //! The cuBLASLt algorithms chosen by measurement (`measure.rs`), kept on disk across
-//! processes where this crate's `persistence` feature is on (the root package's `cuda`
+//! processes where this crate's `persistence` feature is on (the suite package's `cuda`
 //! feature turns it on with Burn's, whose autotune keeps its results the same way).
 //!
 //! One small text file beside the database cubecl's autotune keeps its results in: the

@@ -4,7 +4,7 @@
 //! logits into `[N, V]`.
 //!
 //! The statistics are the kernels' own (see [`row_stat`] and
-//! `kernels-cubecl/src/forward.rs`): every option, the cancellation-free `p_y - 1`, the
+//! `crates/fused-ce-kernels/src/forward.rs`): every option, the cancellation-free `p_y - 1`, the
 //! same values on ignored rows (all 0, predicted -1) and on rows whose target is not a
 //! class (NaN loss, weight 1, zero gradient, never used as an index). All math is f32
 //! whatever the logits' dtype; the gradient is cast back to it once.

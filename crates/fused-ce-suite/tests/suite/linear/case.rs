@@ -1,0 +1,292 @@
+//! One case of the fused linear cross-entropy ([`LinearCase`]), its fresh inputs
+//! ([`LinearValues`]) and the f64 reference of `hidden @ W + b` and the loss
+//! ([`LinearReference`]): what every linear test of the suite draws and checks against.
+
+use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn_fused_ce::{CrossEntropyOptions, LinearChunking, Reduction, WeightGradientStream};
+use rand::{Rng, rngs::SmallRng};
+
+use crate::common::*;
+use crate::loss::contract::describe_grad_error;
+
+/// One case: shapes, options and how the rows are cut.
+#[derive(Debug, Clone)]
+pub(crate) struct LinearCase {
+    pub(crate) rows: usize,
+    pub(crate) width: usize,
+    pub(crate) vocab: usize,
+    pub(crate) dtype: DType,
+    pub(crate) options: CrossEntropyOptions,
+    pub(crate) class_weights: bool,
+    pub(crate) bias: bool,
+    pub(crate) ignore: Ignore,
+    /// Rows per chunk (the budget is set to hold exactly that many rows of logits).
+    pub(crate) chunk_rows: usize,
+    /// Columns per block of the weight-gradient product, else the whole product.
+    pub(crate) block_columns: Option<usize>,
+    /// The weight gradient summed in place over the chunks
+    /// (`LinearChunking::weight_gradient_in_place`).
+    pub(crate) in_place: bool,
+    /// Each chunk's hidden-state gradient split along the vocabulary where that fills
+    /// more of the device (`LinearChunking::hidden_gradient_split_k`).
+    pub(crate) split_k: bool,
+    /// The weight gradient summed in f32 (`LinearChunking::f32_weight_gradient`).
+    pub(crate) f32_weight_gradient: bool,
+    /// The chunks' products through cuBLASLt on CUDA (`LinearChunking::cublaslt`).
+    pub(crate) cublaslt: bool,
+    /// Where the weight gradient's sums run (`LinearChunking::weight_gradient_stream`).
+    pub(crate) weight_gradient_stream: WeightGradientStream,
+    /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
+    pub(crate) three_d: bool,
+    /// Through the module with an `nn::Linear`, else the function.
+    pub(crate) via_module: bool,
+}
+
+impl LinearCase {
+    pub(crate) fn new(
+        rows: usize,
+        width: usize,
+        vocab: usize,
+        dtype: DType,
+        reduction: Reduction,
+    ) -> Self {
+        Self {
+            rows,
+            width,
+            vocab,
+            dtype,
+            options: CrossEntropyOptions::new(reduction),
+            class_weights: false,
+            bias: true,
+            ignore: Ignore::SomeRows,
+            chunk_rows: 16,
+            block_columns: None,
+            in_place: false,
+            split_k: LinearChunking::default().hidden_gradient_split_k,
+            f32_weight_gradient: false,
+            cublaslt: LinearChunking::default().cublaslt,
+            weight_gradient_stream: LinearChunking::default().weight_gradient_stream,
+            three_d: false,
+            via_module: false,
+        }
+    }
+
+    pub(crate) fn chunking(&self) -> LinearChunking {
+        LinearChunking {
+            logits_bytes: Some(self.chunk_rows * self.vocab * self.dtype.size()),
+            f32_weight_gradient: self.f32_weight_gradient,
+            weight_gradient_block_bytes: self
+                .block_columns
+                .map(|columns| columns * self.width * self.dtype.size()),
+            weight_gradient_in_place: self.in_place,
+            hidden_gradient_split_k: self.split_k,
+            cublaslt: self.cublaslt,
+            weight_gradient_stream: self.weight_gradient_stream,
+        }
+    }
+}
+
+pub(crate) fn matmul_f64(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let x = a[i * k + p];
+            for j in 0..n {
+                out[i * n + j] += x * b[p * n + j];
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn transpose_f64(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = vec![0.0; a.len()];
+    for i in 0..rows {
+        for j in 0..cols {
+            out[j * rows + i] = a[i * cols + j];
+        }
+    }
+    out
+}
+
+/// Relative L2 within `bound`, with the failure described.
+pub(crate) fn check_close(got: &[f64], expected: &[f64], bound: f64, context: &str) {
+    let err = relative_l2(got, expected);
+    assert!(
+        err <= bound,
+        "{context}: error {err:e} > {bound:e}\n{}",
+        describe_grad_error(got, expected)
+    );
+}
+
+/// The bound for values that went through one matmul rounded to `dtype` on top of the
+/// loss's own: the loss's table bound twice for half types; for f32, a matmul on tensor
+/// cores (TF32 operands, relative error near 3e-4) as CUDA runs it.
+/// The bound against the f64 reference for `case`: [`bound`], but for f32 products
+/// through cuBLASLt on CUDA, exact f32 products, where the spec's f32 bound holds.
+pub(crate) fn case_bound(case: &LinearCase) -> f64 {
+    if case.dtype == DType::F32 && case.cublaslt && cfg!(feature = "cuda") {
+        1e-4
+    } else {
+        bound(case.dtype)
+    }
+}
+
+pub(crate) fn bound(dtype: DType) -> f64 {
+    let (_, grad) = tolerance(dtype);
+    if dtype == DType::F32 {
+        1e-3
+    } else {
+        2.0 * grad
+    }
+}
+
+pub(crate) fn loss_len(reduction: Reduction, rows: usize) -> usize {
+    if reduction == Reduction::None {
+        rows
+    } else {
+        1
+    }
+}
+
+/// A case's fresh inputs (f32 on the host, before the cast to the case's dtype).
+pub(crate) struct LinearValues {
+    pub(crate) hidden: Vec<f32>,
+    pub(crate) weight: Vec<f32>,
+    pub(crate) bias: Vec<f32>,
+    pub(crate) targets: Vec<i64>,
+    pub(crate) class_weights: Option<Vec<f32>>,
+    /// The incoming gradient per row of `None`.
+    pub(crate) row_grad: Vec<f32>,
+    /// The incoming gradient of `Mean` and `Sum`.
+    pub(crate) loss_scale: f32,
+}
+
+impl LinearValues {
+    pub(crate) fn draw(case: &LinearCase, rng: &mut SmallRng) -> Self {
+        let LinearCase {
+            rows, width, vocab, ..
+        } = *case;
+        // Logits of a few units: hidden states and weights around 1 / sqrt(width).
+        let scale = 2.0 / (width as f32).sqrt();
+        let hidden = (0..rows * width)
+            .map(|_| rng.random_range(-1.5f32..1.5))
+            .collect();
+        let weight = (0..width * vocab)
+            .map(|_| rng.random_range(-scale..scale) * 2.0)
+            .collect();
+        let bias = (0..vocab).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let targets = random_targets(rng, rows, vocab, case.ignore, case.options.ignore_index);
+        let class_weights = case.class_weights.then(|| random_class_weights(rng, vocab));
+        let row_grad = (0..rows).map(|_| rng.random_range(0.5f32..1.5)).collect();
+        Self {
+            hidden,
+            weight,
+            bias,
+            targets,
+            class_weights,
+            row_grad,
+            loss_scale: 0.375,
+        }
+    }
+
+    /// The hidden states `[N, H]`, weight `[H, V]` and bias `[V]` on `device`, in `dtype`.
+    pub(crate) fn tensors(
+        &self,
+        case: &LinearCase,
+        dtype: DType,
+        device: &Device,
+    ) -> (Tensor<2>, Tensor<2>, Tensor<1>) {
+        let (rows, width, vocab) = (case.rows, case.width, case.vocab);
+        let matrix = |values: &[f32], dims: [usize; 2]| {
+            Tensor::<2>::from_data(TensorData::new(values.to_vec(), dims), device).cast(dtype)
+        };
+        let bias = Tensor::<1>::from_data(TensorData::new(self.bias.clone(), [vocab]), device);
+        (
+            matrix(&self.hidden, [rows, width]),
+            matrix(&self.weight, [width, vocab]),
+            bias.cast(dtype),
+        )
+    }
+}
+
+/// The f64 reference of one case from the inputs as the kernels see them (`h`, `w`, `b`
+/// read back after the cast): the loss and the three gradients.
+pub(crate) struct LinearReference {
+    pub(crate) loss: Vec<f64>,
+    pub(crate) hidden: Vec<f64>,
+    pub(crate) weight: Vec<f64>,
+    pub(crate) bias: Vec<f64>,
+}
+
+pub(crate) fn linear_reference(
+    case: &LinearCase,
+    values: &LinearValues,
+    (h64, w64, b64): (&[f64], &[f64], &[f64]),
+) -> LinearReference {
+    let LinearCase {
+        rows, width, vocab, ..
+    } = *case;
+    let reduction = case.options.reduction;
+    let mut logits64 = matmul_f64(h64, w64, rows, width, vocab);
+    if case.bias {
+        for row in 0..rows {
+            for c in 0..vocab {
+                logits64[row * vocab + c] += b64[c];
+            }
+        }
+    }
+    let ref_options = RefOptions::new(&case.options, values.class_weights.as_deref());
+    let ref_rows = reference_rows(&logits64, vocab, &values.targets, &ref_options);
+    let loss = reference_loss(&ref_rows, reduction);
+    let incoming: Vec<f64> = match reduction {
+        Reduction::None => values.row_grad.iter().map(|&g| g as f64).collect(),
+        _ => vec![values.loss_scale as f64],
+    };
+    let dlogits = reference_grad(&logits64, vocab, &values.targets, &ref_options, &incoming);
+    let hidden = matmul_f64(
+        &dlogits,
+        &transpose_f64(w64, width, vocab),
+        rows,
+        vocab,
+        width,
+    );
+    let weight = matmul_f64(
+        &transpose_f64(h64, rows, width),
+        &dlogits,
+        width,
+        rows,
+        vocab,
+    );
+    let bias = (0..vocab)
+        .map(|c| (0..rows).map(|r| dlogits[r * vocab + c]).sum())
+        .collect();
+    LinearReference {
+        loss,
+        hidden,
+        weight,
+        bias,
+    }
+}
+
+/// [`linear_reference`] of the hidden states, weight and bias as the kernels see them:
+/// read back after the cast to the case's dtype.
+pub(crate) fn reference_as_seen(
+    case: &LinearCase,
+    values: &LinearValues,
+    (hidden, weight, bias): (&Tensor<2>, &Tensor<2>, &Tensor<1>),
+) -> LinearReference {
+    let (h64, w64, b64) = (
+        to_f64(hidden.clone()),
+        to_f64(weight.clone()),
+        to_f64(bias.clone()),
+    );
+    linear_reference(case, values, (&h64, &w64, &b64))
+}
+
+/// Random values in `[-1, 1)` scaled by `scale`.
+pub(crate) fn uniform(rng: &mut SmallRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+        .collect()
+}

@@ -1,0 +1,504 @@
+//! The entropy output's gradient, as an RL objective uses it (`a * loss - b * entropy`
+//! with per-row `a` and `b`): the loss and the fused linear cross-entropy, every
+//! reduction in the plans that read the logits in backward (`Reduction::None`,
+//! `GradientPlan::TwoPass`), every option, f32/f16/bf16 where the runtime has them,
+//! against the f64 reference; the reference's formula against finite differences; the
+//! one pass refusing in backward, with a message that names the plans that can.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_fused_ce::{
+    CrossEntropyError, CrossEntropyOptions, CrossEntropyOutput, ExtraOutputs, GradientPlan,
+    LinearChunking, Reduction, try_fused_cross_entropy, try_fused_linear_cross_entropy,
+};
+use rand::{Rng, rngs::SmallRng};
+
+use super::contract::{REDUCTIONS, poisoned};
+use crate::common::*;
+use crate::linear::{bound, check_close, matmul_f64, transpose_f64};
+
+/// Which terms the objective has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Objective {
+    /// `sum a_i loss_i - sum b_i H_i` (`a * loss - sum b_i H_i` for a reduced loss).
+    LossAndEntropy,
+    /// `-sum b_i H_i`: the loss is not used.
+    EntropyAlone,
+}
+
+#[derive(Debug, Clone)]
+struct EntropyCase {
+    rows: usize,
+    vocab: usize,
+    dtype: DType,
+    options: CrossEntropyOptions,
+    class_weights: bool,
+    ignore: Ignore,
+    three_d: bool,
+    objective: Objective,
+}
+
+/// The incoming gradients: the loss's (`[N]` for `None`, one value otherwise) and the
+/// entropy's `-b`, both non-uniform, never 0.
+struct Incoming {
+    loss: Vec<f32>,
+    entropy: Vec<f32>,
+}
+
+impl Incoming {
+    fn draw(rng: &mut SmallRng, rows: usize, reduction: Reduction) -> Self {
+        let loss_len = if reduction == Reduction::None {
+            rows
+        } else {
+            1
+        };
+        Self {
+            loss: (0..loss_len)
+                .map(|_| rng.random_range(0.5f32..1.5))
+                .collect(),
+            entropy: (0..rows).map(|_| -rng.random_range(0.2f32..2.0)).collect(),
+        }
+    }
+
+    /// The objective whose gradient these are, of the loss and the entropy (`[N]` each
+    /// or a reduced loss of one element).
+    fn objective(&self, loss: Tensor<1>, entropy: Tensor<1>, objective: Objective) -> Tensor<1> {
+        let device = entropy.device();
+        let b = Tensor::<1>::from_floats(self.entropy.as_slice(), &device);
+        let entropy_term = (entropy * b).sum();
+        match objective {
+            Objective::EntropyAlone => entropy_term,
+            Objective::LossAndEntropy => {
+                let a = Tensor::<1>::from_floats(self.loss.as_slice(), &device);
+                let loss_term = (loss.cast(DType::F32) * a).sum();
+                loss_term + entropy_term
+            }
+        }
+    }
+
+    /// The f64 reference gradient of the logits for this objective.
+    fn reference(
+        &self,
+        logits: &[f64],
+        vocab: usize,
+        targets: &[i64],
+        options: &RefOptions,
+        objective: Objective,
+    ) -> Vec<f64> {
+        let g_entropy: Vec<f64> = self.entropy.iter().map(|&g| g as f64).collect();
+        let mut grad = reference_entropy_grad(logits, vocab, targets, options, &g_entropy);
+        if objective == Objective::LossAndEntropy {
+            let g_loss: Vec<f64> = self.loss.iter().map(|&g| g as f64).collect();
+            let loss_grad = reference_grad(logits, vocab, targets, options, &g_loss);
+            grad.iter_mut().zip(loss_grad).for_each(|(g, l)| *g += l);
+        }
+        grad
+    }
+}
+
+/// Every option in turn and all together, each reduction in a plan that reads the logits
+/// in backward, both objectives, with 3-D input and class weights alternating.
+fn cases(dtypes: &[DType], rows: usize, vocab: usize) -> Vec<EntropyCase> {
+    let mut cases = Vec::new();
+    let mut n = 0;
+    for &dtype in dtypes {
+        for reduction in REDUCTIONS {
+            for variant in 0..6 {
+                n += 1;
+                let mut options = CrossEntropyOptions::new(reduction);
+                options.gradient_plan = GradientPlan::TwoPass;
+                options.outputs = ExtraOutputs {
+                    entropy: true,
+                    ..ExtraOutputs::default()
+                };
+                match variant {
+                    0 => {}
+                    1 => options.temperature = Some(0.7),
+                    2 => options.softcap = Some(5.0),
+                    3 => options.label_smoothing = 0.1,
+                    4 => options.z_loss_scale = 1e-3,
+                    _ => {
+                        options.temperature = Some(1.3);
+                        options.softcap = Some(8.0);
+                        options.label_smoothing = 0.05;
+                        options.z_loss_scale = 1e-4;
+                    }
+                }
+                cases.push(EntropyCase {
+                    rows,
+                    vocab,
+                    dtype,
+                    options,
+                    class_weights: n % 3 == 0 || variant == 5,
+                    ignore: Ignore::SomeRows,
+                    three_d: n % 2 == 0,
+                    objective: if n % 4 == 3 {
+                        Objective::EntropyAlone
+                    } else {
+                        Objective::LossAndEntropy
+                    },
+                });
+            }
+        }
+    }
+    cases
+}
+
+/// A call's loss and entropy as rank 1 (the entropy asked for).
+fn flat_outputs<const D: usize>(
+    output: Result<CrossEntropyOutput<D>, CrossEntropyError>,
+) -> Result<(Tensor<1>, Tensor<1>), CrossEntropyError> {
+    let output = output?;
+    let flat = |tensor: Tensor<D>| {
+        let elements = tensor.shape().num_elements();
+        tensor.reshape([elements])
+    };
+    let entropy = output.entropy.expect("the entropy was asked for");
+    Ok((flat(output.loss), flat(entropy)))
+}
+
+/// The loss's logits gradient for `case` on `backend` against the f64 reference.
+fn check_loss_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
+    let _backward = shared_device();
+    let mut rng = rng(seed);
+    let context = format!("{} {case:?} seed={seed}", backend.name());
+    let EntropyCase {
+        rows, vocab, dtype, ..
+    } = *case;
+    let device = backend.device().autodiff();
+    let targets = random_targets(
+        &mut rng,
+        rows,
+        vocab,
+        case.ignore,
+        case.options.ignore_index,
+    );
+    let class_weights = case
+        .class_weights
+        .then(|| random_class_weights(&mut rng, vocab));
+    let incoming = Incoming::draw(&mut rng, rows, case.options.reduction);
+    let (logits, seen) = logits_tensor(
+        random_logits(&mut rng, rows, vocab),
+        rows,
+        vocab,
+        dtype,
+        &device,
+    );
+    let logits = logits.require_grad();
+    let weights = class_weights
+        .as_ref()
+        .map(|w| Tensor::<1>::from_floats(w.as_slice(), &device));
+    let targets_ad = targets_tensor(&targets, &device);
+    let (loss, entropy) = if case.three_d {
+        flat_outputs(try_fused_cross_entropy(
+            logits.clone().reshape([2, rows / 2, vocab]),
+            targets_ad.reshape([2, rows / 2]),
+            weights,
+            &case.options,
+        ))
+    } else {
+        flat_outputs(try_fused_cross_entropy(
+            logits.clone(),
+            targets_ad,
+            weights,
+            &case.options,
+        ))
+    }
+    .unwrap_or_else(|e| panic!("{context}: {e}"));
+    let grads = incoming.objective(loss, entropy, case.objective).backward();
+    let got = to_f64(logits.grad(&grads).expect("logits gradient"));
+    let ref_options = RefOptions::new(&case.options, class_weights.as_deref());
+    let expected = incoming.reference(&seen, vocab, &targets, &ref_options, case.objective);
+    check_close(&got, &expected, grad_bound(dtype), &context);
+}
+
+/// The gradient's relative L2 bound: the spec's for the dtype, and for f32 a little over
+/// it (the entropy's term adds one more f32 rounding per element).
+fn grad_bound(dtype: DType) -> f64 {
+    let (_, grad) = tolerance(dtype);
+    if dtype == DType::F32 {
+        4.0 * grad
+    } else {
+        grad
+    }
+}
+
+#[test]
+fn loss_entropy_gradient_on_the_default_fusion_backend() {
+    poisoned();
+    for case in cases(&float_dtypes(), 14, 193) {
+        check_loss_case(TestBackend::Fusion, &case, fresh_seed());
+    }
+}
+
+#[test]
+fn loss_entropy_gradient_on_flex_through_the_portable_path() {
+    for case in cases(&[DType::F32], 10, 67) {
+        check_loss_case(TestBackend::Flex, &case, fresh_seed());
+    }
+}
+
+/// The fused linear cross-entropy's gradients of the hidden states, the weight and the
+/// bias for `case` (chunks of 4 rows) against the f64 reference.
+fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
+    let _backward = shared_device();
+    let mut rng = rng(seed);
+    let context = format!("fused linear, {} {case:?} seed={seed}", backend.name());
+    let EntropyCase {
+        rows, vocab, dtype, ..
+    } = *case;
+    let width = 16;
+    let plain = backend.device();
+    let device = plain.clone().autodiff();
+    let targets = random_targets(
+        &mut rng,
+        rows,
+        vocab,
+        case.ignore,
+        case.options.ignore_index,
+    );
+    let class_weights = case
+        .class_weights
+        .then(|| random_class_weights(&mut rng, vocab));
+    let incoming = Incoming::draw(&mut rng, rows, case.options.reduction);
+    let scale = 2.0 / (width as f32).sqrt();
+    let mut uniform = |n: usize, range: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-range..range)).collect()
+    };
+    let (hidden_values, weight_values, bias_values) = (
+        uniform(rows * width, 1.5),
+        uniform(width * vocab, 2.0 * scale),
+        uniform(vocab, 1.0),
+    );
+    let tensor = |values: Vec<f32>, dims: [usize; 2]| {
+        Tensor::<2>::from_data(TensorData::new(values, dims), &plain).cast(dtype)
+    };
+    let hidden = tensor(hidden_values, [rows, width]);
+    let weight = tensor(weight_values, [width, vocab]);
+    let bias = Tensor::<1>::from_data(TensorData::new(bias_values, [vocab]), &plain).cast(dtype);
+    let (h64, w64, b64) = (
+        to_f64(hidden.clone()),
+        to_f64(weight.clone()),
+        to_f64(bias.clone()),
+    );
+    let hidden = hidden.autodiff().require_grad();
+    let weight = weight.autodiff().require_grad();
+    let bias = bias.autodiff().require_grad();
+    let chunking = LinearChunking {
+        logits_bytes: Some(4 * vocab * dtype.size()),
+        ..LinearChunking::default()
+    };
+    let weights = class_weights
+        .as_ref()
+        .map(|w| Tensor::<1>::from_floats(w.as_slice(), &device));
+    let targets_ad = targets_tensor(&targets, &device);
+    let (loss, entropy) = if case.three_d {
+        flat_outputs(try_fused_linear_cross_entropy(
+            hidden.clone().reshape([2, rows / 2, width]),
+            weight.clone(),
+            Some(bias.clone()),
+            targets_ad.reshape([2, rows / 2]),
+            weights,
+            &case.options,
+            &chunking,
+        ))
+    } else {
+        flat_outputs(try_fused_linear_cross_entropy(
+            hidden.clone(),
+            weight.clone(),
+            Some(bias.clone()),
+            targets_ad,
+            weights,
+            &case.options,
+            &chunking,
+        ))
+    }
+    .unwrap_or_else(|e| panic!("{context}: {e}"));
+    let grads = incoming.objective(loss, entropy, case.objective).backward();
+
+    let mut logits64 = matmul_f64(&h64, &w64, rows, width, vocab);
+    for row in 0..rows {
+        for c in 0..vocab {
+            logits64[row * vocab + c] += b64[c];
+        }
+    }
+    let ref_options = RefOptions::new(&case.options, class_weights.as_deref());
+    let dlogits = incoming.reference(&logits64, vocab, &targets, &ref_options, case.objective);
+    let expected_hidden = matmul_f64(
+        &dlogits,
+        &transpose_f64(&w64, width, vocab),
+        rows,
+        vocab,
+        width,
+    );
+    let expected_weight = matmul_f64(
+        &transpose_f64(&h64, rows, width),
+        &dlogits,
+        width,
+        rows,
+        vocab,
+    );
+    let expected_bias: Vec<f64> = (0..vocab)
+        .map(|c| (0..rows).map(|r| dlogits[r * vocab + c]).sum())
+        .collect();
+    let bound = 2.0 * bound(dtype);
+    for (name, got, expected) in [
+        ("hidden", hidden.grad(&grads), expected_hidden),
+        ("weight", weight.grad(&grads), expected_weight),
+    ] {
+        let got = to_f64(got.unwrap_or_else(|| panic!("{context}: no {name} gradient")));
+        check_close(&got, &expected, bound, &format!("{context}: {name}"));
+    }
+    let got = to_f64(bias.grad(&grads).expect("bias gradient"));
+    check_close(&got, &expected_bias, bound, &format!("{context}: bias"));
+}
+
+#[test]
+fn linear_entropy_gradient_on_the_default_fusion_backend() {
+    poisoned();
+    for case in cases(&float_dtypes(), 10, 67) {
+        check_linear_case(TestBackend::Fusion, &case, fresh_seed());
+    }
+}
+
+#[test]
+fn linear_entropy_gradient_on_flex_through_the_portable_path() {
+    for case in cases(&[DType::F32], 10, 67) {
+        check_linear_case(TestBackend::Flex, &case, fresh_seed());
+    }
+}
+
+/// The reference's `dH/dx` against central differences of the f64 entropy, through the
+/// temperature and the softcap, on tiny rows: the formula itself.
+#[test]
+fn entropy_gradient_formula_matches_finite_differences() {
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let vocab = 7;
+    for (temperature, softcap) in [
+        (None, None),
+        (Some(0.6), None),
+        (None, Some(3.0)),
+        (Some(1.7), Some(4.0)),
+    ] {
+        let mut options = CrossEntropyOptions::new(Reduction::None);
+        options.temperature = temperature;
+        options.softcap = softcap;
+        let ref_options = RefOptions::new(&options, None);
+        for _ in 0..4 {
+            let row: Vec<f64> = (0..vocab).map(|_| rng.random_range(-4.0..4.0)).collect();
+            let g = rng.random_range(0.5..1.5);
+            let analytic = reference_entropy_grad(&row, vocab, &[0], &ref_options, &[g]);
+            let entropy_of = |x: &[f64]| softmax_entropy(&ref_options.capped(x));
+            let step = 1e-6;
+            for c in 0..vocab {
+                let (mut up, mut down) = (row.clone(), row.clone());
+                up[c] += step;
+                down[c] -= step;
+                let numeric = g * (entropy_of(&up) - entropy_of(&down)) / (2.0 * step);
+                assert!(
+                    (numeric - analytic[c]).abs() <= 1e-7 + 1e-6 * numeric.abs(),
+                    "seed={seed} T={temperature:?} cap={softcap:?} class {c}: finite \
+                     differences {numeric}, formula {}",
+                    analytic[c]
+                );
+            }
+        }
+    }
+}
+
+/// The message a panic carried.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// Under the one pass the entropy cannot be differentiated: backward says so and names
+/// the plans that can, for the loss and the fused linear cross-entropy; the loss alone
+/// still differentiates there.
+#[test]
+fn one_pass_refuses_to_differentiate_the_entropy() {
+    let _backward = shared_device();
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let device = TestBackend::Fusion.device().autodiff();
+    let (rows, vocab, width) = (6, 33, 8);
+    let mut options = CrossEntropyOptions::new(Reduction::Mean);
+    options.outputs.entropy = true;
+    let targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
+    let (logits, _) = logits_tensor(
+        random_logits(&mut rng, rows, vocab),
+        rows,
+        vocab,
+        DType::F32,
+        &device,
+    );
+    let hidden = Tensor::<2>::random([rows, width], burn::tensor::Distribution::Default, &device)
+        .require_grad();
+    let weight = Tensor::<2>::random([width, vocab], burn::tensor::Distribution::Default, &device)
+        .require_grad();
+    let run_loss = |use_entropy: bool| {
+        let logits = logits.clone().require_grad();
+        let out = try_fused_cross_entropy(
+            logits.clone(),
+            targets_tensor(&targets, &device),
+            None,
+            &options,
+        )
+        .expect("valid input");
+        let entropy = out.entropy.expect("asked for");
+        let objective = if use_entropy {
+            out.loss - entropy.sum() * 0.1
+        } else {
+            out.loss
+        };
+        let grads = objective.backward();
+        logits.grad(&grads).is_some()
+    };
+    let run_linear = |use_entropy: bool| {
+        let out = try_fused_linear_cross_entropy(
+            hidden.clone(),
+            weight.clone(),
+            None,
+            targets_tensor(&targets, &device),
+            None,
+            &options,
+            &LinearChunking::default(),
+        )
+        .expect("valid input");
+        let entropy = out.entropy.expect("asked for");
+        let objective = if use_entropy {
+            out.loss - entropy.sum() * 0.1
+        } else {
+            out.loss
+        };
+        let grads = objective.backward();
+        hidden.grad(&grads).is_some()
+    };
+    assert!(
+        run_loss(false),
+        "seed={seed}: the loss alone differentiates"
+    );
+    assert!(
+        run_linear(false),
+        "seed={seed}: the loss alone differentiates"
+    );
+    for (name, result) in [
+        ("loss", catch_unwind(AssertUnwindSafe(|| run_loss(true)))),
+        (
+            "fused linear",
+            catch_unwind(AssertUnwindSafe(|| run_linear(true))),
+        ),
+    ] {
+        let message =
+            panic_message(result.expect_err("the one pass cannot differentiate the entropy"));
+        assert!(
+            message.contains("GradientPlan::TwoPass") && message.contains("Reduction::None"),
+            "seed={seed}: {name}: the message names the plans that can: {message}"
+        );
+    }
+}
