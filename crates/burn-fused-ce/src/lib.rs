@@ -67,7 +67,6 @@ pub use linear::cublaslt::cublaslt_listed_product;
 #[cfg(feature = "cuda")]
 pub use linear::cublaslt::cublaslt_version;
 pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
-pub use linear::weight_gradient_stream::WeightGradientStream;
 pub use loss::api::{fused_cross_entropy, try_fused_cross_entropy};
 pub use loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
 pub use loss::target_check::wait_for_target_checks;

@@ -32,12 +32,9 @@
 //! leaves out the matmuls alone. `cublaslt=0` turns off cuBLASLt for the chunks' products
 //! (`LinearChunking::cublaslt`, on by default); with it on, on CUDA, the fused linear
 //! cross-entropy also runs with CubeCL's products (`linear-cubecl`) and the breakdown
-//! times each chunk product through cuBLASLt. `stream2=hidden` sums the weight gradient on a
-//! second CUDA stream beside each chunk's hidden-state gradient, `stream2=next` beside the
-//! next chunk's products (`LinearChunking::weight_gradient_stream`, `Backend` by default).
-//! cuBLASLt's algorithm for each kind of product is the fastest of its heuristic's first
-//! few, timed the first time the kind runs (in the warm-up steps, or read from the store
-//! kept beside Burn's autotune cache).
+//! times each chunk product through cuBLASLt. cuBLASLt's algorithm for each kind of
+//! product is the fastest of its heuristic's first few, timed the first time the kind runs
+//! (in the warm-up steps, or read from the store kept beside Burn's autotune cache).
 //! `ignored=P` ignores the last P% of each
 //! sequence of 1024 rows (padding) and adds the fused linear cross-entropy on only the
 //! counted rows (`CountedRows`, built from the host's targets inside the step; its
@@ -52,7 +49,7 @@ use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::backend::LinearCrossEntropyBackend;
 use burn_fused_ce::{
     CountedRows, ExtraOutputs, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
-    LinearChunking, Reduction, WeightGradientStream, test_hooks,
+    LinearChunking, Reduction, test_hooks,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -247,15 +244,6 @@ fn main() {
             _ => None,
         })
     };
-    // `stream2=backend|hidden|next`: where the weight gradient's sums run.
-    let weight_gradient_stream_arg = || {
-        std::env::args().find_map(|arg| match arg.strip_prefix("stream2=")? {
-            "backend" | "0" => Some(WeightGradientStream::Backend),
-            "hidden" => Some(WeightGradientStream::BesideHiddenGradient),
-            "next" => Some(WeightGradientStream::BesideNextChunk),
-            _ => None,
-        })
-    };
     // `ways=fused,linear` runs only those ways (`stock`, `fused`, `linear`; all by
     // default), and `breakdown=0` leaves out the matmul breakdown: for chunk-budget sweeps.
     let ways: Vec<Way> = std::env::args()
@@ -299,8 +287,6 @@ fn main() {
             .unwrap_or(defaults.weight_gradient_in_place),
         hidden_gradient_split_k: on_off_arg("splitk").unwrap_or(defaults.hidden_gradient_split_k),
         cublaslt: on_off_arg("cublaslt").unwrap_or(defaults.cublaslt),
-        weight_gradient_stream: weight_gradient_stream_arg()
-            .unwrap_or(defaults.weight_gradient_stream),
         ..defaults
     };
     // Percent of each sequence's rows ignored (padding at its end).
@@ -738,7 +724,6 @@ fn cublaslt_accumulate(sum: Tensor<2>, lhs: &Tensor<2>, rhs: &Tensor<2>) -> Tens
         lhs.clone().into_dispatch(),
         rhs.clone().into_dispatch(),
         true,
-        false,
     ))
 }
 

@@ -5,10 +5,11 @@
 use burn::tensor::DType;
 use serde::{Deserialize, Serialize};
 
-use crate::linear::weight_gradient_stream::WeightGradientStream;
 use crate::options::CrossEntropyError;
 
 /// How the fused linear cross-entropy cuts its work.
+// Unknown fields are ignored (no `deny_unknown_fields`): a config saved with the removed
+// `weight_gradient_stream` loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LinearChunking {
     /// The most bytes one chunk's logits take (their gradient is written over them): the
@@ -58,12 +59,6 @@ pub struct LinearChunking {
     /// config lacks it).
     #[serde(default = "cublaslt_by_default")]
     pub cublaslt: bool,
-    /// Where each chunk's weight-gradient sum runs: on the backend's stream, or through
-    /// cuBLASLt on a second CUDA stream beside the chunk's hidden-state gradient or the
-    /// next chunk's products ([`WeightGradientStream`]). `Backend` by default (also when
-    /// a saved config lacks it).
-    #[serde(default)]
-    pub weight_gradient_stream: WeightGradientStream,
 }
 
 impl Default for LinearChunking {
@@ -75,7 +70,6 @@ impl Default for LinearChunking {
             weight_gradient_in_place: in_place_by_default(),
             hidden_gradient_split_k: split_k_by_default(),
             cublaslt: cublaslt_by_default(),
-            weight_gradient_stream: WeightGradientStream::Backend,
         }
     }
 }

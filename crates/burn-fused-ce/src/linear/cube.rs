@@ -14,7 +14,7 @@ use fused_ce_kernels::{
 };
 
 use crate::cube_tensors::{buffer, elem, has_separate_contiguous_rows, poison, view_of};
-use crate::linear::cublaslt::{cublaslt_join_second_stream, cublaslt_may_run, cublaslt_product};
+use crate::linear::cublaslt::{cublaslt_may_run, cublaslt_product};
 use crate::linear::extension::LinearCrossEntropyBackend;
 use crate::linear::products::{product, product_added};
 use crate::primitive::FloatOf;
@@ -68,7 +68,7 @@ fn cublaslt_new_product(
     }
     let shape = Shape::new([lhs.meta.shape()[0], rhs.meta.shape()[1]]);
     let out = poison(buffer(lhs, shape, dtype));
-    cublaslt_ran(cublaslt_product(lhs, rhs, &out, false, false)).then_some(out)
+    cublaslt_ran(cublaslt_product(lhs, rhs, &out, false)).then_some(out)
 }
 
 /// Whether cuBLASLt ran (counted for the tests); where it did not, why is noted.
@@ -133,16 +133,10 @@ impl LinearCrossEntropyBackend for CubeBackend {
         lhs: CubeTensor,
         rhs: CubeTensor,
         cublaslt: bool,
-        second_stream: bool,
     ) -> CubeTensor {
-        let out = accumulated(sum, [lhs, rhs], cublaslt, second_stream);
+        let out = accumulated(sum, [lhs, rhs], cublaslt);
         probe_memory(&out);
         out
-    }
-
-    fn join_second_stream(sum: CubeTensor) -> CubeTensor {
-        joined(&sum);
-        sum
     }
 
     fn chunk_product(lhs: CubeTensor, rhs: CubeTensor, cublaslt: bool) -> CubeTensor {
@@ -161,33 +155,16 @@ impl LinearCrossEntropyBackend for CubeBackend {
     }
 }
 
-/// cubecl's stream waits for the sums enqueued on its second stream.
-fn joined(sum: &CubeTensor) {
-    // It fails only where the device's task does (the device is lost then); where the
-    // order cannot be enqueued, the host has waited instead.
-    let _ = cublaslt_join_second_stream(sum);
-}
-
 /// [`LinearCrossEntropyBackend::accumulate_product`] on the cube backend.
-fn accumulated(
-    sum: CubeTensor,
-    [lhs, rhs]: [CubeTensor; 2],
-    cublaslt: bool,
-    second_stream: bool,
-) -> CubeTensor {
+fn accumulated(sum: CubeTensor, [lhs, rhs]: [CubeTensor; 2], cublaslt: bool) -> CubeTensor {
     // In place only where the kernel may write `sum` and nothing else reads it, and
     // only into rows that are each contiguous and apart (CUDA pads the rows of some
     // of Burn's matmul outputs, the first chunk's product among them).
     let in_place =
         sum.can_mut() && has_separate_contiguous_rows(&sum) && sum.meta.num_elements() > 0;
-    if in_place && cublaslt && cublaslt_ran(cublaslt_product(&lhs, &rhs, &sum, true, second_stream))
-    {
+    if in_place && cublaslt && cublaslt_ran(cublaslt_product(&lhs, &rhs, &sum, true)) {
         test_hooks::count_in_place_accumulate();
         return sum;
-    }
-    // Every other way writes the sum on cubecl's stream: after the earlier sums.
-    if second_stream {
-        joined(&sum);
     }
     if !in_place {
         test_hooks::IN_PLACE_ACCUMULATE_REFUSAL.note(|| {

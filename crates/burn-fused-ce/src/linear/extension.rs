@@ -75,32 +75,16 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
     /// op, so that the stream hands over the sum's handle by value.
     ///
     /// With `cublaslt`, cube backends on CUDA devices first try NVIDIA's cuBLASLt
-    /// ([`LinearChunking::cublaslt`]), in place under the same conditions; with
-    /// `second_stream` too, on a second CUDA stream beside the one the backend's kernels
-    /// run on ([`LinearChunking::weight_gradient_stream`]), which
-    /// [`Self::join_second_stream`] orders the backend's stream after.
+    /// ([`LinearChunking::cublaslt`]), in place under the same conditions.
     #[fusion(meta = accumulate_product_meta)]
     fn accumulate_product(
         sum: FloatTensor<Self>,
         lhs: FloatTensor<Self>,
         rhs: FloatTensor<Self>,
         cublaslt: bool,
-        second_stream: bool,
     ) -> FloatTensor<Self> {
-        let _ = (cublaslt, second_stream);
+        let _ = cublaslt;
         product_added::<Self>(sum, lhs, rhs)
-    }
-
-    /// `sum` once the backend's own stream is ordered after the products
-    /// [`Self::accumulate_product`] ran on a second stream: called on the weight
-    /// gradient's sum after the last chunk, before anything else reads it, and after each
-    /// chunk's hidden-state gradient with
-    /// [`WeightGradientStream::BesideHiddenGradient`](crate::WeightGradientStream::BesideHiddenGradient).
-    /// The default returns `sum` (no second stream); cube backends on CUDA devices enqueue
-    /// the wait (the host waits for nothing); fusion backends run that as one custom op.
-    #[fusion(meta = same_tensor_meta)]
-    fn join_second_stream(sum: FloatTensor<Self>) -> FloatTensor<Self> {
-        sum
     }
 
     /// `lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype, in that dtype: a chunk's

@@ -20,13 +20,12 @@ pub(crate) fn accumulate_product_meta(
     _lhs: &TensorSpec,
     _rhs: &TensorSpec,
     _cublaslt: &bool,
-    _second_stream: &bool,
 ) -> TensorSpec {
     sum.clone()
 }
 
-/// The same tensor's shape and dtype: the weight gradient's sum once joined, and a
-/// matrix with its rows perhaps padded (the spec says nothing of strides).
+/// The same tensor's shape and dtype: a matrix with its rows perhaps padded (the spec
+/// says nothing of strides).
 pub(crate) fn same_tensor_meta(tensor: &TensorSpec) -> TensorSpec {
     tensor.clone()
 }

@@ -14,7 +14,6 @@ use crate::linear::{
     extension::{LinearCrossEntropyBackend, with_aligned_weight},
     rows::{Typed, chunks, joined, mean_denominators_of},
     types::LinearInputs,
-    weight_gradient_stream::WeightGradientStream,
 };
 use crate::loss::reduce::given_denominators;
 use crate::loss::types::{OnePassScale, TwoPassBackward};
@@ -67,27 +66,11 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
     /// weight and the bias, as far as they are needed.
     fn add(&mut self, typed: &Typed<B>, start: usize, end: usize, logits_grad: FloatOf<B, 2>) {
         let needed = self.needed;
-        if self.chunking.weight_gradient_stream == WeightGradientStream::BesideHiddenGradient {
-            // The sum is enqueued first, so that the second stream starts it beside the
-            // hidden-state gradient; the backend's stream waits for it before the next
-            // chunk's logits take this chunk's memory.
-            if needed.weight {
-                self.add_weight(typed, start, end, logits_grad.clone());
-            }
-            if needed.hidden {
-                self.add_hidden(typed, logits_grad.clone());
-            }
-            self.weight = self
-                .weight
-                .take()
-                .map(|sum| FloatOf::new(B::join_second_stream(sum.into_primitive())));
-        } else {
-            if needed.hidden {
-                self.add_hidden(typed, logits_grad.clone());
-            }
-            if needed.weight {
-                self.add_weight(typed, start, end, logits_grad.clone());
-            }
+        if needed.hidden {
+            self.add_hidden(typed, logits_grad.clone());
+        }
+        if needed.weight {
+            self.add_weight(typed, start, end, logits_grad.clone());
         }
         if needed.bias {
             self.add_bias(typed, logits_grad);
@@ -153,7 +136,6 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
                 hidden_t.into_primitive(),
                 logits_grad.into_primitive(),
                 cublaslt,
-                self.chunking.weight_gradient_stream.is_second(),
             )),
             // The product is a whole [H, V] buffer beside the sum until the add.
             (Some(sum), None) => sum.add(weight_product(hidden_t, logits_grad)),
@@ -203,14 +185,8 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
             }
             .into_primitive()
         });
-        let second_stream = self.chunking.weight_gradient_stream.is_second();
         let weight = needed.weight.then(|| {
             match self.weight {
-                // Summed on a second stream: the backend's stream waits for it first.
-                Some(grad) if second_stream => {
-                    FloatOf::<B, 2>::new(B::join_second_stream(grad.into_primitive()))
-                        .cast(typed.weight.dtype())
-                }
                 Some(grad) => grad.cast(typed.weight.dtype()),
                 None => FloatOf::zeros(typed.weight.shape(), &device, typed.weight.dtype()),
             }

@@ -22,4 +22,3 @@ pub(crate) mod module;
 mod products;
 mod rows;
 pub(crate) mod types;
-pub(crate) mod weight_gradient_stream;

@@ -2,7 +2,7 @@
 //! chosen for each kind of product (`measure.rs`). Used only inside tasks on the device's
 //! thread, which cubecl runs one at a time.
 
-use std::collections::{HashMap, hash_map::Entry};
+use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
 use cubecl::device::DeviceId;
@@ -13,7 +13,6 @@ use super::descriptors::failed;
 use super::layout::StoredMatrix;
 use super::library::cublaslt_version;
 use super::measure::Algorithm;
-use super::second_stream::SecondStream;
 use super::store::StoreKey;
 use super::stream_scan::{regular_slots, stream_of_slot};
 
@@ -82,8 +81,6 @@ impl DeviceIdentity {
 pub(crate) struct LtDevice {
     pub handle: sys::cublasLtHandle_t,
     streams: HashMap<u64, sys::cudaStream_t>,
-    /// The second stream beside each of cubecl's streams that has used one.
-    second_streams: HashMap<u64, SecondStream>,
     /// The algorithm chosen for each kind of product run so far and its workspace, or
     /// why none was found.
     algorithms: HashMap<AlgorithmKey, Result<Algorithm, String>>,
@@ -113,7 +110,6 @@ pub(crate) fn with_device<R>(
             .map(|handle| LtDevice {
                 handle,
                 streams: HashMap::new(),
-                second_streams: HashMap::new(),
                 algorithms: HashMap::new(),
                 identity: DeviceIdentity::current(),
             })
@@ -166,27 +162,6 @@ impl LtDevice {
         let chosen = choose(store_key);
         self.algorithms.insert(key, chosen.clone());
         chosen
-    }
-
-    /// The second stream beside cubecl's stream `stream_id`, made on first use.
-    pub fn second_stream(&mut self, stream_id: u64) -> Result<&mut SecondStream, Refusal> {
-        Ok(match self.second_streams.entry(stream_id) {
-            Entry::Occupied(entry) => entry.into_mut(),
-            Entry::Vacant(entry) => entry.insert(SecondStream::new().map_err(Refusal::ThisCall)?),
-        })
-    }
-
-    /// cubecl's stream `stream_id` (`main`) waits for what its second stream has
-    /// enqueued, if it has one.
-    pub fn join_second_stream(
-        &mut self,
-        stream_id: u64,
-        main: sys::cudaStream_t,
-    ) -> Result<(), Refusal> {
-        match self.second_streams.get_mut(&stream_id) {
-            Some(second) => second.join(main).map_err(Refusal::ThisCall),
-            None => Ok(()),
-        }
     }
 
     /// The stream cubecl launches stream `stream_id`'s kernels on, read from the server's

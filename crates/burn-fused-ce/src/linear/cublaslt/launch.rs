@@ -110,11 +110,6 @@ pub(crate) fn may_run(client: &Client) -> bool {
 /// (`CUBLAS_COMPUTE_32F`: f32 operands are multiplied in f32, not TF32). `Err` says why
 /// it did not run; nothing was written then.
 ///
-/// With `second_stream`, the product runs on a second stream beside cubecl's
-/// (`second_stream.rs`), after everything enqueued so far; [`join_second_stream`] orders
-/// cubecl's stream after it. Where it did not run, the caller joins before writing
-/// `out` another way.
-///
 /// The algorithm is the one measured fastest for the product's kind (its shapes, layouts,
 /// types, alignments, whether it sums): the first product of a kind times cuBLASLt's
 /// candidates on its operands first (`measure.rs`, a one-time host wait; a sum's output
@@ -124,13 +119,12 @@ pub(crate) fn launch_product(
     rhs: &CubeTensor,
     out: &CubeTensor,
     accumulate: bool,
-    second_stream: bool,
 ) -> Result<(), String> {
-    launch(lhs, rhs, out, accumulate, second_stream, Choice::Measured)
+    launch(lhs, rhs, out, accumulate, Choice::Measured)
 }
 
 /// For the tests (`crate::cublaslt_listed_product`): the product as
-/// [`launch_product`] runs it on cubecl's stream, with the algorithm cuBLASLt's
+/// [`launch_product`] runs it, with the algorithm cuBLASLt's
 /// heuristic lists at `rank` (its first at 0; its last where it lists fewer) instead of
 /// the kind's measured one. Nothing is measured, kept or counted.
 #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
@@ -141,7 +135,7 @@ pub(crate) fn launch_listed_product(
     accumulate: bool,
     rank: usize,
 ) -> Result<(), String> {
-    launch(lhs, rhs, out, accumulate, false, Choice::Listed(rank))
+    launch(lhs, rhs, out, accumulate, Choice::Listed(rank))
 }
 
 /// Which algorithm a product runs with.
@@ -159,7 +153,6 @@ fn launch(
     rhs: &CubeTensor,
     out: &CubeTensor,
     accumulate: bool,
-    second_stream: bool,
     choice: Choice,
 ) -> Result<(), String> {
     let client = &out.client;
@@ -196,7 +189,6 @@ fn launch(
         elem_bytes: [lhs.dtype.size() as u64, out.dtype.size() as u64],
         accumulate,
         workspace_bytes: 0,
-        second_stream,
         choice,
     };
     call.workspace_bytes = match choice {
@@ -234,32 +226,6 @@ fn on_device_thread<R: Send + 'static>(
         .map_err(|error| format!("the device's task failed: {error:?}"))?
 }
 
-/// cubecl's stream (the calling thread's) waits, on the device, for the products
-/// [`launch_product`] enqueued on its second stream, whose operands are then released: a
-/// no-op where there were none. `sum` is the tensor they wrote, on that device.
-pub(crate) fn join_second_stream(sum: &CubeTensor) -> Result<(), String> {
-    let client = &sum.client;
-    if unavailable(client).is_err() {
-        return Ok(());
-    }
-    let handle = sum.handle.clone();
-    let device = client.service_id().device;
-    on_device_thread(device, move |server| {
-        let stream_id = StreamId::current();
-        // Resolving the sum makes the device's context current.
-        let resource = server
-            .get_resource(handle.binding(), stream_id)
-            .map_err(|error| format!("cubecl could not resolve the sum: {error:?}"))?;
-        let server_text = || format!("{server:?}");
-        let joined = with_device(device, |lt| {
-            let main = lt.stream(stream_id.value, server_text)?;
-            lt.join_second_stream(stream_id.value, main)
-        });
-        drop(resource);
-        joined
-    })
-}
-
 /// Where the benches ask for it ([`test_hooks::set_probe_memory`]), the device's bytes in
 /// use as the product is enqueued: its operands, output and workspace allocated.
 fn probe_memory(server: &mut CudaServer) {
@@ -284,7 +250,6 @@ struct Call {
     accumulate: bool,
     /// The workspace given (its buffer is the fourth handle where this is not 0).
     workspace_bytes: usize,
-    second_stream: bool,
     choice: Choice,
 }
 
@@ -308,18 +273,6 @@ impl Call {
     ) -> Result<bool, String> {
         let stream_id = StreamId::current();
         let workspace_key = self.workspace_key(device);
-        // On the second stream, what the product reads stays allocated until cubecl's
-        // stream waits for it: the operands and the workspace, not the output.
-        let held: Vec<Handle> = if self.second_stream {
-            handles
-                .iter()
-                .enumerate()
-                .filter(|&(at, _)| at != 2)
-                .map(|(_, handle)| handle.clone())
-                .collect()
-        } else {
-            Vec::new()
-        };
         // Resolving each operand makes the device's context current and orders this
         // stream after the operand's producer; the resources pin the memory meanwhile.
         let mut resources = Vec::with_capacity(handles.len());
@@ -340,7 +293,6 @@ impl Call {
             elem_bytes,
             accumulate,
             workspace_bytes: workspace_given,
-            second_stream,
             choice,
         } = self;
         let workspace_address = address.get(3).copied().unwrap_or(0);
@@ -359,7 +311,7 @@ impl Call {
         let server_text = || format!("{server:?}");
         let mut timed = false;
         let used = with_device(device, |lt| {
-            let main = lt.stream(stream_id.value, server_text)?;
+            let stream = lt.stream(stream_id.value, server_text)?;
             let this_call = Refusal::ThisCall;
             let a = Layout::new(types[0], product.a).map_err(this_call)?;
             let b = Layout::new(types[1], product.b).map_err(this_call)?;
@@ -371,15 +323,6 @@ impl Call {
                 a: &a,
                 b: &b,
                 d: &d,
-            };
-            // On the second stream, the product follows everything enqueued on cubecl's
-            // so far; an algorithm measured for it is timed there.
-            let stream = if second_stream {
-                lt.second_stream(stream_id.value)?
-                    .follow(main)
-                    .map_err(Refusal::ThisCall)?
-            } else {
-                main
             };
             let (algorithm, workspace_bytes) = match choice {
                 Choice::Measured => {
@@ -438,12 +381,6 @@ impl Call {
                 )
             }
             .map_err(Refusal::ThisCall)?;
-            // The product ran: a failure to order it makes the host wait for it instead
-            // (`SecondStream::enqueued`), and is no refusal. (The second stream was made
-            // above: it is found, not made, here.)
-            if second_stream && let Ok(second) = lt.second_stream(stream_id.value) {
-                let _ = second.enqueued(main, held);
-            }
             Ok(())
         });
         drop(resources);

@@ -25,8 +25,6 @@ mod layout;
 mod library;
 #[cfg(feature = "cuda")]
 mod measure;
-#[cfg(feature = "cuda")]
-mod second_stream;
 mod store;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod stream_scan;
@@ -51,28 +49,25 @@ pub(crate) fn cublaslt_may_run(tensor: &CubeTensor) -> bool {
 }
 
 /// `out = lhs rhs`, or `out += lhs rhs` when `accumulate`, through cuBLASLt (see
-/// [`launch::launch_product`]), on a second stream beside cubecl's with `second_stream`.
-/// `Err` says why not; `out` is untouched then, and the caller joins
-/// ([`cublaslt_join_second_stream`]) before writing it another way.
+/// [`launch::launch_product`]). `Err` says why not; `out` is untouched then.
 pub(crate) fn cublaslt_product(
     lhs: &CubeTensor,
     rhs: &CubeTensor,
     out: &CubeTensor,
     accumulate: bool,
-    second_stream: bool,
 ) -> Result<(), String> {
     #[cfg(feature = "cuda")]
     {
-        launch::launch_product(lhs, rhs, out, accumulate, second_stream)
+        launch::launch_product(lhs, rhs, out, accumulate)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (lhs, rhs, out, accumulate, second_stream);
+        let _ = (lhs, rhs, out, accumulate);
         Err("built without the `cuda` feature".into())
     }
 }
 
-/// For the tests: [`cublaslt_product`] on cubecl's stream with the algorithm cuBLASLt's
+/// For the tests: [`cublaslt_product`] with the algorithm cuBLASLt's
 /// heuristic lists at `rank` (see [`launch::launch_listed_product`]).
 #[cfg(feature = "cuda")]
 #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
@@ -84,18 +79,4 @@ pub fn cublaslt_listed_product(
     rank: usize,
 ) -> Result<(), String> {
     launch::launch_listed_product(lhs, rhs, out, accumulate, rank)
-}
-
-/// cubecl's stream waits for the products enqueued on its second stream (see
-/// [`launch::join_second_stream`]); a no-op where there were none.
-pub(crate) fn cublaslt_join_second_stream(sum: &CubeTensor) -> Result<(), String> {
-    #[cfg(feature = "cuda")]
-    {
-        launch::join_second_stream(sum)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = sum;
-        Ok(())
-    }
 }

@@ -3,7 +3,7 @@
 //! ([`LinearReference`]): what every linear test of the suite draws and checks against.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
-use burn_fused_ce::{CrossEntropyOptions, LinearChunking, Reduction, WeightGradientStream};
+use burn_fused_ce::{CrossEntropyOptions, LinearChunking, Reduction};
 use rand::{Rng, rngs::SmallRng};
 
 use crate::common::*;
@@ -34,8 +34,6 @@ pub(crate) struct LinearCase {
     pub(crate) f32_weight_gradient: bool,
     /// The chunks' products through cuBLASLt on CUDA (`LinearChunking::cublaslt`).
     pub(crate) cublaslt: bool,
-    /// Where the weight gradient's sums run (`LinearChunking::weight_gradient_stream`).
-    pub(crate) weight_gradient_stream: WeightGradientStream,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
     pub(crate) three_d: bool,
     /// Through the module with an `nn::Linear`, else the function.
@@ -65,7 +63,6 @@ impl LinearCase {
             split_k: LinearChunking::default().hidden_gradient_split_k,
             f32_weight_gradient: false,
             cublaslt: LinearChunking::default().cublaslt,
-            weight_gradient_stream: LinearChunking::default().weight_gradient_stream,
             three_d: false,
             via_module: false,
         }
@@ -81,7 +78,6 @@ impl LinearCase {
             weight_gradient_in_place: self.in_place,
             hidden_gradient_split_k: self.split_k,
             cublaslt: self.cublaslt,
-            weight_gradient_stream: self.weight_gradient_stream,
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_fused_ce::{
-    CrossEntropyOptions, LinearChunking, Reduction, WeightGradientStream, max_buffer_bytes,
+    CrossEntropyOptions, LinearChunking, Reduction, max_buffer_bytes,
     try_fused_linear_cross_entropy,
 };
 
@@ -70,7 +70,6 @@ fn chunk_rows_follow_the_budget() {
         weight_gradient_in_place: false,
         hidden_gradient_split_k: true,
         cublaslt: true,
-        weight_gradient_stream: WeightGradientStream::Backend,
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
@@ -103,7 +102,6 @@ fn chunk_rows_follow_the_budget() {
         weight_gradient_in_place: false,
         hidden_gradient_split_k: true,
         cublaslt: true,
-        weight_gradient_stream: WeightGradientStream::Backend,
     };
     assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
     // Never more than the budget holds, whatever the rows.
@@ -116,7 +114,6 @@ fn chunk_rows_follow_the_budget() {
                 weight_gradient_in_place: false,
                 hidden_gradient_split_k: true,
                 cublaslt: true,
-                weight_gradient_stream: WeightGradientStream::Backend,
             };
             let per = budget.rows_per_chunk(rows, 50, DType::F32);
             assert!(

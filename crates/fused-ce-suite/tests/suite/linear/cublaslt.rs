@@ -10,7 +10,7 @@
 use burn::backend::ops::FloatTensorOps;
 use burn::tensor::DType;
 use burn_fused_ce::backend::LinearCrossEntropyBackend;
-use burn_fused_ce::{Reduction, WeightGradientStream, test_hooks};
+use burn_fused_ce::{Reduction, test_hooks};
 
 use crate::common::*;
 use crate::cube_primitives::{self as prim, C};
@@ -135,7 +135,6 @@ fn cublaslt_products_on_the_cube_backend_primitives() {
                         lhs_t.clone(),
                         grad.clone(),
                         true,
-                        false,
                     ));
                     check_cublaslt_ran(before, &context);
                     assert_eq!(got.dtype, sum_dtype, "{context}: the sum keeps its dtype");
@@ -151,24 +150,6 @@ fn cublaslt_products_on_the_cube_backend_primitives() {
                         );
                     }
                 }
-                // Twice on a second stream, then joined: the second sum adds to the
-                // first's, and the join orders the read after both.
-                let context = format!(
-                    "{context}: accumulate_product into {sum_dtype:?} twice, second stream"
-                );
-                let sum = prim::floats(uniform(&mut rng, k * n, scale), &[k, n], sum_dtype);
-                let start64 = prim::read(sum.clone()).values;
-                let before = test_hooks::cublaslt_product_count();
-                let once = C::accumulate_product(sum, lhs_t.clone(), grad.clone(), true, true);
-                let twice = C::accumulate_product(once, lhs_t.clone(), grad.clone(), true, true);
-                let got = prim::read(C::join_second_stream(twice));
-                check_cublaslt_ran(before, &context);
-                let expected: Vec<f64> = start64
-                    .iter()
-                    .zip(&product64)
-                    .map(|(s, p)| s + 2.0 * p)
-                    .collect();
-                check_close(&got.values, &expected, sum_bound, &context);
             }
         }
     }
@@ -198,94 +179,6 @@ fn fused_linear_cross_entropy_through_cublaslt() {
             check_cublaslt_ran(before, &context);
         }
     }
-}
-
-/// The fused linear cross-entropy with the weight gradient's sums on a second CUDA stream
-/// (`LinearChunking::weight_gradient_stream`), beside each chunk's hidden-state gradient
-/// and beside the next chunk, against the f64 reference, through `Fusion<CubeBackend>`
-/// under autodiff: each dtype, `Mean` (the one pass, in forward) and `None` (in
-/// backward), five chunks of 48 rows and a last partial one, with and without a bias;
-/// on CUDA every chunk after the first must be summed in place. Elsewhere than CUDA the
-/// option changes nothing.
-#[test]
-fn fused_linear_cross_entropy_on_a_second_stream() {
-    poisoned();
-    let streams = [
-        WeightGradientStream::BesideHiddenGradient,
-        WeightGradientStream::BesideNextChunk,
-    ];
-    for (n, dtype) in float_dtypes().into_iter().enumerate() {
-        for (r, reduction) in [Reduction::Mean, Reduction::None].into_iter().enumerate() {
-            for (s, stream) in streams.into_iter().enumerate() {
-                let mut case = LinearCase::new(250, 96, 520, dtype, reduction);
-                case.cublaslt = true;
-                case.weight_gradient_stream = stream;
-                case.chunk_rows = 48;
-                case.in_place = true;
-                case.bias = (n + r + s) % 2 == 0;
-                let context = format!("{case:?}");
-                let before = test_hooks::cublaslt_product_count();
-                let in_place_before = test_hooks::in_place_accumulate_count();
-                check_linear_case(crate::common::TestBackend::Fusion, case);
-                check_cublaslt_ran(before, &context);
-                // Six chunks: the first chunk's product starts the sum, the five others
-                // must have been summed into it in place (a sum left shared by the
-                // join would be formed and added instead).
-                if ON_CUDA {
-                    let in_place = test_hooks::in_place_accumulate_count() - in_place_before;
-                    assert!(
-                        in_place >= 5,
-                        "{context}: {in_place} sums in place, not 5 (the last refusal: {:?})",
-                        test_hooks::in_place_accumulate_refusal()
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// On CUDA: a sum on the second stream keeps its operands allocated until cubecl's
-/// stream waits for it. Each step's gradient is dropped as soon as its sum is enqueued,
-/// and a kernel on cubecl's stream at once writes a new buffer of its size (which the
-/// pool would hand out from the dropped one's memory); the sums, each a long exact f32
-/// product, must equal the same sums formed on one stream (those are checked against
-/// the f64 product above), bit for bit.
-#[cfg(feature = "cuda")]
-#[test]
-fn second_stream_operands_outlive_their_product() {
-    poisoned();
-    let seed = fresh_seed();
-    let mut rng = rng(seed);
-    let (m, k, n) = (16384, 256, 4096);
-    let dtype = DType::F32;
-    let lhs_rows = prim::floats(uniform(&mut rng, m * k, 1.0), &[m, k], dtype);
-    let start = uniform(&mut rng, k * n, 1.0);
-    let grads: Vec<Vec<f32>> = (0..3).map(|_| uniform(&mut rng, m * n, 1.0)).collect();
-    let filler = uniform(&mut rng, m * n, 1e4);
-    let sums = |second_stream: bool| {
-        let mut sum = prim::floats(start.clone(), &[k, n], dtype);
-        let mut written = Vec::new();
-        for grad in &grads {
-            let grad = prim::floats(grad.clone(), &[m, n], dtype);
-            let lhs_t = C::float_transpose(lhs_rows.clone());
-            sum = C::accumulate_product(sum, lhs_t, grad, true, second_stream);
-            // A buffer of the gradient's size, written on cubecl's stream at once.
-            let filler = prim::floats(filler.clone(), &[m, n], dtype);
-            written.push(C::float_mul_scalar(filler, 3.0f32.into()));
-        }
-        let sum = if second_stream {
-            C::join_second_stream(sum)
-        } else {
-            sum
-        };
-        prim::read(sum).values
-    };
-    let one_stream = sums(false);
-    let context = format!("seed={seed}: sums on a second stream");
-    let before = test_hooks::cublaslt_product_count();
-    let second_stream = sums(true);
-    check_cublaslt_ran(before, &context);
-    crate::call::assert_same_values(&second_stream, &one_stream, &context);
 }
 
 /// On CUDA: the algorithm measured for each kind of product (`linear/cublaslt/measure.rs`)
@@ -363,7 +256,6 @@ fn measured_algorithms_agree_with_the_heuristics_first() {
                 lhs_t.clone(),
                 grad.clone(),
                 true,
-                false,
             ));
             check_cublaslt_ran(before, &context);
             let first = prim::floats(start, &[k, n], sum_dtype);
@@ -462,7 +354,6 @@ fn each_kind_is_measured_once_and_its_timing_leaves_the_output_alone() {
                     lhs_t.clone(),
                     grad.clone(),
                     true,
-                    false,
                 )
             });
             let sum_bound = if sum_dtype == DType::F32 { 1e-5 } else { bound };

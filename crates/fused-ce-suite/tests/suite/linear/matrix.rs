@@ -9,7 +9,7 @@ use burn_fused_ce::backend::{
 };
 use burn_fused_ce::{
     CrossEntropyOptions, ExtraOutputs, FusedLinearCrossEntropyLossConfig, LinearChunking,
-    WeightGradientStream, fused_cross_entropy, max_buffer_bytes, try_fused_linear_cross_entropy,
+    fused_cross_entropy, max_buffer_bytes, try_fused_linear_cross_entropy,
 };
 
 use super::{
@@ -160,7 +160,6 @@ fn linear_guess_across_steps() {
             weight_gradient_in_place: false,
             hidden_gradient_split_k: true,
             cublaslt: true,
-            weight_gradient_stream: WeightGradientStream::Backend,
         })
         .init(&device);
     let head = LinearConfig::new(width, vocab).init(&device);
@@ -220,7 +219,6 @@ fn linear_extra_outputs() {
             weight_gradient_in_place: false,
             hidden_gradient_split_k: true,
             cublaslt: true,
-            weight_gradient_stream: WeightGradientStream::Backend,
         };
         let fused = try_fused_linear_cross_entropy(
             hidden.clone(),

@@ -149,7 +149,7 @@ fn products_on_the_cube_backend_primitives() {
                 let sum = prim::floats(uniform(&mut rng, m * n, scale), &[m, n], dtype);
                 let start64 = prim::read(sum.clone()).values;
                 let kept = held.then(|| sum.clone());
-                let got = C::accumulate_product(sum, lhs.clone(), rhs.clone(), false, false);
+                let got = C::accumulate_product(sum, lhs.clone(), rhs.clone(), false);
                 let expected: Vec<f64> =
                     start64.iter().zip(&product64).map(|(s, p)| s + p).collect();
                 let got = prim::read(got);
@@ -169,13 +169,7 @@ fn products_on_the_cube_backend_primitives() {
             if dtype != DType::F32 {
                 let sum = prim::floats(uniform(&mut rng, m * n, scale), &[m, n], DType::F32);
                 let start64 = prim::read(sum.clone()).values;
-                let got = prim::read(C::accumulate_product(
-                    sum,
-                    lhs.clone(),
-                    rhs.clone(),
-                    false,
-                    false,
-                ));
+                let got = prim::read(C::accumulate_product(sum, lhs.clone(), rhs.clone(), false));
                 assert_eq!(got.dtype, DType::F32, "{context}: an f32 sum stays f32");
                 let expected: Vec<f64> =
                     start64.iter().zip(&product64).map(|(s, p)| s + p).collect();

@@ -1,5 +1,5 @@
 //! Configs saved by earlier versions (serde): fields added since load with their
-//! defaults, a renamed one keeps its value.
+//! defaults, a renamed one keeps its value, a removed one is ignored.
 
 use burn_fused_ce::{FusedLinearCrossEntropyLossConfig, LinearChunking};
 
@@ -58,4 +58,36 @@ fn configs_saved_without_the_in_place_matmuls_load() {
             ..LinearChunking::default()
         })
     );
+}
+
+/// A config saved while `LinearChunking` had `weight_gradient_stream` (the weight
+/// gradient's sums on a second CUDA stream, since removed) still loads, whatever it held:
+/// the field is ignored, the rest keeps its values.
+#[test]
+fn configs_saved_with_the_removed_weight_gradient_stream_load() {
+    use burn::config::Config;
+    let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(LinearChunking {
+        logits_bytes: Some(1 << 20),
+        cublaslt: false,
+        ..LinearChunking::default()
+    });
+    let json = config.to_string();
+    let budget = "\"logits_bytes\": 1048576";
+    assert!(
+        json.contains(budget),
+        "{budget} is in the saved config: {json}"
+    );
+    for stream in ["Backend", "BesideHiddenGradient", "BesideNextChunk"] {
+        let older = json.replace(
+            budget,
+            &format!("\"weight_gradient_stream\": \"{stream}\",\n{budget}"),
+        );
+        assert_ne!(older, json);
+        let loaded = FusedLinearCrossEntropyLossConfig::load_binary(older.as_bytes())
+            .unwrap_or_else(|error| panic!("a config with {stream} loads: {error:?}\n{older}"));
+        assert_eq!(
+            loaded, config,
+            "{stream}: the other fields keep their values"
+        );
+    }
 }
