@@ -18,7 +18,7 @@
 //! accuracy and perplexity metrics, checkpoints and summary in `--out`/learner; its
 //! terminal dashboard with the `tui` feature), `--dtype
 //! f32|bf16` (bf16 on CUDA), `--chunk-mib M` (the fused linear cross-entropy's chunk
-//! budget, `LinearChunking::logits_bytes`, in MiB; default: the library's, 1 GiB), `--devices N` (data
+//! budget, `LinearChunking::logits_bytes`, in MiB; default: the library's, 160 MiB), `--devices N` (data
 //! parallel: each global batch split over N replicas on the first N GPUs, their gradients
 //! averaged by Burn's all-reduce (`burn::tensor::distributed`) where the runtime has
 //! collectives (CUDA with NCCL), else on the first device; on wgpu the replicas share the

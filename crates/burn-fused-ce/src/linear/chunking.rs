@@ -109,11 +109,13 @@ const TILE_ROWS: usize = 128;
 const STAGE_ROWS: usize = 256;
 
 impl LinearChunking {
-    /// The budget of one chunk's logits when none is given: 1 GiB, 4096 rows of bf16
-    /// logits of up to 131072 classes (Llama 3's 128256), 3328 of Qwen's 151936: rows
-    /// enough for the chunks' matmuls to run at the whole batch's rate. A smaller budget
-    /// saves memory and costs time (docs/performance.md).
-    pub const DEFAULT_LOGITS_BYTES: usize = 1 << 30;
+    /// The budget of one chunk's logits when none is given: 160 MiB, 640 rows of bf16
+    /// logits of up to 131072 classes (Llama 3's 128256), 512 of Qwen's 151936. The
+    /// fastest budget whose step keeps its peak within about 1.2 GB at 8192 x 4096 x
+    /// 128256 in bf16, where the bf16 weight gradient's sum alone is 1002 MiB. A larger
+    /// budget is faster and holds more, a smaller one saves memory and costs time
+    /// (docs/performance.md has the frontier).
+    pub const DEFAULT_LOGITS_BYTES: usize = 160 << 20;
 
     /// The budget of one chunk's logits: the given one, or the default.
     fn logits_budget(&self) -> usize {

@@ -13,15 +13,15 @@ use crate::common::*;
 #[test]
 fn chunk_rows_follow_the_budget() {
     let chunking = LinearChunking::default();
-    // 1 GiB of bf16 logits of 128256 classes holds 4185 rows, 4096 in whole tiles of
-    // 128 (cuBLASLt's, on by default): 8192 rows take 2 chunks, of 4096 rows each.
-    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 4096);
-    // 151936 classes: 3533 rows fit, 3456 in whole tiles; 16384 rows take 5 chunks: 3277
-    // rounded up to 3328, the last of 3072.
-    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 3328);
-    assert_eq!(chunking.rows_per_chunk(4000, 128_256, DType::BF16), 4000);
-    // 5000 rows: two chunks, of 2560 (2500 rounded up to a multiple of 128) and 2440.
-    assert_eq!(chunking.rows_per_chunk(5000, 128_256, DType::BF16), 2560);
+    // 160 MiB of bf16 logits of 128256 classes holds 654 rows, 640 in whole tiles of
+    // 128 (cuBLASLt's, on by default): 8192 rows take 13 chunks, 12 of 640 rows and
+    // one of 512.
+    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 640);
+    // 151936 classes: 552 rows fit, 512 in whole tiles; 16384 rows take 32 chunks of 512.
+    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 512);
+    assert_eq!(chunking.rows_per_chunk(600, 128_256, DType::BF16), 600);
+    // 1000 rows: two chunks, of 512 (500 rounded up to a multiple of 128) and 488.
+    assert_eq!(chunking.rows_per_chunk(1000, 128_256, DType::BF16), 512);
     // 200 rows a chunk fit: a multiple of 128 below 256 rows.
     let small_budget = LinearChunking {
         logits_bytes: Some(200 * 1000 * 4),
