@@ -12,9 +12,9 @@ with W [H, V] row-major as Burn's `Linear` keeps it:
   grad_W   = h_c^T [H, C] @ d [C, V]      (the first chunk: into a new buffer, beta = 0)
   grad_W  += h_c^T [H, C] @ d [C, V]      (every later chunk: in place, beta = 1, addmm_)
 The first table is exactly the products the op runs at the benches' two shapes with the
-default chunking (1 GiB of logits): each distinct (product, rows) once, how many times a
+default chunking (160 MiB of logits): each distinct (product, rows) once, how many times a
 step runs it, and the step's three products summed over its chunks. The second table
-times smaller budgets (less memory; the rate they keep decides the budget) with, beside
+times other budgets (the rate each keeps against its memory decides the budget) with, beside
 the products, the weight gradient's product without the sum (the sum's read and write
 of the whole weight gradient per chunk) and the sum on a second stream beside the next
 chunk's logits. bf16 (f32 accumulation) and f32 with TF32 off (exact f32, as PyTorch's
@@ -32,12 +32,12 @@ torch.backends.cuda.matmul.allow_tf32 = False
 lines = []
 
 # `LinearChunking::DEFAULT_LOGITS_BYTES`, and the rows a chunk is a multiple of.
-DEFAULT_LOGITS_BYTES = 1 << 30
+DEFAULT_LOGITS_BYTES = 160 << 20
 TILE_ROWS, STAGE_ROWS, MIN_CHUNK_ROWS = 128, 256, 16
 # The benches' two LM-head shapes (`crates/fused-ce-suite/benches/linear_head.rs`).
 HEADS = [(8192, 4096, 128256), (16384, 2048, 151936)]
-# Smaller logits budgets for the second table, in MiB.
-SMALL_BUDGETS_MIB = [256, 128]
+# Other logits budgets for the second table, in MiB.
+SMALL_BUDGETS_MIB = [1024, 300, 128]
 
 
 def rows_per_chunk(rows, vocab, dtype_bytes, budget=DEFAULT_LOGITS_BYTES, cublaslt=True):
@@ -95,7 +95,7 @@ def operands(c, h, v, dtype):
 
 def op_products():
     """Each distinct product the op runs at the default chunking, once."""
-    header("The op's products at the default chunking (1 GiB of logits)")
+    header("The op's products at the default chunking (160 MiB of logits)")
     for n, h, v in HEADS:
         for dtype in (torch.bfloat16, torch.float32):
             name = str(dtype).removeprefix("torch.")
@@ -139,7 +139,7 @@ def op_products():
 
 def smaller_budgets():
     """The products at smaller chunk budgets, with the sum's cost and its overlap."""
-    header("Smaller logits budgets: a full chunk's products")
+    header("Other logits budgets: a full chunk's products")
     for n, h, v in HEADS:
         for mib in SMALL_BUDGETS_MIB:
             for dtype in (torch.bfloat16, torch.float32):
