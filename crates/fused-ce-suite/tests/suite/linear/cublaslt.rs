@@ -175,8 +175,18 @@ fn fused_linear_cross_entropy_through_cublaslt() {
             case.f32_weight_gradient = dtype != DType::F32 && r == 0;
             let context = format!("{case:?}");
             let before = test_hooks::cublaslt_product_count();
+            let sums_before = test_hooks::in_place_accumulate_count();
             check_linear_case(crate::common::TestBackend::Fusion, case);
             check_cublaslt_ran(before, &context);
+            // 200 rows in chunks of 48: the four chunks after the first add into the sum
+            // in place (a count other tests may only raise).
+            if cfg!(feature = "cuda") {
+                let sums = test_hooks::in_place_accumulate_count() - sums_before;
+                assert!(
+                    sums >= 4,
+                    "{context}: {sums} in-place weight-gradient sums, at least 4 expected"
+                );
+            }
         }
     }
 }
