@@ -56,6 +56,7 @@ mod vocab_parallel;
 pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
 pub use linear::api::try_fused_linear_cross_entropy;
 pub use linear::buffer_limit::max_buffer_bytes;
+pub use linear::chunk_products::ChunkProducts;
 pub use linear::chunking::LinearChunking;
 pub use linear::counted_rows::CountedRows;
 /// For the project's tests: one product through cuBLASLt with the algorithm its heuristic

@@ -99,7 +99,7 @@ pub(crate) fn count_unsplit_kernel_product() {
 }
 
 /// How many of the fused linear cross-entropy's products ran through cuBLASLt so far
-/// (`LinearChunking::cublaslt`, on CUDA devices where the library loads).
+/// (`ChunkProducts::cublaslt`, on CUDA devices where the library loads).
 pub fn cublaslt_product_count() -> usize {
     CUBLASLT_PRODUCTS.load(Ordering::Relaxed)
 }

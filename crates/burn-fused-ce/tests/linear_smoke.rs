@@ -11,8 +11,8 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_fused_ce::{
-    CrossEntropyOptions, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
-    LinearChunking, Reduction, try_fused_linear_cross_entropy,
+    ChunkProducts, CrossEntropyOptions, FusedCrossEntropyLossConfig,
+    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, try_fused_linear_cross_entropy,
 };
 
 const IGNORE: i64 = -100;
@@ -91,11 +91,13 @@ impl Case {
     fn chunking(&self) -> LinearChunking {
         LinearChunking {
             logits_bytes: Some(self.chunk_rows * self.vocab * 4),
-            f32_weight_gradient: self.f32_weight_gradient,
             weight_gradient_block_bytes: self.block_columns.map(|c| c * self.width * 4),
-            weight_gradient_in_place: self.in_place,
-            hidden_gradient_split_k: self.split_k,
-            ..LinearChunking::default()
+            products: ChunkProducts {
+                f32_weight_gradient: self.f32_weight_gradient,
+                weight_gradient_in_place: self.in_place,
+                hidden_gradient_split_k: self.split_k,
+                ..ChunkProducts::default()
+            },
         }
     }
 

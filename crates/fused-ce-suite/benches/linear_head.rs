@@ -23,14 +23,14 @@
 //! replace the default cases, and `logits=M` sets the fused linear cross-entropy's chunk
 //! budget to M MiB, `wblock=M` its weight-gradient blocks
 //! (`LinearChunking::weight_gradient_block_bytes`) to M MiB, and `inplace=0` or `inplace=1`
-//! turns off or on the in-place weight-gradient sum (`LinearChunking::weight_gradient_in_place`,
+//! turns off or on the in-place weight-gradient sum (`ChunkProducts::weight_gradient_in_place`,
 //! on by default), and `splitk=0` or `splitk=1` the hidden-state gradient by the library's
 //! own kernel, split along the vocabulary where that fills more of the device
-//! (`LinearChunking::hidden_gradient_split_k`, on by default):
+//! (`ChunkProducts::hidden_gradient_split_k`, on by default):
 //! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`. `ways=fused,linear`
 //! runs only the ways named (`stock`, `fused`, `linear`, `linear-cubecl`), `breakdown=0`
 //! leaves out the matmuls alone. `cublaslt=0` turns off cuBLASLt for the chunks' products
-//! (`LinearChunking::cublaslt`, on by default); with it on, on CUDA, the fused linear
+//! (`ChunkProducts::cublaslt`, on by default); with it on, on CUDA, the fused linear
 //! cross-entropy also runs with CubeCL's products (`linear-cubecl`) and the breakdown
 //! times each chunk product through cuBLASLt. cuBLASLt's algorithm for each kind of
 //! product is the fastest of its heuristic's first few, timed the first time the kind runs
@@ -48,8 +48,8 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::backend::LinearCrossEntropyBackend;
 use burn_fused_ce::{
-    CountedRows, ExtraOutputs, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
-    LinearChunking, Reduction, test_hooks,
+    ChunkProducts, CountedRows, ExtraOutputs, FusedCrossEntropyLossConfig,
+    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, test_hooks,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -62,7 +62,7 @@ enum Way {
     Fused,
     /// Our fused linear cross-entropy (default config).
     FusedLinear,
-    /// The same with its products on CubeCL's kernels (`LinearChunking::cublaslt` off).
+    /// The same with its products on CubeCL's kernels (`ChunkProducts::cublaslt` off).
     FusedLinearCubecl,
     /// The fused linear cross-entropy on the counted rows alone (`CountedRows`).
     FusedLinearCounted,
@@ -279,15 +279,18 @@ fn main() {
                     .collect()
             },
         );
-    let defaults = LinearChunking::default();
+    let defaults = ChunkProducts::default();
     let chunking = LinearChunking {
         logits_bytes: mib_arg("logits"),
         weight_gradient_block_bytes: mib_arg("wblock"),
-        weight_gradient_in_place: on_off_arg("inplace")
-            .unwrap_or(defaults.weight_gradient_in_place),
-        hidden_gradient_split_k: on_off_arg("splitk").unwrap_or(defaults.hidden_gradient_split_k),
-        cublaslt: on_off_arg("cublaslt").unwrap_or(defaults.cublaslt),
-        ..defaults
+        products: ChunkProducts {
+            weight_gradient_in_place: on_off_arg("inplace")
+                .unwrap_or(defaults.weight_gradient_in_place),
+            hidden_gradient_split_k: on_off_arg("splitk")
+                .unwrap_or(defaults.hidden_gradient_split_k),
+            cublaslt: on_off_arg("cublaslt").unwrap_or(defaults.cublaslt),
+            ..defaults
+        },
     };
     // Percent of each sequence's rows ignored (padding at its end).
     let ignored_percent = std::env::args()
@@ -298,7 +301,7 @@ fn main() {
     // alone only where some are ignored.
     let ways: Vec<Way> = ways
         .into_iter()
-        .filter(|&way| way != Way::FusedLinearCubecl || (llm && chunking.cublaslt))
+        .filter(|&way| way != Way::FusedLinearCubecl || (llm && chunking.products.cublaslt))
         .filter(|&way| way != Way::FusedLinearCounted || ignored_percent > 0)
         .collect();
     const SEQUENCE_ROWS: usize = 1024;
@@ -349,7 +352,10 @@ fn main() {
             .init(&autodiff);
         let linear_cubecl_loss = FusedLinearCrossEntropyLossConfig::new()
             .with_chunking(LinearChunking {
-                cublaslt: false,
+                products: ChunkProducts {
+                    cublaslt: false,
+                    ..chunking.products
+                },
                 ..chunking
             })
             .init(&autodiff);
@@ -584,7 +590,7 @@ fn matmul_breakdown(
                     &note,
                 );
                 #[cfg(feature = "cuda")]
-                if chunking.cublaslt {
+                if chunking.products.cublaslt {
                     // The weight gradient's sum, held by nothing but the step: summed
                     // in place, step after step.
                     let mut running = Some(sum.clone().add_scalar(0.0));
@@ -692,7 +698,7 @@ fn matmul_row(
 }
 
 /// `grad_h = dlogits W^T` for one chunk as the fused linear cross-entropy forms it
-/// (`LinearChunking::hidden_gradient_split_k`): the vocabulary cut into slices multiplied
+/// (`ChunkProducts::hidden_gradient_split_k`): the vocabulary cut into slices multiplied
 /// side by side and summed in f32 where that fills more of the device
 /// (`LinearCrossEntropyBackend::matmul_split_k`).
 fn split_k_hidden_gradient(grad: &Tensor<2>, weight: &Tensor<2>) -> Tensor<2> {
@@ -771,7 +777,7 @@ fn relative_distance(got: Tensor<2>, expected: Tensor<2>) -> f64 {
 /// kernel: cubek-matmul's specialized TMA matmul whose writer adds `sum`), on the
 /// plain cube backend ([`in_place_product`]), with `plane_rows` rows of tiles per plane.
 /// The fused linear cross-entropy sums with it under
-/// `LinearChunking::weight_gradient_in_place`.
+/// `ChunkProducts::weight_gradient_in_place`.
 #[cfg(feature = "cuda")]
 fn in_place_weight_gradient(
     (rows, width, vocab, dtype): (usize, usize, usize, DType),
@@ -793,7 +799,7 @@ fn in_place_weight_gradient(
 
 /// A chunk's hidden-state gradient by the same in-place kernel (`out += dlogits_c W^T`
 /// into a random `out`, [`in_place_product`]), unsplit, with `plane_rows` rows of tiles
-/// per plane: the rate the split (`LinearChunking::hidden_gradient_split_k`) starts from.
+/// per plane: the rate the split (`ChunkProducts::hidden_gradient_split_k`) starts from.
 #[cfg(feature = "cuda")]
 fn in_place_hidden_gradient(
     (rows, width, vocab, dtype): (usize, usize, usize, DType),

@@ -44,13 +44,16 @@ use crate::values::OptionalFloat;
 /// # let (rows, d_model, vocab) = (6, 32, 1000);
 /// # let hidden = Tensor::<2>::random([rows, d_model], Distribution::Default, &device).require_grad();
 /// # let targets = Tensor::<1, Int>::from_ints([1, 2, 3, -100, 5, 6], &device);
-/// use burn_fused_ce::{CrossEntropyOptions, LinearChunking, Reduction, try_fused_linear_cross_entropy};
+/// use burn_fused_ce::{ChunkProducts, CrossEntropyOptions, LinearChunking, Reduction, try_fused_linear_cross_entropy};
 ///
 /// let weight = Tensor::<2>::random([d_model, vocab], Distribution::Default, &device).require_grad();
 /// let bias = Tensor::<1>::zeros([vocab], &device).require_grad();
 /// let chunking = LinearChunking {
 ///     logits_bytes: Some(64 << 20), // at most 64 MiB of logits per chunk
-///     f32_weight_gradient: true,    // an f32 [H, V] sum, for bf16 weights
+///     products: ChunkProducts {
+///         f32_weight_gradient: true, // an f32 [H, V] sum, for bf16 weights
+///         ..ChunkProducts::default()
+///     },
 ///     ..LinearChunking::default()
 /// };
 /// let options = CrossEntropyOptions::new(Reduction::Sum);

@@ -1,16 +1,18 @@
 //! How the fused linear cross-entropy cuts its work: rows into chunks whose logits fit a
-//! memory budget, the weight-gradient product into blocks of columns, and which of the
-//! backend's own kernels the chunks' products go through.
+//! memory budget, the weight-gradient product into blocks of columns; and how the chunks'
+//! products are formed ([`ChunkProducts`]).
 
 use burn::tensor::DType;
 use serde::{Deserialize, Serialize};
 
+use crate::linear::chunk_products::ChunkProducts;
 use crate::options::CrossEntropyError;
 
 /// How the fused linear cross-entropy cuts its work.
 // Unknown fields are ignored (no `deny_unknown_fields`): a config saved with the removed
-// `weight_gradient_stream` loads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+// `weight_gradient_stream` loads. `products` is flattened: the saved layout is flat, as
+// before it was split out.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LinearChunking {
     /// The most bytes one chunk's logits take (their gradient is written over them): the
     /// rows are spread evenly over as few chunks as the budget allows, at least 16 rows a
@@ -19,10 +21,6 @@ pub struct LinearChunking {
     /// largest buffer ([`LinearChunking::within`]). A budget below one row of logits is
     /// an error ([`LinearChunking::validate`]).
     pub logits_bytes: Option<usize>,
-    /// Accumulate the weight gradient over the chunks in f32 (Liger-Kernel's
-    /// `accum_dtype`), cast to the weight's dtype at the end. Off: in the weight's dtype,
-    /// one rounding per chunk; on: an f32 `[H, V]` buffer for the whole step.
-    pub f32_weight_gradient: bool,
     /// Form each chunk's weight-gradient product `h_c^T dlogits_c` a block of columns at a
     /// time, each block at most this many bytes in the dtype the sum is kept in, and add
     /// each block into the sum in place
@@ -31,66 +29,10 @@ pub struct LinearChunking {
     /// while it is summed. A
     /// block below one column of the sum is an error ([`LinearChunking::validate`]).
     pub weight_gradient_block_bytes: Option<usize>,
-    /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
-    /// adds the sum as it writes ([`LinearCrossEntropyBackend::accumulate_product`](crate::backend::LinearCrossEntropyBackend::accumulate_product)):
-    /// no `[H, V]` product beside the sum. Where the backend cannot (no TMA, or rows not
-    /// 16-byte aligned) the product is formed and added as without it. Takes precedence
-    /// over [`Self::weight_gradient_block_bytes`]. On by default (also when a saved
-    /// config lacks it).
-    #[serde(default = "in_place_by_default")]
-    pub weight_gradient_in_place: bool,
-    /// Form each chunk's hidden-state gradient `dlogits_c W^T` (`chunk x H` over the
-    /// whole vocabulary, often too few output tiles to occupy a large GPU) by the
-    /// backend's own kernel ([`LinearCrossEntropyBackend::matmul_split_k`](crate::backend::LinearCrossEntropyBackend::matmul_split_k)), where the
-    /// backend has one (TMA): with the vocabulary cut into slices multiplied side by side
-    /// and summed in f32 where that fills more of the device, unsplit otherwise; off: the
-    /// backend's matmul. On by default (also when a saved config lacks it).
-    #[serde(default = "split_k_by_default", alias = "hidden_gradient_in_place")]
-    pub hidden_gradient_split_k: bool,
-    /// Form the chunks' three products (the logits, the hidden-state gradient and the
-    /// weight gradient's sum) with NVIDIA's cuBLASLt on CUDA devices, where this crate's
-    /// `cuda` feature is on and the library loads at run time (`cublaslt_version` tells
-    /// whether it does); a product it refuses, and every
-    /// product elsewhere, takes the CubeCL path the options above describe. Exact f32 for
-    /// f32 operands (not TF32). Each kind of product (shapes, layouts, dtypes, summed or
-    /// not) takes the fastest of cuBLASLt's first 8 algorithms, timed on the device the
-    /// first time the kind runs in the process (a one-time host wait, as Burn's autotune)
-    /// and kept on disk with the `persistence` feature. On by default (also when a saved
-    /// config lacks it).
-    #[serde(default = "cublaslt_by_default")]
-    pub cublaslt: bool,
-}
-
-impl Default for LinearChunking {
-    fn default() -> Self {
-        Self {
-            logits_bytes: None,
-            f32_weight_gradient: false,
-            weight_gradient_block_bytes: None,
-            weight_gradient_in_place: in_place_by_default(),
-            hidden_gradient_split_k: split_k_by_default(),
-            cublaslt: cublaslt_by_default(),
-        }
-    }
-}
-
-/// [`LinearChunking::weight_gradient_in_place`] when not given: on, as it leaves no
-/// `[H, V]` product beside the sum for about the time of forming and adding one.
-fn in_place_by_default() -> bool {
-    true
-}
-
-/// [`LinearChunking::cublaslt`] when not given: on, as cuBLAS's kernels use the tensor
-/// cores' fastest instructions (Hopper's warpgroup MMA), which CubeCL's do not.
-fn cublaslt_by_default() -> bool {
-    true
-}
-
-/// [`LinearChunking::hidden_gradient_split_k`] when not given: on, as the chunks'
-/// hidden-state gradients take the largest share of the time the fused step loses to
-/// the unfused head.
-fn split_k_by_default() -> bool {
-    true
+    /// How the chunks' products are formed: through which kernels, in place or not, the
+    /// weight gradient's sum in which dtype. Saved flat, its fields beside the two above.
+    #[serde(flatten)]
+    pub products: ChunkProducts,
 }
 
 /// Fewest rows in a chunk, whatever the budget.
@@ -124,7 +66,7 @@ impl LinearChunking {
 
     /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`. The budget holds
     /// `fit` rows, rounded down to a multiple of 128, a tile's rows, with
-    /// [`Self::cublaslt`] (else of 256, cubek-matmul's stage along M, then of 128), and
+    /// [`ChunkProducts::cublaslt`] (else of 256, cubek-matmul's stage along M, then of 128), and
     /// of 16 below that (at least 16); the rows are then
     /// spread evenly over as many chunks as that takes, each rounded up to the same
     /// multiple, so that the last chunk is not a sliver: 8192 rows that fit 1046 at a
@@ -132,7 +74,7 @@ impl LinearChunking {
     pub fn rows_per_chunk(&self, rows: usize, vocab: usize, dtype: DType) -> usize {
         let budget = self.logits_budget();
         let fit = budget / (vocab * dtype.size()).max(1);
-        let steps: &[usize] = if self.cublaslt {
+        let steps: &[usize] = if self.products.cublaslt {
             &[TILE_ROWS]
         } else {
             &[STAGE_ROWS, TILE_ROWS]
@@ -153,7 +95,7 @@ impl LinearChunking {
 
     /// Refuses budgets that cannot cut a step of `vocab` classes over `width` hidden units
     /// in `dtype`: a given logits budget below one row of logits, a given weight-gradient
-    /// block below one column of the sum (in f32 with [`Self::f32_weight_gradient`]).
+    /// block below one column of the sum (in f32 with [`ChunkProducts::f32_weight_gradient`]).
     pub fn validate(
         &self,
         width: usize,
@@ -172,11 +114,7 @@ impl LinearChunking {
                 expected: "at least one row of logits",
             });
         }
-        let sum_dtype = if self.f32_weight_gradient {
-            DType::F32
-        } else {
-            dtype
-        };
+        let sum_dtype = self.products.weight_gradient_sum_dtype(dtype);
         let column_bytes = width * sum_dtype.size();
         if let Some(bytes) = self.weight_gradient_block_bytes
             && bytes < column_bytes
@@ -252,7 +190,10 @@ mod tests {
             "LinearChunking::weight_gradient_block_bytes"
         );
         let f32_sum = LinearChunking {
-            f32_weight_gradient: true,
+            products: ChunkProducts {
+                f32_weight_gradient: true,
+                ..ChunkProducts::default()
+            },
             ..wide_enough_rows
         };
         assert_eq!(

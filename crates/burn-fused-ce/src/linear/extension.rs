@@ -68,14 +68,14 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
 
     /// `sum + lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype and `sum [M, N]` of
     /// this or another float dtype (the product is taken to `sum`'s): the weight gradient
-    /// summed over the chunks in place ([`LinearChunking::weight_gradient_in_place`]).
+    /// summed over the chunks in place ([`ChunkProducts::weight_gradient_in_place`](crate::ChunkProducts::weight_gradient_in_place)).
     /// The default forms the whole product and adds it. Cube backends run one matmul that
     /// adds `sum` to the product as it writes over it, when nothing else holds it and the
     /// kernel suits the device and the operands; fusion backends run that as one custom
     /// op, so that the stream hands over the sum's handle by value.
     ///
     /// With `cublaslt`, cube backends on CUDA devices first try NVIDIA's cuBLASLt
-    /// ([`LinearChunking::cublaslt`]), in place under the same conditions.
+    /// ([`ChunkProducts::cublaslt`](crate::ChunkProducts::cublaslt)), in place under the same conditions.
     #[fusion(meta = accumulate_product_meta)]
     fn accumulate_product(
         sum: FloatTensor<Self>,
@@ -90,7 +90,7 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
     /// `lhs rhs` for `lhs [M, K]` and `rhs [K, N]` of one dtype, in that dtype: a chunk's
     /// logits, and its gradients' products where no other op forms them. The default is
     /// the backend's matmul; with `cublaslt`, cube backends on CUDA devices first try
-    /// NVIDIA's cuBLASLt ([`LinearChunking::cublaslt`]). Fusion backends run it as one
+    /// NVIDIA's cuBLASLt ([`ChunkProducts::cublaslt`](crate::ChunkProducts::cublaslt)). Fusion backends run it as one
     /// custom op.
     #[fusion(meta = split_k_meta)]
     fn chunk_product(
@@ -106,14 +106,14 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
     /// cut into slices multiplied side by side and summed in f32 (split-K) where the
     /// output alone has too few tiles to occupy the device: each chunk's hidden-state
     /// gradient, `chunk x H` over the whole vocabulary
-    /// ([`LinearChunking::hidden_gradient_split_k`]). The default is the backend's
+    /// ([`ChunkProducts::hidden_gradient_split_k`](crate::ChunkProducts::hidden_gradient_split_k)). The default is the backend's
     /// matmul. Cube backends on devices with TMA (Hopper and later) run the in-place
     /// matmul (`fused_ce_kernels::launch_matmul_accumulate`, two rows of tiles per plane
     /// over a long inner dimension): split where that fills more of the SMs
     /// (`fused_ce_kernels::split_k_slices`), one launch for all slices into f32 zeros;
     /// otherwise unsplit into zeros. Fusion backends run that as one custom op.
     /// With `cublaslt`, cube backends on CUDA devices first try NVIDIA's cuBLASLt
-    /// ([`LinearChunking::cublaslt`]), unsplit.
+    /// ([`ChunkProducts::cublaslt`](crate::ChunkProducts::cublaslt)), unsplit.
     #[fusion(meta = split_k_meta)]
     fn matmul_split_k(
         lhs: FloatTensor<Self>,
@@ -194,7 +194,7 @@ pub(crate) fn linear_rows<B: LinearCrossEntropyBackend>(
     let per_chunk = typed.rows_per_chunk(chunking);
     let parts = chunks(typed.rows(), per_chunk)
         .map(|(start, end)| {
-            let inputs = typed.chunk_inputs(start, end, chunking.cublaslt);
+            let inputs = typed.chunk_inputs(start, end, chunking.products.cublaslt);
             B::cross_entropy_rows(inputs, options.clone())
         })
         .collect();

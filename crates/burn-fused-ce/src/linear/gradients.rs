@@ -10,6 +10,7 @@ use burn::backend::{Backend, tensor::FloatTensor};
 use burn::tensor::DType;
 
 use crate::linear::{
+    chunk_products::ChunkProducts,
     chunking::LinearChunking,
     extension::{LinearCrossEntropyBackend, with_aligned_weight},
     rows::{Typed, chunks, joined, mean_denominators_of},
@@ -47,17 +48,27 @@ struct GradientSums<B: Backend> {
     weight: Option<FloatOf<B, 2>>,
     /// f32.
     bias: Option<FloatOf<B, 1>>,
-    chunking: LinearChunking,
+    products: ChunkProducts,
+    /// Columns per block of the weight-gradient product
+    /// ([`LinearChunking::weight_gradient_block_columns`]); `None`: whole.
+    block_columns: Option<usize>,
     needed: GradientsNeeded,
 }
 
 impl<B: LinearCrossEntropyBackend> GradientSums<B> {
-    fn new(chunking: &LinearChunking, needed: GradientsNeeded) -> Self {
+    fn new(typed: &Typed<B>, chunking: &LinearChunking, needed: GradientsNeeded) -> Self {
+        let products = chunking.products;
+        let sum_dtype = products.weight_gradient_sum_dtype(typed.weight.dtype());
         Self {
             hidden: Vec::new(),
             weight: None,
             bias: None,
-            chunking: *chunking,
+            products,
+            block_columns: chunking.weight_gradient_block_columns(
+                typed.width(),
+                typed.vocab(),
+                sum_dtype,
+            ),
             needed,
         }
     }
@@ -81,9 +92,9 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
     fn add_hidden(&mut self, typed: &Typed<B>, logits_grad: FloatOf<B, 2>) {
         test_hooks::count_linear_product(LinearProduct::HiddenGradient);
         let weight_t = typed.weight.clone().transpose();
-        let cublaslt = self.chunking.cublaslt;
+        let cublaslt = self.products.cublaslt;
         self.hidden
-            .push(FloatOf::new(if self.chunking.hidden_gradient_split_k {
+            .push(FloatOf::new(if self.products.hidden_gradient_split_k {
                 B::matmul_split_k(
                     logits_grad.into_primitive(),
                     weight_t.into_primitive(),
@@ -107,14 +118,11 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
         logits_grad: FloatOf<B, 2>,
     ) {
         test_hooks::count_linear_product(LinearProduct::WeightGradient);
-        let cublaslt = self.chunking.cublaslt;
+        let cublaslt = self.products.cublaslt;
         let hidden_t = typed.hidden_rows(start, end).transpose();
-        let f32_sum = self.chunking.f32_weight_gradient;
-        let sum_dtype = if f32_sum {
-            DType::F32
-        } else {
-            typed.weight.dtype()
-        };
+        let sum_dtype = self
+            .products
+            .weight_gradient_sum_dtype(typed.weight.dtype());
         // `h^T d` for these columns of the chunk's gradient, in the sum's dtype.
         let weight_product = |hidden_t: FloatOf<B, 2>, grad: FloatOf<B, 2>| {
             FloatOf::<B, 2>::new(B::chunk_product(
@@ -125,11 +133,8 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
             .cast(sum_dtype)
         };
         let vocab = typed.vocab();
-        let block_columns =
-            self.chunking
-                .weight_gradient_block_columns(typed.width(), vocab, sum_dtype);
-        let in_place = self.chunking.weight_gradient_in_place;
-        self.weight = Some(match (self.weight.take(), block_columns) {
+        let in_place = self.products.weight_gradient_in_place;
+        self.weight = Some(match (self.weight.take(), self.block_columns) {
             (None, _) => weight_product(hidden_t, logits_grad),
             (Some(sum), _) if in_place => FloatOf::new(B::accumulate_product(
                 sum.into_primitive(),
@@ -225,14 +230,14 @@ pub(crate) fn linear_one_pass<B: LinearCrossEntropyBackend>(
             .into_primitive()
     });
     let mut parts = Vec::new();
-    let mut sums = GradientSums::new(chunking, needed);
+    let mut sums = GradientSums::new(&typed, chunking, needed);
     for (start, end) in chunks(typed.rows(), per_chunk) {
         let scale = OnePassScale {
             guess: guess.clone(),
             denominators: OptionalFloat::from_option(denominators.clone()),
         };
         let output = B::cross_entropy_one_pass(
-            typed.chunk_inputs(start, end, chunking.cublaslt),
+            typed.chunk_inputs(start, end, chunking.products.cublaslt),
             scale,
             options.clone(),
         );
@@ -265,7 +270,7 @@ pub(crate) fn linear_backward<B: LinearCrossEntropyBackend>(
 ) -> LinearGradients<B> {
     let typed = Typed::of(with_aligned_weight(inputs));
     let rows = typed.rows();
-    let mut sums = GradientSums::new(chunking, needed);
+    let mut sums = GradientSums::new(&typed, chunking, needed);
     if rows == 0 {
         return sums.finish(&typed);
     }
@@ -296,7 +301,7 @@ pub(crate) fn linear_backward<B: LinearCrossEntropyBackend>(
             ),
         };
         let logits_grad = B::cross_entropy_backward(
-            typed.chunk_inputs(start, end, chunking.cublaslt),
+            typed.chunk_inputs(start, end, chunking.products.cublaslt),
             backward,
             options.clone(),
         );

@@ -6,6 +6,7 @@ pub(crate) mod api;
 mod autodiff;
 pub(crate) mod buffer_limit;
 pub(crate) mod checks;
+pub(crate) mod chunk_products;
 pub(crate) mod chunking;
 pub(crate) mod counted_rows;
 #[cfg(feature = "cube")]

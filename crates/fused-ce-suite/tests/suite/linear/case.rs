@@ -3,7 +3,7 @@
 //! ([`LinearReference`]): what every linear test of the suite draws and checks against.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
-use burn_fused_ce::{CrossEntropyOptions, LinearChunking, Reduction};
+use burn_fused_ce::{ChunkProducts, CrossEntropyOptions, LinearChunking, Reduction};
 use rand::{Rng, rngs::SmallRng};
 
 use crate::common::*;
@@ -25,14 +25,14 @@ pub(crate) struct LinearCase {
     /// Columns per block of the weight-gradient product, else the whole product.
     pub(crate) block_columns: Option<usize>,
     /// The weight gradient summed in place over the chunks
-    /// (`LinearChunking::weight_gradient_in_place`).
+    /// (`ChunkProducts::weight_gradient_in_place`).
     pub(crate) in_place: bool,
     /// Each chunk's hidden-state gradient split along the vocabulary where that fills
-    /// more of the device (`LinearChunking::hidden_gradient_split_k`).
+    /// more of the device (`ChunkProducts::hidden_gradient_split_k`).
     pub(crate) split_k: bool,
-    /// The weight gradient summed in f32 (`LinearChunking::f32_weight_gradient`).
+    /// The weight gradient summed in f32 (`ChunkProducts::f32_weight_gradient`).
     pub(crate) f32_weight_gradient: bool,
-    /// The chunks' products through cuBLASLt on CUDA (`LinearChunking::cublaslt`).
+    /// The chunks' products through cuBLASLt on CUDA (`ChunkProducts::cublaslt`).
     pub(crate) cublaslt: bool,
     /// `[B, T, H]` hidden states with `B = 2` (rows must be even).
     pub(crate) three_d: bool,
@@ -60,9 +60,9 @@ impl LinearCase {
             chunk_rows: 16,
             block_columns: None,
             in_place: false,
-            split_k: LinearChunking::default().hidden_gradient_split_k,
+            split_k: ChunkProducts::default().hidden_gradient_split_k,
             f32_weight_gradient: false,
-            cublaslt: LinearChunking::default().cublaslt,
+            cublaslt: ChunkProducts::default().cublaslt,
             three_d: false,
             via_module: false,
         }
@@ -71,13 +71,15 @@ impl LinearCase {
     pub(crate) fn chunking(&self) -> LinearChunking {
         LinearChunking {
             logits_bytes: Some(self.chunk_rows * self.vocab * self.dtype.size()),
-            f32_weight_gradient: self.f32_weight_gradient,
             weight_gradient_block_bytes: self
                 .block_columns
                 .map(|columns| columns * self.width * self.dtype.size()),
-            weight_gradient_in_place: self.in_place,
-            hidden_gradient_split_k: self.split_k,
-            cublaslt: self.cublaslt,
+            products: ChunkProducts {
+                f32_weight_gradient: self.f32_weight_gradient,
+                weight_gradient_in_place: self.in_place,
+                hidden_gradient_split_k: self.split_k,
+                cublaslt: self.cublaslt,
+            },
         }
     }
 }

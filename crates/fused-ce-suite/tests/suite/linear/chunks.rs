@@ -3,7 +3,7 @@
 
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_fused_ce::{
-    CrossEntropyOptions, LinearChunking, Reduction, max_buffer_bytes,
+    ChunkProducts, CrossEntropyOptions, LinearChunking, Reduction, max_buffer_bytes,
     try_fused_linear_cross_entropy,
 };
 
@@ -46,7 +46,10 @@ fn chunk_rows_follow_the_budget() {
         640
     );
     let cubecl_only = LinearChunking {
-        cublaslt: false,
+        products: ChunkProducts {
+            cublaslt: false,
+            ..between_stages.products
+        },
         ..between_stages
     };
     assert_eq!(cubecl_only.rows_per_chunk(8192, 128_256, DType::BF16), 512);
@@ -65,11 +68,13 @@ fn chunk_rows_follow_the_budget() {
     assert_eq!(chunking.rows_per_chunk(100, 128_256, DType::BF16), 100);
     let small = LinearChunking {
         logits_bytes: Some(1),
-        f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
-        weight_gradient_in_place: false,
-        hidden_gradient_split_k: true,
-        cublaslt: true,
+        products: ChunkProducts {
+            f32_weight_gradient: false,
+            weight_gradient_in_place: false,
+            hidden_gradient_split_k: true,
+            cublaslt: true,
+        },
     };
     assert_eq!(small.rows_per_chunk(100, 50, DType::F32), 16);
     assert_eq!(small.rows_per_chunk(5, 50, DType::F32), 5);
@@ -97,11 +102,13 @@ fn chunk_rows_follow_the_budget() {
     // Below a tile, multiples of 16: 64 rows fit, 130 rows go in three chunks of 48.
     let below_a_tile = LinearChunking {
         logits_bytes: Some(64 * 50 * 4),
-        f32_weight_gradient: false,
         weight_gradient_block_bytes: None,
-        weight_gradient_in_place: false,
-        hidden_gradient_split_k: true,
-        cublaslt: true,
+        products: ChunkProducts {
+            f32_weight_gradient: false,
+            weight_gradient_in_place: false,
+            hidden_gradient_split_k: true,
+            cublaslt: true,
+        },
     };
     assert_eq!(below_a_tile.rows_per_chunk(130, 50, DType::F32), 48);
     // Never more than the budget holds, whatever the rows.
@@ -109,11 +116,13 @@ fn chunk_rows_follow_the_budget() {
         for fit in [16, 20, 100, 128, 200, 1046] {
             let budget = LinearChunking {
                 logits_bytes: Some(fit * 50 * 4),
-                f32_weight_gradient: false,
                 weight_gradient_block_bytes: None,
-                weight_gradient_in_place: false,
-                hidden_gradient_split_k: true,
-                cublaslt: true,
+                products: ChunkProducts {
+                    f32_weight_gradient: false,
+                    weight_gradient_in_place: false,
+                    hidden_gradient_split_k: true,
+                    cublaslt: true,
+                },
             };
             let per = budget.rows_per_chunk(rows, 50, DType::F32);
             assert!(

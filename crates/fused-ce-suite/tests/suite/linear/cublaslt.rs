@@ -1,5 +1,5 @@
 //! The fused linear cross-entropy's products through NVIDIA's cuBLASLt
-//! (`LinearChunking::cublaslt`). On CUDA every product asked for must run through it (the
+//! (`ChunkProducts::cublaslt`). On CUDA every product asked for must run through it (the
 //! test hooks count them; the library must be on the loader's path) and match the f64
 //! product of the same inputs, f32 ones as exact f32 products (not TF32); the whole op
 //! with it matches the f64 reference. Each kind of product takes the algorithm measured

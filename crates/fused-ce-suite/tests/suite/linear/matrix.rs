@@ -8,8 +8,8 @@ use burn_fused_ce::backend::{
     IncomingGuess, LinearCrossEntropyBackend, LinearHead, LinearInputs, OptionalFloat,
 };
 use burn_fused_ce::{
-    CrossEntropyOptions, ExtraOutputs, FusedLinearCrossEntropyLossConfig, LinearChunking,
-    fused_cross_entropy, max_buffer_bytes, try_fused_linear_cross_entropy,
+    ChunkProducts, CrossEntropyOptions, ExtraOutputs, FusedLinearCrossEntropyLossConfig,
+    LinearChunking, fused_cross_entropy, max_buffer_bytes, try_fused_linear_cross_entropy,
 };
 
 use super::{
@@ -154,12 +154,14 @@ fn linear_guess_across_steps() {
     let loss_fn = FusedLinearCrossEntropyLossConfig::new()
         .with_chunking(LinearChunking {
             logits_bytes: Some(16 * vocab * 4),
-            f32_weight_gradient: true,
             // f32 blocks of 7 of the 50 columns.
             weight_gradient_block_bytes: Some(7 * width * 4),
-            weight_gradient_in_place: false,
-            hidden_gradient_split_k: true,
-            cublaslt: true,
+            products: ChunkProducts {
+                f32_weight_gradient: true,
+                weight_gradient_in_place: false,
+                hidden_gradient_split_k: true,
+                cublaslt: true,
+            },
         })
         .init(&device);
     let head = LinearConfig::new(width, vocab).init(&device);
@@ -214,11 +216,13 @@ fn linear_extra_outputs() {
         };
         let chunking = LinearChunking {
             logits_bytes: Some(16 * vocab * 4),
-            f32_weight_gradient: false,
             weight_gradient_block_bytes: None,
-            weight_gradient_in_place: false,
-            hidden_gradient_split_k: true,
-            cublaslt: true,
+            products: ChunkProducts {
+                f32_weight_gradient: false,
+                weight_gradient_in_place: false,
+                hidden_gradient_split_k: true,
+                cublaslt: true,
+            },
         };
         let fused = try_fused_linear_cross_entropy(
             hidden.clone(),

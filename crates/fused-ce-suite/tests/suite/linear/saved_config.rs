@@ -1,7 +1,8 @@
 //! Configs saved by earlier versions (serde): fields added since load with their
-//! defaults, a renamed one keeps its value, a removed one is ignored.
+//! defaults, a renamed one keeps its value, a removed one is ignored; `ChunkProducts`
+//! is saved flat within `LinearChunking`, as before it was split out.
 
-use burn_fused_ce::{FusedLinearCrossEntropyLossConfig, LinearChunking};
+use burn_fused_ce::{ChunkProducts, FusedLinearCrossEntropyLossConfig, LinearChunking};
 
 /// A config saved before `weight_gradient_in_place`, `hidden_gradient_split_k` and
 /// `cublaslt` existed still loads, with each at its default (on), as a new config has
@@ -10,14 +11,17 @@ use burn_fused_ce::{FusedLinearCrossEntropyLossConfig, LinearChunking};
 #[test]
 fn configs_saved_without_the_in_place_matmuls_load() {
     use burn::config::Config;
-    assert!(LinearChunking::default().weight_gradient_in_place);
-    assert!(LinearChunking::default().hidden_gradient_split_k);
-    assert!(LinearChunking::default().cublaslt);
+    assert!(ChunkProducts::default().weight_gradient_in_place);
+    assert!(ChunkProducts::default().hidden_gradient_split_k);
+    assert!(ChunkProducts::default().cublaslt);
     let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(LinearChunking {
         logits_bytes: Some(1 << 20),
-        weight_gradient_in_place: false,
-        hidden_gradient_split_k: false,
-        cublaslt: false,
+        products: ChunkProducts {
+            weight_gradient_in_place: false,
+            hidden_gradient_split_k: false,
+            cublaslt: false,
+            ..ChunkProducts::default()
+        },
         ..LinearChunking::default()
     });
     let json = config.to_string();
@@ -68,7 +72,10 @@ fn configs_saved_with_the_removed_weight_gradient_stream_load() {
     use burn::config::Config;
     let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(LinearChunking {
         logits_bytes: Some(1 << 20),
-        cublaslt: false,
+        products: ChunkProducts {
+            cublaslt: false,
+            ..ChunkProducts::default()
+        },
         ..LinearChunking::default()
     });
     let json = config.to_string();
@@ -90,4 +97,49 @@ fn configs_saved_with_the_removed_weight_gradient_stream_load() {
             "{stream}: the other fields keep their values"
         );
     }
+}
+
+/// Every field of `LinearChunking` away from its default saves flat (the products'
+/// fields beside the budgets, no `products` key) and loads back unchanged.
+#[test]
+fn configs_with_every_field_set_round_trip_flat() {
+    use burn::config::Config;
+    let defaults = LinearChunking::default();
+    let chunking = LinearChunking {
+        logits_bytes: Some(3 << 20),
+        weight_gradient_block_bytes: Some(5 << 20),
+        products: ChunkProducts {
+            f32_weight_gradient: !defaults.products.f32_weight_gradient,
+            weight_gradient_in_place: !defaults.products.weight_gradient_in_place,
+            hidden_gradient_split_k: !defaults.products.hidden_gradient_split_k,
+            cublaslt: !defaults.products.cublaslt,
+        },
+    };
+    let config = FusedLinearCrossEntropyLossConfig::new().with_chunking(chunking);
+    let json = config.to_string();
+    assert!(!json.contains("products"), "saved flat: {json}");
+    let products = chunking.products;
+    for field in [
+        format!("\"logits_bytes\": {}", 3 << 20),
+        format!("\"weight_gradient_block_bytes\": {}", 5 << 20),
+        format!("\"f32_weight_gradient\": {}", products.f32_weight_gradient),
+        format!(
+            "\"weight_gradient_in_place\": {}",
+            products.weight_gradient_in_place
+        ),
+        format!(
+            "\"hidden_gradient_split_k\": {}",
+            products.hidden_gradient_split_k
+        ),
+        format!("\"cublaslt\": {}", products.cublaslt),
+    ] {
+        assert!(
+            json.contains(&field),
+            "{field} is in the saved config: {json}"
+        );
+    }
+    let loaded = FusedLinearCrossEntropyLossConfig::load_binary(json.as_bytes())
+        .unwrap_or_else(|error| panic!("the saved config loads: {error:?}\n{json}"));
+    assert_eq!(loaded, config);
+    assert_eq!(loaded.chunking, chunking);
 }
