@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct ChunkProducts {
     /// Accumulate the weight gradient over the chunks in f32 (Liger-Kernel's
     /// `accum_dtype`), cast to the weight's dtype at the end. Off: in the weight's dtype,
-    /// one rounding per chunk; on: an f32 `[H, V]` buffer for the whole step.
+    /// one rounding per chunk; on: an f32 `[H, V]` buffer for the whole step. Off by
+    /// default (also when a saved config lacks it).
+    #[serde(default)]
     pub f32_weight_gradient: bool,
     /// Sum each chunk's weight-gradient product into the sum in place, in one matmul that
     /// adds the sum as it writes ([`LinearCrossEntropyBackend::accumulate_product`](crate::backend::LinearCrossEntropyBackend::accumulate_product)):

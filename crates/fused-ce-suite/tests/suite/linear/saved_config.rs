@@ -4,10 +4,10 @@
 
 use burn_fused_ce::{ChunkProducts, FusedLinearCrossEntropyLossConfig, LinearChunking};
 
-/// A config saved before `weight_gradient_in_place`, `hidden_gradient_split_k` and
-/// `cublaslt` existed still loads, with each at its default (on), as a new config has
-/// them; one
-/// saved with the split's earlier name (`hidden_gradient_in_place`) keeps its value.
+/// A config saved without `weight_gradient_in_place`, `hidden_gradient_split_k`,
+/// `cublaslt` (added later) or `f32_weight_gradient` still loads, with each at its
+/// default, as a new config has them; one saved with the split's earlier name
+/// (`hidden_gradient_in_place`) keeps its value.
 #[test]
 fn configs_saved_without_the_in_place_matmuls_load() {
     use burn::config::Config;
@@ -33,6 +33,7 @@ fn configs_saved_without_the_in_place_matmuls_load() {
         "\"weight_gradient_in_place\": false",
         "\"hidden_gradient_split_k\": false",
         "\"cublaslt\": false",
+        "\"f32_weight_gradient\": false",
     ];
     for field in fields {
         assert!(
@@ -40,7 +41,7 @@ fn configs_saved_without_the_in_place_matmuls_load() {
             "{field} is in the saved config: {json}"
         );
     }
-    // Drop both fields' lines, then the comma left before a closing brace.
+    // Drop those fields' lines, then the comma left before a closing brace.
     let mut lines: Vec<String> = json
         .lines()
         .filter(|line| !fields.iter().any(|field| line.contains(field)))
