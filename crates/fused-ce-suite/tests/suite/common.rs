@@ -611,8 +611,25 @@ pub fn relative_l2(actual: &[f64], expected: &[f64]) -> f64 {
 /// that read the counter or need reproducible device randomness hold it exclusively.
 static BACKWARD_LOCK: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-pub fn shared_device() -> std::sync::RwLockReadGuard<'static, ()> {
-    BACKWARD_LOCK.read().unwrap_or_else(|e| e.into_inner())
+/// A test's shared hold of [`BACKWARD_LOCK`]. Fusion runs a stream's ops when it is
+/// drained, so a backward whose results were never read could run after its test let go
+/// and bump the counter inside another test's exclusive hold: the hold drains the
+/// thread's stream before it lets go.
+pub struct SharedDevice {
+    _hold: std::sync::RwLockReadGuard<'static, ()>,
+}
+
+impl Drop for SharedDevice {
+    fn drop(&mut self) {
+        // A failed sync is the test's own failure, reported where it happened.
+        let _ = device().sync();
+    }
+}
+
+pub fn shared_device() -> SharedDevice {
+    SharedDevice {
+        _hold: BACKWARD_LOCK.read().unwrap_or_else(|e| e.into_inner()),
+    }
 }
 
 pub fn exclusive_device() -> std::sync::RwLockWriteGuard<'static, ()> {
