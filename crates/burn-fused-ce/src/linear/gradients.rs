@@ -49,6 +49,8 @@ struct GradientSums<B: Backend> {
     /// f32.
     bias: Option<FloatOf<B, 1>>,
     products: ChunkProducts,
+    /// The dtype the weight gradient is summed in.
+    sum_dtype: DType,
     /// Columns per block of the weight-gradient product
     /// ([`LinearChunking::weight_gradient_block_columns`]); `None`: whole.
     block_columns: Option<usize>,
@@ -64,6 +66,7 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
             weight: None,
             bias: None,
             products,
+            sum_dtype,
             block_columns: chunking.weight_gradient_block_columns(
                 typed.width(),
                 typed.vocab(),
@@ -120,9 +123,7 @@ impl<B: LinearCrossEntropyBackend> GradientSums<B> {
         test_hooks::count_linear_product(LinearProduct::WeightGradient);
         let cublaslt = self.products.cublaslt;
         let hidden_t = typed.hidden_rows(start, end).transpose();
-        let sum_dtype = self
-            .products
-            .weight_gradient_sum_dtype(typed.weight.dtype());
+        let sum_dtype = self.sum_dtype;
         // `h^T d` for these columns of the chunk's gradient, in the sum's dtype.
         let weight_product = |hidden_t: FloatOf<B, 2>, grad: FloatOf<B, 2>| {
             FloatOf::<B, 2>::new(B::chunk_product(
