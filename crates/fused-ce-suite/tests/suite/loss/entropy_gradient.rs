@@ -39,6 +39,25 @@ struct EntropyCase {
     objective: Objective,
 }
 
+impl EntropyCase {
+    /// The targets, the class weights (where the case has them) and the incoming
+    /// gradients, drawn in that order.
+    fn draw_labels(&self, rng: &mut SmallRng) -> (Vec<i64>, Option<Vec<f32>>, Incoming) {
+        let targets = random_targets(
+            rng,
+            self.rows,
+            self.vocab,
+            self.ignore,
+            self.options.ignore_index,
+        );
+        let class_weights = self
+            .class_weights
+            .then(|| random_class_weights(rng, self.vocab));
+        let incoming = Incoming::draw(rng, self.rows, self.options.reduction);
+        (targets, class_weights, incoming)
+    }
+}
+
 /// The incoming gradients: the loss's (`[N]` for `None`, one value otherwise) and the
 /// entropy's `-b`, both non-uniform, never 0.
 struct Incoming {
@@ -167,17 +186,7 @@ fn check_loss_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
         rows, vocab, dtype, ..
     } = *case;
     let device = backend.device().autodiff();
-    let targets = random_targets(
-        &mut rng,
-        rows,
-        vocab,
-        case.ignore,
-        case.options.ignore_index,
-    );
-    let class_weights = case
-        .class_weights
-        .then(|| random_class_weights(&mut rng, vocab));
-    let incoming = Incoming::draw(&mut rng, rows, case.options.reduction);
+    let (targets, class_weights, incoming) = case.draw_labels(&mut rng);
     let (logits, seen) = logits_tensor(
         random_logits(&mut rng, rows, vocab),
         rows,
@@ -251,17 +260,7 @@ fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
     let width = 16;
     let plain = backend.device();
     let device = plain.clone().autodiff();
-    let targets = random_targets(
-        &mut rng,
-        rows,
-        vocab,
-        case.ignore,
-        case.options.ignore_index,
-    );
-    let class_weights = case
-        .class_weights
-        .then(|| random_class_weights(&mut rng, vocab));
-    let incoming = Incoming::draw(&mut rng, rows, case.options.reduction);
+    let (targets, class_weights, incoming) = case.draw_labels(&mut rng);
     let scale = 2.0 / (width as f32).sqrt();
     let mut uniform = |n: usize, range: f32| -> Vec<f32> {
         (0..n).map(|_| rng.random_range(-range..range)).collect()
