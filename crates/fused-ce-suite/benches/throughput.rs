@@ -214,6 +214,9 @@ struct Measured {
     /// latency before its first kernel and the sync's wake-up after its last, cancel;
     /// dividing one run of four steps by four would still carry a quarter of them.
     steady_ms: Option<f64>,
+    /// Host time per step of the long steady run: from its start until its last step was
+    /// handed to the device, before the sync. Near `steady_ms`, the host bounds the loop.
+    host_ms: Option<f64>,
     /// Device memory reserved by one iteration beyond what its inputs already held.
     extra_mib: Option<f64>,
     /// How many times `step` ran (to check that every backward took the in-place path).
@@ -402,11 +405,14 @@ impl Bench {
             times.sort_by(f64::total_cmp);
 
             let mut steady_ms = None;
+            let mut host_ms = None;
             if last_ms <= 200.0 {
                 let long = self.steady_steps.get().max(2);
-                // Median wall time of `steps` steps queued back to back, one sync after them.
-                let mut run_ms = |steps: usize| -> Option<f64> {
+                // Median wall time of `steps` steps queued back to back, one sync after them,
+                // and the median time to queue them.
+                let mut run_ms = |steps: usize| -> Option<(f64, f64)> {
                     let mut times = Vec::with_capacity(STEADY_RUNS);
+                    let mut queued = Vec::with_capacity(STEADY_RUNS);
                     for _ in 0..STEADY_RUNS {
                         let inputs: Vec<S> = (0..steps).map(|_| prepare()).collect();
                         sync()?;
@@ -414,16 +420,19 @@ impl Bench {
                         for input in inputs {
                             step(input);
                         }
+                        queued.push(start.elapsed().as_secs_f64() * 1e3);
                         sync()?;
                         calls += steps;
                         times.push(start.elapsed().as_secs_f64() * 1e3);
                     }
                     times.sort_by(f64::total_cmp);
-                    Some(times[times.len() / 2])
+                    queued.sort_by(f64::total_cmp);
+                    Some((times[times.len() / 2], queued[queued.len() / 2]))
                 };
-                let one = run_ms(1)?;
-                let many = run_ms(long)?;
+                let (one, _) = run_ms(1)?;
+                let (many, many_queued) = run_ms(long)?;
                 steady_ms = Some((many - one) / (long - 1) as f64);
+                host_ms = Some(many_queued / long as f64);
             }
 
             // Peak extra memory. The pools' peak (`memory_pool_report`'s `pages_peak`) is
@@ -451,6 +460,7 @@ impl Bench {
             Some(Measured {
                 median_ms: times[reps / 2],
                 steady_ms,
+                host_ms,
                 extra_mib,
                 calls,
             })
@@ -649,7 +659,7 @@ fn main() {
         steady_bandwidth / 1e9
     );
     println!(
-        "case          dtype mode                             ours ms  floor ms  %floor  steady ms  %floor  stock ms stock/ours  ours MiB stock MiB"
+        "case          dtype mode                             ours ms  floor ms  %floor  steady ms  %floor  stock ms stock/ours  ours MiB stock MiB  host ms"
     );
 
     let mut not_in_place = false;
@@ -700,7 +710,7 @@ fn main() {
         let steady_ms = ours.as_ref().and_then(|m| m.steady_ms);
         let label = mode.label();
         println!(
-            "{:<13} {:<5} {label:<30} {} {} {} {} {} {} {} {} {}",
+            "{:<13} {:<5} {label:<30} {} {} {} {} {} {} {} {} {} {}",
             format!("{rows}x{vocab}"),
             format!("{dtype:?}").to_lowercase(),
             cell(ours_ms, 9, 3),
@@ -712,6 +722,7 @@ fn main() {
             cell(ours_ms.zip(stock_ms).map(|(o, s)| s / o), 10, 2),
             cell(ours.as_ref().and_then(|m| m.extra_mib), 9, 1),
             cell(stock.as_ref().and_then(|m| m.extra_mib), 9, 1),
+            cell(ours.as_ref().and_then(|m| m.host_ms), 8, 3),
         );
         results.push(report::Row {
             case: format!("{rows}x{vocab}"),

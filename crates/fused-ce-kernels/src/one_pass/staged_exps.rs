@@ -12,7 +12,7 @@ use crate::base::row::{
 use crate::rows::gradient::{RowGradient, gradient_from_probs};
 use crate::rows::reduce_span::{absorb_held_target, target_share};
 use crate::rows::row_state::{
-    RowState, best_lane_col, entropy_term, fold_vector_max, rescaled_entropy_sum, smooth_reference,
+    RowState, entropy_term, first_col_of, fold_vector_max, rescaled_entropy_sum, smooth_reference,
     smoothing_term,
 };
 
@@ -68,8 +68,18 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         stream_loads,
     );
     let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
+    // With the accuracy, each unit's best staged vector as it was read, so that the lane
+    // holding the maximum is found without reading it again: the staged part came through
+    // evict-first loads, and reading it back went to DRAM. A best vector in the rest is
+    // read again from L2.
+    let mut best_vectors = Shared::<[Vector<F, N>]>::new_slice(comptime!(if options.argmax {
+        options.cube_size
+    } else {
+        1
+    }));
     let kept = staged_to_exps::<F, N>(
         staged,
+        &mut best_vectors,
         first,
         staged_len,
         target_col,
@@ -93,13 +103,17 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
     let mut state = state;
     if comptime!(options.argmax) {
         // No temperature or softcap with staged exponentials: the logits as read.
-        state.best_col = best_lane_col::<F, N>(
-            logits,
-            row_start,
-            state.best,
+        let col = usize::cast_from(state.best_col);
+        let found = col < vocab;
+        let vector = col / vector_size;
+        if found && vector >= first + staged_len {
+            best_vectors[UNIT_POS as usize] = logits[row_start + vector];
+        }
+        let best_vector = Vector::<f32, N>::cast_from(best_vectors[UNIT_POS as usize]);
+        state.best_col = select(
+            found,
+            first_col_of::<N>(best_vector, state.best, col),
             state.best_col,
-            scalars.clone(),
-            options,
         );
     }
     // The target's vector, by the unit whose share it is, from its logits (the stage
@@ -176,6 +190,7 @@ fn stage_logits<F: Float, N: Size>(
 #[allow(clippy::too_many_arguments)]
 fn staged_to_exps<F: Float, N: Size>(
     staged: &mut Shared<[Vector<F, N>]>,
+    best_vectors: &mut Shared<[Vector<F, N>]>,
     first: usize,
     staged_len: usize,
     target_col: usize,
@@ -193,7 +208,8 @@ fn staged_to_exps<F: Float, N: Size>(
     let mut entropy_sum = state.entropy_sum;
     let mut local = UNIT_POS as usize;
     while local < staged_len {
-        let values = Vector::<f32, N>::cast_from(staged[local]);
+        let raw = staged[local];
+        let values = Vector::<f32, N>::cast_from(raw);
         let exps = fast_exp::<N>(values, reference, options.exp_flush_to_zero);
         staged[local] = Vector::cast_from(exps);
         let take = first + local != target_vector;
@@ -215,7 +231,7 @@ fn staged_to_exps<F: Float, N: Size>(
         smooth = next.1;
         entropy_sum = next.2;
         if comptime!(options.argmax) {
-            let found = fold_vector_max(best, best_col, lane_max::<N>(values), first_col, take);
+            let found = fold_best_vector(best, best_col, raw, first_col, take, best_vectors);
             best = found.0;
             best_col = found.1;
         }
@@ -326,6 +342,25 @@ fn reduce_rest<F: Float, N: Size>(
         smooth_reference: state.smooth_reference,
         entropy_sum,
     }
+}
+
+/// [`fold_vector_max`] for one vector as read (`raw`, columns `first_col..`), which the
+/// unit keeps in its slot of `best_vectors` when it holds the new best: the argmax's lane
+/// is found in it at the end.
+#[cube]
+fn fold_best_vector<F: Float, N: Size>(
+    best: f32,
+    best_col: u32,
+    raw: Vector<F, N>,
+    first_col: usize,
+    take: bool,
+    best_vectors: &mut Shared<[Vector<F, N>]>,
+) -> (f32, u32) {
+    let top = lane_max::<N>(Vector::<f32, N>::cast_from(raw));
+    if take && top > best {
+        best_vectors[UNIT_POS as usize] = raw;
+    }
+    fold_vector_max(best, best_col, top, first_col, take)
 }
 
 /// One vector (`values`, columns `first_col..`, with `exps` their exponentials on the

@@ -525,20 +525,31 @@ fn ignore_index_inside_the_vocabulary() {
 #[test]
 fn rows_512_vocab_32000() {
     poisoned();
-    for (reduction, dtype, one_pass) in [
-        (Reduction::None, DType::F32, false),
-        (Reduction::Mean, DType::F16, false),
-        (Reduction::Sum, DType::F32, false),
+    for (reduction, dtype, one_pass, ties) in [
+        (Reduction::None, DType::F32, false, false),
+        (Reduction::Mean, DType::F16, false, false),
+        (Reduction::Sum, DType::F32, false, false),
         // The one-pass plan on rows longer than the part of a chunk it stages (16 KB on
         // wgpu, 32 KB of 64 KB chunks on CUDA): the rest is re-read from global memory.
-        (Reduction::Mean, DType::F32, true),
-        (Reduction::Sum, DType::F16, true),
+        // With the argmax: a row's maximum is mostly in the rest, and with integer logits
+        // its first tie mostly in the staged part.
+        (Reduction::Mean, DType::F32, true, false),
+        (Reduction::Sum, DType::F16, true, false),
+        (Reduction::Mean, DType::F16, true, true),
     ] {
         let mut case = Case {
             exclusive_logits: reduction != Reduction::Sum,
+            ties,
             ..Case::new(512, 32000, dtype, reduction)
         };
         case.options.gradient_plan = plan(one_pass);
+        if one_pass {
+            case.options.outputs = ExtraOutputs {
+                accuracy: true,
+                predicted: true,
+                ..ExtraOutputs::default()
+            };
+        }
         check_case(TestBackend::Cube, case);
     }
 }
