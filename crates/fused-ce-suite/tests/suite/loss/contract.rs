@@ -525,17 +525,19 @@ fn ignore_index_inside_the_vocabulary() {
 #[test]
 fn rows_512_vocab_32000() {
     poisoned();
-    for (reduction, dtype, one_pass, ties) in [
-        (Reduction::None, DType::F32, false, false),
-        (Reduction::Mean, DType::F16, false, false),
-        (Reduction::Sum, DType::F32, false, false),
+    for (reduction, dtype, one_pass, ties, entropy) in [
+        (Reduction::None, DType::F32, false, false, false),
+        (Reduction::Mean, DType::F16, false, false, false),
+        (Reduction::Sum, DType::F32, false, false, false),
         // The one-pass plan on rows longer than the part of a chunk it stages (16 KB on
         // wgpu, 32 KB of 64 KB chunks on CUDA): the rest is re-read from global memory.
         // With the argmax: a row's maximum is mostly in the rest, and with integer logits
-        // its first tie mostly in the staged part.
-        (Reduction::Mean, DType::F32, true, false),
-        (Reduction::Sum, DType::F16, true, false),
-        (Reduction::Mean, DType::F16, true, true),
+        // its first tie mostly in the staged part. With the entropy as well, the kernel
+        // finds the argmax a vector at a time, without it a step of vectors at a time.
+        (Reduction::Mean, DType::F32, true, false, false),
+        (Reduction::Sum, DType::F16, true, false, true),
+        (Reduction::Mean, DType::F16, true, true, false),
+        (Reduction::Sum, DType::F32, true, true, true),
     ] {
         let mut case = Case {
             exclusive_logits: reduction != Reduction::Sum,
@@ -547,6 +549,7 @@ fn rows_512_vocab_32000() {
             case.options.outputs = ExtraOutputs {
                 accuracy: true,
                 predicted: true,
+                entropy,
                 ..ExtraOutputs::default()
             };
         }
