@@ -89,8 +89,7 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         options,
     );
     // The unstaged part is read again by the gradient pass: plain loads, kept in L2.
-    let seed = (kept.best, usize::cast_from(kept.best_col));
-    let (state, best) = reduce_rest::<F, N>(
+    let state = reduce_rest::<F, N>(
         logits,
         row_start,
         first,
@@ -99,44 +98,23 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         target_col,
         class_weights,
         kept,
-        seed,
         options,
     );
     let mut state = state;
     if comptime!(options.argmax) {
         // No temperature or softcap with staged exponentials: the logits as read.
-        let code = best.1;
-        let mut rest_col = u32::cast_from(vocab);
-        let mut in_rest = false;
-        if comptime!(!options.entropy) {
-            // A best step of the rest, read again from L2.
-            in_rest = code > vocab;
-            rest_col = rest_best_col::<F, N>(
-                logits,
-                row_start,
-                first,
-                staged_len,
-                len,
-                best.0,
-                select(in_rest, code - vocab - 1, UNIT_POS as usize),
-                in_rest,
-                options,
-            );
-        } else {
-            // A best vector of the rest (a column), read again from L2 into the slot.
-            let vector = code / vector_size;
-            if code < vocab && vector >= first + staged_len {
-                best_vectors[UNIT_POS as usize] = logits[row_start + vector];
-            }
+        let col = usize::cast_from(state.best_col);
+        let found = col < vocab;
+        let vector = col / vector_size;
+        if found && vector >= first + staged_len {
+            best_vectors[UNIT_POS as usize] = logits[row_start + vector];
         }
         let best_vector = Vector::<f32, N>::cast_from(best_vectors[UNIT_POS as usize]);
-        let vector_col = select(
-            code < vocab,
-            first_col_of::<N>(best_vector, best.0, code),
-            u32::cast_from(vocab),
+        state.best_col = select(
+            found,
+            first_col_of::<N>(best_vector, state.best, col),
+            state.best_col,
         );
-        state.best = best.0;
-        state.best_col = select(in_rest, rest_col, vector_col);
     }
     // The target's vector, by the unit whose share it is, from its logits (the stage
     // holds exponentials); every unit computes it, the others discard it.
@@ -202,85 +180,6 @@ fn stage_logits<F: Float, N: Size>(
         local += loads * cube_size;
     }
     top
-}
-
-/// The argmax found a step at a time, not a vector at a time: a unit keeps the largest
-/// lane of any step's vectors (`best`) and where the first step that holds it starts
-/// (`best_at`, from the step's `at`); at the end it finds the column among that step's
-/// vectors (`loads_per_step`, `cube_size` apart), the first lane equal to `best` in column
-/// order. A step's slots past the end hold the part's first vector again: a column of the
-/// chunk, so at worst another unit's, found in column order after the step's own.
-#[cube]
-fn fold_step_max<F: Float, N: Size>(
-    best: f32,
-    best_at: usize,
-    step_top: Vector<F, N>,
-    at: usize,
-) -> (f32, usize) {
-    let top = lane_max::<N>(Vector::<f32, N>::cast_from(step_top));
-    let better = top > best;
-    (select(better, top, best), select(better, at, best_at))
-}
-
-/// One vector of the best step (columns `first_col..`) folded into the search for the
-/// first lane equal to `best`: `(found, col)`; `in_range` false skips it.
-#[cube]
-fn find_best_lane<F: Float, N: Size>(
-    found: bool,
-    col: u32,
-    raw: Vector<F, N>,
-    in_range: bool,
-    best: f32,
-    first_col: usize,
-) -> (bool, u32) {
-    let values = Vector::<f32, N>::cast_from(raw);
-    let hit = in_range && !found && lane_max::<N>(values) == best;
-    (
-        found || hit,
-        select(hit, first_col_of::<N>(values, best, first_col), col),
-    )
-}
-
-/// The column of the unstaged rest's argmax when it is there (`in_rest`): the best step's
-/// vectors read again from the logits (L2: the rest came through plain loads), as the
-/// loop read them. Otherwise the chunk's first vector is read, and nothing found: the
-/// vocabulary size.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn rest_best_col<F: Float, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    row_start: usize,
-    first: usize,
-    staged_len: usize,
-    len: usize,
-    best: f32,
-    best_local: usize,
-    in_rest: bool,
-    #[comptime] options: RowOptions,
-) -> u32 {
-    let vector_size = logits.vector_size();
-    let rest = len - staged_len;
-    let mut found = !in_rest;
-    let mut col = u32::cast_from(logits.shape(2));
-    for step in 0..options.loads_per_step {
-        let at = best_local + step * options.cube_size;
-        let at = select(
-            in_rest,
-            first + staged_len + select(at < rest, at, 0usize),
-            first,
-        );
-        let next = find_best_lane::<F, N>(
-            found,
-            col,
-            logits[row_start + at],
-            true,
-            best,
-            at * vector_size,
-        );
-        found = next.0;
-        col = next.1;
-    }
-    col
 }
 
 /// The unit's staged vectors turned into `exp(x - reference)` in place and folded into
@@ -364,19 +263,16 @@ fn reduce_rest<F: Float, N: Size>(
     target_col: usize,
     class_weights: &Tensor<f32>,
     state: RowState,
-    best_seed: (f32, usize),
     #[comptime] options: RowOptions,
-) -> (RowState, (f32, usize)) {
+) -> RowState {
     let cube_size = options.cube_size;
     let loads = options.loads_per_step;
     let vector_size = logits.vector_size();
     let target_vector = target_col / vector_size;
     let mut running_max = state.max;
     let mut others = state.others;
-    // The argmax's code: see `reduce_chunk_staging_exps`.
-    let vocab = logits.shape(2);
-    let mut best = best_seed.0;
-    let mut best_code = best_seed.1;
+    let mut best = state.best;
+    let mut best_col = state.best_col;
     let mut smooth = state.smooth;
     let mut entropy_sum = state.entropy_sum;
     let mut loaded = Array::<Vector<F, N>>::new(loads);
@@ -397,11 +293,6 @@ fn reduce_rest<F: Float, N: Size>(
             running_max,
             lane_max::<N>(Vector::<f32, N>::cast_from(step_top)),
         );
-        if comptime!(options.argmax && !options.entropy) {
-            let found = fold_step_max(best, best_code, step_top, vocab + 1 + local);
-            best = found.0;
-            best_code = found.1;
-        }
         let rescale = fast_exp_scalar(running_max - step_max, options.exp_flush_to_zero);
         if comptime!(options.entropy) {
             entropy_sum =
@@ -433,28 +324,24 @@ fn reduce_rest<F: Float, N: Size>(
             others = next.0;
             smooth = next.1;
             entropy_sum = next.2;
-            if comptime!(options.argmax && options.entropy) {
-                // With the entropy too, a vector at a time: the step's search beside the
-                // entropy's sums took ptxas from 48 registers to 64, a cube less per SM.
-                let top = lane_max::<N>(values);
-                let better = take && top > best;
-                best = select(better, top, best);
-                best_code = select(better, first_col, best_code);
+            if comptime!(options.argmax) {
+                let found = fold_vector_max(best, best_col, lane_max::<N>(values), first_col, take);
+                best = found.0;
+                best_col = found.1;
             }
         }
         local += loads * cube_size;
     }
-    let state = RowState {
+    RowState {
         max: running_max,
         others,
         target_logit: f32::new(0.0),
-        best: state.best,
-        best_col: state.best_col,
+        best,
+        best_col,
         smooth,
         smooth_reference: state.smooth_reference,
         entropy_sum,
-    };
-    (state, (best, best_code))
+    }
 }
 
 /// [`fold_vector_max`] for one vector as read (`raw`, columns `first_col..`), which the

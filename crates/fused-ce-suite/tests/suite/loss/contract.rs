@@ -532,8 +532,8 @@ fn rows_512_vocab_32000() {
         // The one-pass plan on rows longer than the part of a chunk it stages (16 KB on
         // wgpu, 32 KB of 64 KB chunks on CUDA): the rest is re-read from global memory.
         // With the argmax: a row's maximum is mostly in the rest, and with integer logits
-        // its first tie mostly in the staged part. With the entropy as well, the kernel
-        // finds the argmax a vector at a time, without it a step of vectors at a time.
+        // its first tie mostly in the staged part; with the entropy too, whose sums share
+        // the loop with the argmax's.
         (Reduction::Mean, DType::F32, true, false, false),
         (Reduction::Sum, DType::F16, true, false, true),
         (Reduction::Mean, DType::F16, true, true, false),
