@@ -24,7 +24,12 @@
 //! collectives (CUDA with NCCL), else on the first device; on wgpu the replicas share the
 //! device), `--out DIR` (plots and tables; default target/train_lm), `--temperature T`
 //! and `--top-k K` (how the closing sample draws its tokens: default 0.8 and 40, seeded;
-//! temperature 0 is greedy).
+//! temperature 0 is greedy), `--environment FILE` (CUDA builds: CubeCL's environment,
+//! Burn's autotune results and compiled kernels, read from and written to `FILE`, a
+//! SQLite file, instead of `target/environment/`) and `--save-environment OUT` (with
+//! `--environment`: copy its autotune results into `OUT`, one file with no WAL or lock
+//! files beside it, and exit; how a cold autotune is carried between runs cut short on a GPU
+//! host).
 //!
 //! The default features (`wgpu`) leave Burn's autotune out: without a GPU, wgpu runs on
 //! lavapipe, where tuning would compile every candidate kernel of every shape for minutes.
@@ -79,6 +84,10 @@ struct Args {
     devices: usize,
     out: PathBuf,
     sampling: Sampling,
+    /// CubeCL's environment file (`--environment`), and where to save a copy of it that
+    /// stands alone (`--save-environment`).
+    environment: Option<PathBuf>,
+    save_environment: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -135,6 +144,14 @@ fn parse_args() -> Result<Args, String> {
                 .into(),
         );
     }
+    let environment = value("--environment").map(PathBuf::from);
+    let save_environment = value("--save-environment").map(PathBuf::from);
+    if environment.is_some() && !cfg!(feature = "cuda") {
+        return Err("--environment needs the cuda feature (Burn's persistence)".into());
+    }
+    if save_environment.is_some() && environment.is_none() {
+        return Err("--save-environment OUT saves the --environment FILE given with it".into());
+    }
     let bf16 = match value("--dtype").unwrap_or("f32") {
         "f32" => false,
         "bf16" if SUPPORTS_BF16 => true,
@@ -172,6 +189,8 @@ fn parse_args() -> Result<Args, String> {
             top_k: number("--top-k")?.unwrap_or(40),
             seed: 7,
         },
+        environment,
+        save_environment,
     })
 }
 
@@ -193,6 +212,19 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(file) = &args.environment {
+        environment::mount(file);
+        if let Some(out) = &args.save_environment {
+            match environment::save(out) {
+                Ok(summary) => println!("{summary}"),
+                Err(error) => {
+                    eprintln!("train_lm: --save-environment {}: {error}", out.display());
+                    std::process::exit(1);
+                }
+            }
+            return;
+        }
+    }
     if args.fit_trial.is_none() {
         println!("{}", autotune_note(cpu::device_is_cpu()));
     }
@@ -212,6 +244,52 @@ fn main() {
     }
     let replicas: Vec<Device> = replicas.into_iter().map(Device::autodiff).collect();
     run(&args, &replicas);
+}
+
+/// CubeCL's environment in a file of the user's (`--environment`): Burn's persistence,
+/// which only CUDA builds turn on.
+mod environment {
+    use std::path::Path;
+
+    /// Makes `file` the environment every cache reads and writes from now on.
+    #[cfg(feature = "cuda")]
+    pub fn mount(file: &Path) {
+        cubecl::environment::load(file.to_path_buf());
+    }
+
+    /// Copies the mounted environment's autotune results into `out`, one SQLite file that
+    /// stands alone, and says what the environment holds. The compiled kernels stay behind:
+    /// with the results kept, only the winners are compiled again.
+    #[cfg(feature = "cuda")]
+    pub fn save(out: &Path) -> Result<String, String> {
+        let options = cubecl::bundle::ExportOptions {
+            name: "train_lm".into(),
+            namespaces: vec!["autotune".into()],
+            format: cubecl::bundle::BundleFormat::Sqlite,
+            ..Default::default()
+        };
+        cubecl::bundle::export(&[cubecl::environment::path()], out, &options)
+            .map_err(|error| error.to_string())?;
+        let bytes = std::fs::metadata(out)
+            .map_err(|error| error.to_string())?
+            .len();
+        let mut summary = format!("saved {} ({bytes} bytes):", out.display());
+        for namespace in cubecl::environment::namespaces() {
+            summary += &format!(
+                "\n  {}: {} entries, {} bytes",
+                namespace.namespace, namespace.entries, namespace.bytes
+            );
+        }
+        Ok(summary)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    pub fn mount(_file: &Path) {}
+
+    #[cfg(not(feature = "cuda"))]
+    pub fn save(_out: &Path) -> Result<String, String> {
+        Err("needs the cuda feature".into())
+    }
 }
 
 /// One way of computing the loss, trained and measured.
