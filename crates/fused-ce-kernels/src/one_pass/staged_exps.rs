@@ -68,10 +68,10 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         stream_loads,
     );
     let reference = lane_max::<N>(Vector::<f32, N>::cast_from(top));
-    // With the accuracy, each unit's best staged vector as it was read, so that the lane
-    // holding the maximum is found without reading it again: the staged part came through
-    // evict-first loads, and reading it back went to DRAM. A best vector in the rest is
-    // read again from L2.
+    // With the accuracy, each unit's best vector as it was read, so that the lane holding
+    // the maximum is found without reading it again: the staged part came through
+    // evict-first loads, and reading it back went to DRAM; reading the rest back from L2
+    // put a load's latency at the end of every chunk.
     let mut best_vectors = Shared::<[Vector<F, N>]>::new_slice(comptime!(if options.argmax {
         options.cube_size
     } else {
@@ -89,7 +89,7 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         options,
     );
     // The unstaged part is read again by the gradient pass: plain loads, kept in L2.
-    let state = reduce_rest::<F, N>(
+    let mut state = reduce_rest::<F, N>(
         logits,
         row_start,
         first,
@@ -97,18 +97,14 @@ pub(crate) fn reduce_chunk_staging_exps<F: Float, N: Size>(
         len,
         target_col,
         class_weights,
+        &mut best_vectors,
         kept,
         options,
     );
-    let mut state = state;
     if comptime!(options.argmax) {
         // No temperature or softcap with staged exponentials: the logits as read.
         let col = usize::cast_from(state.best_col);
         let found = col < vocab;
-        let vector = col / vector_size;
-        if found && vector >= first + staged_len {
-            best_vectors[UNIT_POS as usize] = logits[row_start + vector];
-        }
         let best_vector = Vector::<f32, N>::cast_from(best_vectors[UNIT_POS as usize]);
         state.best_col = select(
             found,
@@ -251,7 +247,8 @@ fn staged_to_exps<F: Float, N: Size>(
 
 /// The chunk's vectors `staged_len..len` folded into `state` as they stream by: one
 /// maximum per step of `loads_per_step` vectors, so one rescale of the sum per step. The
-/// target's vector is left out (absorbed at the end).
+/// target's vector is left out (absorbed at the end). With the accuracy, the unit's best
+/// vector goes to its slot of `best_vectors`, as in [`staged_to_exps`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn reduce_rest<F: Float, N: Size>(
@@ -262,6 +259,7 @@ fn reduce_rest<F: Float, N: Size>(
     len: usize,
     target_col: usize,
     class_weights: &Tensor<f32>,
+    best_vectors: &mut Shared<[Vector<F, N>]>,
     state: RowState,
     #[comptime] options: RowOptions,
 ) -> RowState {
@@ -304,10 +302,17 @@ fn reduce_rest<F: Float, N: Size>(
         for step in 0..loads {
             let at = local + step * cube_size;
             let in_range = at < rest;
-            let values = Vector::<f32, N>::cast_from(loaded[step]);
-            let exps = fast_exp::<N>(values, step_max, options.exp_flush_to_zero);
             let take = in_range && first + staged_len + at != target_vector;
             let first_col = (first + staged_len + select(in_range, at, 0usize)) * vector_size;
+            // The argmax first, so that the vector as read is dropped before the sums.
+            if comptime!(options.argmax) {
+                let found =
+                    fold_best_vector(best, best_col, loaded[step], first_col, take, best_vectors);
+                best = found.0;
+                best_col = found.1;
+            }
+            let values = Vector::<f32, N>::cast_from(loaded[step]);
+            let exps = fast_exp::<N>(values, step_max, options.exp_flush_to_zero);
             let next = absorb_exps::<N>(
                 others,
                 smooth,
@@ -324,11 +329,6 @@ fn reduce_rest<F: Float, N: Size>(
             others = next.0;
             smooth = next.1;
             entropy_sum = next.2;
-            if comptime!(options.argmax) {
-                let found = fold_vector_max(best, best_col, lane_max::<N>(values), first_col, take);
-                best = found.0;
-                best_col = found.1;
-            }
         }
         local += loads * cube_size;
     }
