@@ -213,7 +213,10 @@ fn main() {
         }
     };
     if let Some(file) = &args.environment {
-        environment::mount(file);
+        if let Err(error) = environment::mount(file) {
+            eprintln!("train_lm: --environment {}: {error}", file.display());
+            std::process::exit(1);
+        }
         if let Some(out) = &args.save_environment {
             match environment::save(out) {
                 Ok(summary) => println!("{summary}"),
@@ -231,6 +234,13 @@ fn main() {
     // The first `--devices` devices (one by default; the first trains alone). Their default
     // float dtype is set before any tensor is made on them: Burn fixes it at the first.
     let replicas = devices(args.devices);
+    if args.environment.is_some() {
+        // After the devices: a configuration loaded with them would have unmounted it.
+        println!(
+            "CubeCL's environment (autotune results, compiled kernels): {}",
+            cubecl::environment::path().display()
+        );
+    }
     if args.bf16 {
         for (index, replica) in replicas.iter().enumerate() {
             if replicas[..index].contains(replica) {
@@ -251,10 +261,18 @@ fn main() {
 mod environment {
     use std::path::Path;
 
-    /// Makes `file` the environment every cache reads and writes from now on.
+    /// Makes `file` the environment every cache reads and writes from now on. CubeCL's
+    /// configuration is loaded first: loading it (lazily, at the first device) activates
+    /// the configured environment, which would unmount `file`.
     #[cfg(feature = "cuda")]
-    pub fn mount(file: &Path) {
+    pub fn mount(file: &Path) -> Result<(), String> {
+        use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+        let _loaded = CubeClRuntimeConfig::get();
         cubecl::environment::load(file.to_path_buf());
+        match cubecl::environment::path() {
+            path if path == file => Ok(()),
+            path => Err(format!("CubeCL's environment is {}", path.display())),
+        }
     }
 
     /// Copies the mounted environment's autotune results into `out`, one SQLite file that
@@ -273,7 +291,11 @@ mod environment {
         let bytes = std::fs::metadata(out)
             .map_err(|error| error.to_string())?
             .len();
-        let mut summary = format!("saved {} ({bytes} bytes):", out.display());
+        let mut summary = format!(
+            "saved {} ({bytes} bytes) from {}:",
+            out.display(),
+            cubecl::environment::path().display()
+        );
         for namespace in cubecl::environment::namespaces() {
             summary += &format!(
                 "\n  {}: {} entries, {} bytes",
@@ -284,7 +306,9 @@ mod environment {
     }
 
     #[cfg(not(feature = "cuda"))]
-    pub fn mount(_file: &Path) {}
+    pub fn mount(_file: &Path) -> Result<(), String> {
+        Err("needs the cuda feature".into())
+    }
 
     #[cfg(not(feature = "cuda"))]
     pub fn save(_out: &Path) -> Result<String, String> {
