@@ -27,8 +27,8 @@
 //! temperature 0 is greedy), `--environment FILE` (CUDA builds: CubeCL's environment,
 //! Burn's autotune results and compiled kernels, read from and written to `FILE`, a
 //! SQLite file, instead of `target/environment/`) and `--save-environment OUT` (with
-//! `--environment`: copy its autotune results into `OUT`, one file with no WAL or lock
-//! files beside it, and exit; how a cold autotune is carried between runs cut short on a GPU
+//! `--environment`: copy its autotune results and compiled kernels into `OUT`, one file
+//! with no WAL or lock files beside it, and exit; how a cold autotune is carried between runs cut short on a GPU
 //! host).
 //!
 //! The default features (`wgpu`) leave Burn's autotune out: without a GPU, wgpu runs on
@@ -261,13 +261,23 @@ fn main() {
 mod environment {
     use std::path::Path;
 
-    /// Makes `file` the environment every cache reads and writes from now on. CubeCL's
-    /// configuration is loaded first: loading it (lazily, at the first device) activates
-    /// the configured environment, which would unmount `file`.
+    /// Makes `file` the environment every cache reads and writes from now on, compiled
+    /// kernels included. CubeCL's configuration (`cubecl.toml` and its variables) is
+    /// installed first, with its compilation cache on (off by default, so only autotune
+    /// results would persist): installing it activates the configured environment, which
+    /// would unmount `file` if it came later, at the first device.
     #[cfg(feature = "cuda")]
     pub fn mount(file: &Path) -> Result<(), String> {
         use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
-        let _loaded = CubeClRuntimeConfig::get();
+        // SQLite would open it and keep nothing of the run.
+        if std::fs::metadata(file).is_ok_and(|metadata| metadata.permissions().readonly()) {
+            return Err("the file is read-only".into());
+        }
+        let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+        config.compilation.cache = true;
+        if !CubeClRuntimeConfig::try_set(config) {
+            return Err("CubeCL's configuration was loaded before the mount".into());
+        }
         cubecl::environment::load(file.to_path_buf());
         match cubecl::environment::path() {
             path if path == file => Ok(()),
@@ -275,14 +285,16 @@ mod environment {
         }
     }
 
-    /// Copies the mounted environment's autotune results into `out`, one SQLite file that
-    /// stands alone, and says what the environment holds. The compiled kernels stay behind:
-    /// with the results kept, only the winners are compiled again.
+    /// Copies the mounted environment's autotune results and compiled kernels into `out`,
+    /// one SQLite file that stands alone, and says what the environment holds. A run cut
+    /// short then resumes without tuning or compiling again what it already had.
     #[cfg(feature = "cuda")]
     pub fn save(out: &Path) -> Result<String, String> {
         let options = cubecl::bundle::ExportOptions {
             name: "train_lm".into(),
-            namespaces: vec!["autotune".into()],
+            // The autotune results, and the PTX the CUDA runtime compiled (with the index from
+            // a kernel's source to its PTX).
+            namespaces: vec!["autotune".into(), "cuda".into(), "cuda-second-line".into()],
             format: cubecl::bundle::BundleFormat::Sqlite,
             ..Default::default()
         };
