@@ -28,8 +28,8 @@
 //! Burn's autotune results and compiled kernels, read from and written to `FILE`, a
 //! SQLite file, instead of `target/environment/`) and `--save-environment OUT` (with
 //! `--environment`: copy its autotune results and compiled kernels into `OUT`, one file
-//! with no WAL or lock files beside it, and exit; how a cold autotune is carried between runs cut short on a GPU
-//! host).
+//! with no WAL or lock files beside it, and exit; how a cold autotune is carried between
+//! runs cut short on a GPU host).
 //!
 //! The default features (`wgpu`) leave Burn's autotune out: without a GPU, wgpu runs on
 //! lavapipe, where tuning would compile every candidate kernel of every shape for minutes.
@@ -287,7 +287,8 @@ mod environment {
 
     /// Copies the mounted environment's autotune results and compiled kernels into `out`,
     /// one SQLite file that stands alone, and says what the environment holds. A run cut
-    /// short then resumes without tuning or compiling again what it already had.
+    /// short then resumes without tuning again what it already had, nor compiling it again
+    /// if the executable is the same (compiled kernels are keyed by its build).
     #[cfg(feature = "cuda")]
     pub fn save(out: &Path) -> Result<String, String> {
         let options = cubecl::bundle::ExportOptions {
