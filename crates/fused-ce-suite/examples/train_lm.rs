@@ -235,7 +235,7 @@ fn main() {
     // float dtype is set before any tensor is made on them: Burn fixes it at the first.
     let replicas = devices(args.devices);
     if args.environment.is_some() {
-        // After the devices: a configuration loaded with them would have unmounted it.
+        // After the devices: the file in use once they are made, which the mount kept.
         println!(
             "CubeCL's environment (autotune results, compiled kernels): {}",
             cubecl::environment::path().display()
