@@ -13,10 +13,10 @@ root = os.environ["NVIDIA_ROOT"]
 nvrtc = ctypes.CDLL(root + "/lib/libnvrtc.so.13")
 
 
-def registers(path):
-    src = open(path).read().encode()
+def compile_ptx(source):
+    """NVRTC with the options cubecl-cuda passes: (PTX bytes, None) or (None, the log)."""
     prog = ctypes.c_void_p()
-    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, b"k.cu", 0, None, None) == 0
+    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, b"k.cu", 0, None, None) == 0
     opts = [b"--gpu-architecture=sm_90a", ("--include-path=" + root + "/include").encode(),
             ("--include-path=" + root + "/include/cccl").encode(), b"-lineinfo"]
     arr = (ctypes.c_char_p * len(opts))(*opts)
@@ -26,12 +26,19 @@ def registers(path):
     log = ctypes.create_string_buffer(size.value)
     nvrtc.nvrtcGetProgramLog(prog, log)
     if rc != 0:
-        return "compilation failed: " + log.value.decode()[-2000:]
+        return None, log.value.decode()
     nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
     ptx = ctypes.create_string_buffer(size.value)
     nvrtc.nvrtcGetPTX(prog, ptx)
+    return ptx.value, None
+
+
+def registers(path):
+    ptx, log = compile_ptx(open(path).read().encode())
+    if ptx is None:
+        return "compilation failed: " + log[-2000:]
     base = os.path.splitext(path)[0]
-    open(base + ".ptx", "wb").write(ptx.value)
+    open(base + ".ptx", "wb").write(ptx)
     out = subprocess.run([root + "/bin/ptxas", "-arch=sm_90a", "-v", base + ".ptx", "-o", base + ".cubin"],
                          capture_output=True, text=True)
     return " ".join(l.split(":", 1)[-1].strip() for l in out.stderr.splitlines()
@@ -58,6 +65,7 @@ def occupancy(path, info):
             f"(registers {by_regs}, shared memory {by_shared}, threads {2048 // units})")
 
 
-for path in sys.argv[1:]:
-    info = registers(path)
-    print(f"{os.path.basename(path)}: {info}{occupancy(path, info)}")
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        info = registers(path)
+        print(f"{os.path.basename(path)}: {info}{occupancy(path, info)}")
