@@ -26,10 +26,12 @@ def compile_ptx(source):
     log = ctypes.create_string_buffer(size.value)
     nvrtc.nvrtcGetProgramLog(prog, log)
     if rc != 0:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
         return None, log.value.decode()
     nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
     ptx = ctypes.create_string_buffer(size.value)
     nvrtc.nvrtcGetPTX(prog, ptx)
+    nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
     return ptx.value, None
 
 
