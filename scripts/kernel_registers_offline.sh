@@ -2,7 +2,7 @@
 # Registers of the one-pass kernel as it would be compiled on an H200, on a machine with
 # no GPU: `crates/fused-ce-kernels/examples/cuda_source.rs` (feature `cuda-source`) writes
 # the kernels' CUDA C++ (IR built through lavapipe), then NVRTC and ptxas from NVIDIA's pip
-# wheels (CUDA 13.0, fetched once into ~/.cache/fused-ce-nvidia) compile them for sm_90a.
+# wheels (CUDA 13.0, fetched once by scripts/nvidia-wheels.sh) compile them for sm_90a.
 # Registers decide how many cubes an SM holds (docs/history.md).
 #
 #   scripts/kernel_registers_offline.sh [out-dir]      (FUSED_CE_TUNING="reread_loads=2"
@@ -12,16 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sources="${1:-target/cuda-source}"
-cache="${HOME}/.cache/fused-ce-nvidia"
-root="$cache/nvidia/cu13"
-if [ ! -x "$root/bin/ptxas" ] || [ ! -e "$root/lib/libnvrtc.so.13" ]; then
-  mkdir -p "$cache/wheels"
-  python3 -m pip download --no-deps -q -d "$cache/wheels" \
-    "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-runtime==13.0.*" \
-    "nvidia-cuda-cccl==13.0.*"
-  for wheel in "$cache"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$cache"; done
-  chmod +x "$root"/bin/*
-fi
+. scripts/nvidia-wheels.sh
+root="$nvidia_root"
+cache="$nvidia_cache"
 scripts/with-vulkan.sh cargo run -q -p fused-ce-kernels --features cuda-source \
   --example cuda_source -- "$sources" > /dev/null
 LD_LIBRARY_PATH="$root/lib" NVIDIA_ROOT="$root" python3 scripts/nvrtc_registers.py "$sources"/*.cu

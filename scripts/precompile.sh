@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Compiles, on a machine with no GPU, every CUDA kernel a CubeCL program compiles on an H100
+# (sm_90a), into an environment file (CubeCL's autotune results and compiled kernels) for the
+# program to start from on the GPU. A cold autotuned run of a model spends most of its first
+# step in NVRTC, one kernel at a time; this moves that work here, on every core.
+#
+#   scripts/precompile.sh OUT_FILE [GPU_FILE] -- PROGRAM ARGS...
+#
+# PROGRAM runs on stand-in CUDA libraries (scripts/precompile/: a driver impersonating an
+# H100, cuBLASLt, and an NVRTC that records each kernel's source and answers at once), in a
+# scratch folder whose cubecl.toml turns CubeCL's records off. An ARG "@ENV" is replaced by
+# the environment file the run uses, so PROGRAM must take one, as train_lm's
+# `--environment @ENV` does. Then NVRTC 13.0 compiles the recorded sources on every core,
+# and OUT_FILE gets the run's kernels with their PTX. GPU_FILE, an environment from a GPU run,
+# is where the run starts (its kernels are not compiled again) and gives OUT_FILE its
+# autotune results: the stand-in's timings mean nothing, so OUT_FILE has no others. A second
+# run from OUT_FILE checks that nothing is left to compile. CubeCL's settings come from the
+# caller's environment (CUBECL_AUTOTUNE_LEVEL must be the GPU run's).
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+out="$(realpath -m "${1:?usage: precompile.sh OUT_FILE [GPU_FILE] -- PROGRAM ARGS...}")"; shift
+gpu=""
+if [ "${1:-}" != "--" ]; then gpu="$(realpath "$1")"; shift; fi
+[ "${1:-}" = "--" ] || { echo "precompile.sh: expected -- before the program" >&2; exit 2; }
+shift
+program="$(realpath "$1")"; shift
+cd "$repo"
+. scripts/nvidia-wheels.sh
+work="$(mktemp -d "${TMPDIR:-/tmp}/precompile.XXXXXX")"
+here="$repo/scripts/precompile"
+mkdir -p "$work/lib/nvrtc"
+# Not libcuda.so.1: NVRTC loads the driver by that name, and must not find the stand-in.
+gcc -O1 -shared -fPIC -I"$nvidia_root/include" -o "$work/lib/libcuda.so" "$here/driver.c" -lpthread -lm
+gcc -O1 -shared -fPIC -o "$work/lib/libcublasLt.so.13" "$here/cublaslt.c"
+gcc -O1 -shared -fPIC -o "$work/lib/nvrtc/libnvrtc.so.13" "$here/nvrtc.c" -lpthread
+ln -s libcublasLt.so.13 "$work/lib/libcublasLt.so"
+ln -s libnvrtc.so.13 "$work/lib/nvrtc/libnvrtc.so"
+# CubeCL's records are a log of its own work; inserting them into an environment exported by
+# CubeCL panicked in its database (turso 0.x) on this run.
+printf '[environment.records]\nlevel = "off"\n' > "$work/cubecl.toml"
+
+# Runs the program on the stand-ins from environment file $1, its sources recorded in $2.
+run() {
+  mkdir -p "$2"
+  local args=() arg
+  for arg in "${program_args[@]}"; do args+=("${arg//@ENV/$1}"); done
+  (cd "$work" && LD_LIBRARY_PATH="$work/lib:$work/lib/nvrtc" CUDA_PATH="$nvidia_root" \
+    PRECOMPILE_SOURCES="$2" "$program" "${args[@]}" > "$2.log" 2>&1) \
+    || { tail -20 "$2.log" >&2; return 1; }
+  echo "$(find "$2" -name '*.cu' | wc -l) kernels to compile (log: $2.log)"
+}
+compile() {
+  NVRTC_LIB="$nvidia_root/lib/libnvrtc.so.13" LD_LIBRARY_PATH="$nvidia_root/lib" \
+    python3 "$here/compile_sources.py" "$1"
+}
+program_args=("$@")
+if [ -n "$gpu" ]; then cp "$gpu" "$work/run.db"; fi
+run "$work/run.db" "$work/sources"
+compile "$work/sources"
+python3 "$here/environment.py" "$work/run.db" "$work/sources" "$out" $gpu
+cp "$out" "$work/check.db"
+run "$work/check.db" "$work/check"
+if [ -n "$(find "$work/check" -name '*.cu')" ]; then
+  echo "precompile.sh: the second run still compiled kernels; $out lacks them" >&2
+  exit 1
+fi
+rm -rf "$work"
+echo "$out: $(du -h "$out" | cut -f1)"
