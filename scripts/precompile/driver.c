@@ -108,7 +108,7 @@ CUresult cuGetErrorString(CUresult e, const char **s) { static char b[64]; snpri
 CUresult cuGetErrorName(CUresult e, const char **s) { static char b[64]; snprintf(b, 64, "CUDA_ERROR_%d", (int)e); *s = b; return CUDA_SUCCESS; }
 
 /* A write past an allocation faults where it happens. */
-struct hdr { size_t map; size_t len; };
+struct hdr { size_t map; size_t size; };
 static CUresult alloc(CUdeviceptr *p, size_t n) {
   size_t page = 4096, need = (n ? n : 1);
   size_t body = (need + 511) / 512 * 512;
@@ -117,7 +117,7 @@ static CUresult alloc(CUdeviceptr *p, size_t n) {
   if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   mprotect(m + map - page, page, PROT_NONE);
   char *start = m + map - page - body;
-  struct hdr *h = (struct hdr *)m; h->map = map; h->len = (size_t)(start - m);
+  struct hdr *h = (struct hdr *)m; h->map = map; h->size = n;
   *(char **)(start - 16) = m; /* base, for the free */
   pthread_mutex_lock(&mu); allocated += n; pthread_mutex_unlock(&mu);
   *p = (CUdeviceptr)start; return CUDA_SUCCESS;
@@ -126,6 +126,7 @@ static void release(CUdeviceptr p) {
   if (!p) return;
   char *m = *(char **)((char *)p - 16);
   struct hdr *h = (struct hdr *)m;
+  pthread_mutex_lock(&mu); allocated -= h->size; pthread_mutex_unlock(&mu);
   munmap(m, h->map);
 }
 CUresult cuMemAlloc(CUdeviceptr *p, size_t n) { T; return alloc(p, n); }
