@@ -14,7 +14,7 @@
 # and OUT_FILE gets the run's kernels with their PTX. GPU_FILE, an environment from a GPU run,
 # is where the run starts (its kernels are not compiled again) and gives OUT_FILE its
 # autotune results: the stand-in's timings mean nothing, so OUT_FILE has no others. Runs
-# from OUT_FILE then check that nothing is left to compile. CubeCL's settings come from the
+# from OUT_FILE then add what they compile until nothing is left (see below). CubeCL's settings come from the
 # caller's environment (CUBECL_AUTOTUNE_LEVEL must be the GPU run's).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -58,16 +58,24 @@ if [ -n "$gpu" ]; then cp "$gpu" "$work/run.db"; fi
 run "$work/run.db" "$work/sources"
 compile "$work/sources"
 python3 "$here/environment.py" "$work/run.db" "$work/sources" "$out" $gpu
-# CubeCL's choices vary a little from run to run (a kernel now and then that the last run did
-# not need): runs from OUT_FILE add what they compile, until one compiles nothing.
-for check in 1 2 3; do
+# What a run compiles varies a little: with the autotune winners (the stand-in's last
+# candidate, or its first with STAND_IN_LATER=slower), and now and then from one run to the
+# next. Runs from OUT_FILE, both ways in turn, add what they compile, until two in a row
+# compile nothing.
+quiet=0
+for check in 1 2 3 4 5 6; do
+  if [ $((check % 2)) -eq 1 ]; then export STAND_IN_LATER=slower; else unset STAND_IN_LATER; fi
   cp "$out" "$work/check.db"
   rm -rf "$work/check"
   run "$work/check.db" "$work/check"
-  [ -n "$(find "$work/check" -name '*.cu')" ] || break
+  if [ -z "$(find "$work/check" -name '*.cu')" ]; then
+    quiet=$((quiet + 1)); [ $quiet -lt 2 ] || break; continue
+  fi
+  quiet=0
   compile "$work/check"
   python3 "$here/environment.py" "$work/check.db" "$work/check" "$out" $gpu
-  [ $check -lt 3 ] || echo "precompile.sh: the third check still compiled kernels; the GPU run compiles any more" >&2
 done
+[ $quiet -ge 2 ] || echo "precompile.sh: the last runs still compiled kernels; the GPU run compiles any more" >&2
+unset STAND_IN_LATER
 rm -rf "$work"
 echo "$out: $(du -h "$out" | cut -f1)"
