@@ -7,10 +7,11 @@
  * not run; reads of device memory give 0x7f bytes (large finite values: no target check
  * finds a bad row). Events read a virtual clock that each launch advances by its
  * function's time: CubeCL's throughput probes take 20 ms, for real too since CubeCL times
- * them with the wall clock; every other function takes longer than any roofline allows and
- * less than the one loaded before it, so no autotune stops early or runs out of patience
- * before each of its candidates is compiled. The autotune results such a run stores are
- * meaningless, and precompile.sh drops them. STAND_IN_TRACE=1 prints each call. */
+ * them with the wall clock. Every other function takes longer than any roofline allows, so no
+ * autotune stops before each of its candidates is compiled, and a little less than the one
+ * loaded before it, which makes each autotune's last candidate its winner. The autotune
+ * results such a run stores are meaningless, and precompile.sh drops them.
+ * STAND_IN_TRACE=1 prints each call. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <stdio.h>
