@@ -10,7 +10,8 @@
 # cores (jit_warm.py); then `train_lm --size gpt2 --compare --dtype bf16` runs from the file,
 # for at most TRAIN_TIMEOUT seconds (default 480), printing every 30 s the file's size, the
 # GPU's use, the busiest thread, and the kernels compiled and keys tuned so far (CubeCL's
-# logs, kept in LOGDIR). LOGDIR gets the grown file back, xz'd in 15 MB parts (SAVE=0: not).
+# logs, kept in LOGDIR). LOGDIR gets the grown file back, xz'd in 15 MB parts (SAVE=0: not),
+# with CubeCL's throughput probes, which scripts/precompile.sh's stand-in driver reuses.
 # CUBECL_AUTOTUNE_LEVEL sets Burn's autotune level (default balanced).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -80,6 +81,7 @@ echo "kernels compiled: $(grep -c START_KERNEL_COMPILATION /tmp/compilation.log 
 if [ "${SAVE:-1}" = 1 ]; then
   rm -f /tmp/saved.db
   ./train_lm --environment /tmp/env/environment.db --save-environment /tmp/saved.db \
+    && python3 keep_probes.py /tmp/env/environment.db /tmp/saved.db \
     && xz -T0 -6 -c /tmp/saved.db | split -b 15000000 - "$logs/environment.db.xz.part-"
 fi
 ls -la "$logs"

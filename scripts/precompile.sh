@@ -12,8 +12,9 @@
 # the environment file the run uses, so PROGRAM must take one, as train_lm's
 # `--environment @ENV` does. Then NVRTC 13.0 compiles the recorded sources on every core,
 # and OUT_FILE gets the run's kernels with their PTX. GPU_FILE, an environment from a GPU run,
-# is where the run starts (its kernels are not compiled again) and gives OUT_FILE its
-# autotune results: the stand-in's timings mean nothing, so OUT_FILE has no others. Runs
+# is where the run starts (its kernels are not compiled again, and its throughput probes,
+# which train-lm-tuned.sh keeps, set the autotune bounds as on the GPU) and gives OUT_FILE
+# its autotune results: the stand-in's timings mean nothing, so OUT_FILE has no others. Runs
 # from OUT_FILE then add what they compile until nothing is left (see below). CubeCL's settings come from the
 # caller's environment (CUBECL_AUTOTUNE_LEVEL must be the GPU run's).
 set -euo pipefail
