@@ -4,9 +4,8 @@
 #
 #   train-lm-tuned.sh LOGDIR        (in a gpu-bundle/ with train_lm, scripts/gpu-bundle.sh)
 #
-# The bundle holds environment.db.xz (or its parts, environment.db.xz.part-*: a GPU host may
-# hand back files of limited size). A machine that ran this before resumes from its
-# /tmp/env instead. First the driver's JIT cache gets every PTX kernel of the file, on all
+# The bundle holds environment.db.xz, or its parts (environment.db.xz.part-*, as this script
+# saves it). A machine that ran this before resumes from its /tmp/env instead. First the driver's JIT cache gets every PTX kernel of the file, on all
 # cores (jit_warm.py); then `train_lm --size gpt2 --compare --dtype bf16` runs from the file,
 # for at most TRAIN_TIMEOUT seconds (default 480), printing every 30 s the file's size, the
 # GPU's use, the busiest thread, and the kernels compiled and keys tuned so far (CubeCL's

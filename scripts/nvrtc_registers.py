@@ -13,12 +13,14 @@ root = os.environ["NVIDIA_ROOT"]
 nvrtc = ctypes.CDLL(root + "/lib/libnvrtc.so.13")
 
 
-def compile_ptx(source):
-    """NVRTC with the options cubecl-cuda passes: (PTX bytes, None) or (None, the log)."""
+def compile_ptx(source, opts=None, name=b"k.cu"):
+    """NVRTC with `opts`, by default the options cubecl-cuda passes: (PTX bytes, None) or
+    (None, the log). cubecl-cuda names no program (`name=None`)."""
     prog = ctypes.c_void_p()
-    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, b"k.cu", 0, None, None) == 0
-    opts = [b"--gpu-architecture=sm_90a", ("--include-path=" + root + "/include").encode(),
-            ("--include-path=" + root + "/include/cccl").encode(), b"-lineinfo"]
+    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, name, 0, None, None) == 0
+    if opts is None:
+        opts = [b"--gpu-architecture=sm_90a", ("--include-path=" + root + "/include").encode(),
+                ("--include-path=" + root + "/include/cccl").encode(), b"-lineinfo"]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()

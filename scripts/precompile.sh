@@ -15,13 +15,13 @@
 # is where the run starts (its kernels are not compiled again, and its throughput probes,
 # which train-lm-tuned.sh keeps, set the autotune bounds as on the GPU) and gives OUT_FILE
 # its autotune results: the stand-in's timings mean nothing, so OUT_FILE has no others. Runs
-# from OUT_FILE then add what they compile until nothing is left (see below). CubeCL's settings come from the
-# caller's environment (CUBECL_AUTOTUNE_LEVEL must be the GPU run's).
+# from OUT_FILE then add what they compile until nothing is left (see below). CubeCL's
+# settings come from the caller's environment (CUBECL_AUTOTUNE_LEVEL must be the GPU run's).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-out="$(realpath -m "${1:?usage: precompile.sh OUT_FILE [GPU_FILE] -- PROGRAM ARGS...}")"; shift
-gpu=""
-if [ "${1:-}" != "--" ]; then gpu="$(realpath "$1")"; shift; fi
+out_file="$(realpath -m "${1:?usage: precompile.sh OUT_FILE [GPU_FILE] -- PROGRAM ARGS...}")"; shift
+gpu_file=""
+if [ "${1:-}" != "--" ]; then gpu_file="$(realpath "$1")"; shift; fi
 [ "${1:-}" = "--" ] || { echo "precompile.sh: expected -- before the program" >&2; exit 2; }
 shift
 program="$(realpath "$1")"; shift
@@ -50,15 +50,20 @@ run() {
     || { tail -20 "$2.log" >&2; return 1; }
   echo "$(find "$2" -name '*.cu' | wc -l) kernels to compile (log: $2.log)"
 }
-compile() {
-  NVRTC_LIB="$nvidia_root/lib/libnvrtc.so.13" LD_LIBRARY_PATH="$nvidia_root/lib" \
-    python3 "$here/compile_sources.py" "$1"
+# Runs the program from environment file $1, recording in $2, and adds what it compiled to
+# OUT_FILE; returns 1 when it compiled nothing. Called as a condition, where `set -e` does
+# not hold: a step that fails ends the script itself.
+add_run() {
+  run "$1" "$2" || exit 1
+  [ -n "$(find "$2" -name '*.cu')" ] || return 1
+  NVIDIA_ROOT="$nvidia_root" LD_LIBRARY_PATH="$nvidia_root/lib" \
+    python3 "$here/compile_sources.py" "$2" || exit 1
+  python3 "$here/environment.py" "$1" "$2" "$out_file" $gpu_file || exit 1
 }
 program_args=("$@")
-if [ -n "$gpu" ]; then cp "$gpu" "$work/run.db"; fi
-run "$work/run.db" "$work/sources"
-compile "$work/sources"
-python3 "$here/environment.py" "$work/run.db" "$work/sources" "$out" $gpu
+if [ -n "$gpu_file" ]; then cp "$gpu_file" "$work/run.db"; fi
+add_run "$work/run.db" "$work/sources" \
+  || python3 "$here/environment.py" "$work/run.db" "$work/sources" "$out_file" $gpu_file
 # What a run compiles varies a little: with the autotune winners (the stand-in's last
 # candidate, or its first with STAND_IN_LATER=slower), and now and then from one run to the
 # next. Runs from OUT_FILE, both ways in turn, add what they compile, until two in a row
@@ -66,17 +71,12 @@ python3 "$here/environment.py" "$work/run.db" "$work/sources" "$out" $gpu
 quiet=0
 for check in 1 2 3 4 5 6; do
   if [ $((check % 2)) -eq 1 ]; then export STAND_IN_LATER=slower; else unset STAND_IN_LATER; fi
-  cp "$out" "$work/check.db"
+  cp "$out_file" "$work/check.db"
   rm -rf "$work/check"
-  run "$work/check.db" "$work/check"
-  if [ -z "$(find "$work/check" -name '*.cu')" ]; then
-    quiet=$((quiet + 1)); [ $quiet -lt 2 ] || break; continue
-  fi
-  quiet=0
-  compile "$work/check"
-  python3 "$here/environment.py" "$work/check.db" "$work/check" "$out" $gpu
+  if add_run "$work/check.db" "$work/check"; then quiet=0; else quiet=$((quiet + 1)); fi
+  [ $quiet -lt 2 ] || break
 done
 [ $quiet -ge 2 ] || echo "precompile.sh: the last runs still compiled kernels; the GPU run compiles any more" >&2
 unset STAND_IN_LATER
 rm -rf "$work"
-echo "$out: $(du -h "$out" | cut -f1)"
+echo "$out_file: $(du -h "$out_file" | cut -f1)"

@@ -1,37 +1,30 @@
 #!/usr/bin/env python3
 """Compiles every k*.cu the stand-in NVRTC (nvrtc.c) wrote, with the options it recorded,
-on every core, with NVIDIA's NVRTC (NVRTC_LIB): k*.ptx, or k*.err with NVRTC's log.
+on every core, with NVIDIA's NVRTC (scripts/nvrtc_registers.py's, from NVIDIA_ROOT):
+k*.ptx, or k*.err with NVRTC's log.
 
-    compile_sources.py DIR [processes]"""
-import ctypes, glob, multiprocessing as mp, os, sys, time
+    NVIDIA_ROOT=<folder with lib/libnvrtc.so.13> compile_sources.py DIR [processes]"""
+import glob, multiprocessing as mp, os, sys, time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from nvrtc_registers import compile_ptx  # noqa: E402
+
 
 def compile_one(path):
     base = path[:-3]
     if os.path.exists(base + ".ptx") or os.path.exists(base + ".err"):
         return 0.0
-    nvrtc = ctypes.CDLL(os.environ["NVRTC_LIB"])
-    src = open(path, "rb").read()
-    opts = [l.encode() for l in open(base + ".opts").read().splitlines() if l]
-    prog = ctypes.c_void_p()
-    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, None, 0, None, None) == 0
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    t = time.time()
-    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-    dt = time.time() - t
-    size = ctypes.c_size_t()
-    if rc == 0:
-        nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
-        buf = ctypes.create_string_buffer(size.value)
-        nvrtc.nvrtcGetPTX(prog, buf)
-        open(base + ".ptx.tmp", "wb").write(buf.value)
-        os.rename(base + ".ptx.tmp", base + ".ptx")
+    opts = [line.encode() for line in open(base + ".opts").read().splitlines() if line]
+    start = time.time()
+    ptx, log = compile_ptx(open(path, "rb").read(), opts, name=None)
+    took = time.time() - start
+    if ptx is None:
+        open(base + ".err", "w").write(log)
     else:
-        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        buf = ctypes.create_string_buffer(size.value)
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-        open(base + ".err", "wb").write(buf.value)
-    nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
-    return dt
+        open(base + ".ptx.tmp", "wb").write(ptx)
+        os.rename(base + ".ptx.tmp", base + ".ptx")
+    return took
+
 
 if __name__ == "__main__":
     files = sorted(glob.glob(os.path.join(sys.argv[1], "k*.cu")), key=os.path.getsize, reverse=True)
