@@ -64,19 +64,28 @@ program_args=("$@")
 if [ -n "$gpu_file" ]; then cp "$gpu_file" "$work/run.db"; fi
 add_run "$work/run.db" "$work/sources" \
   || python3 "$here/environment.py" "$work/run.db" "$work/sources" "$out_file" $gpu_file
-# What a run compiles varies a little: with the autotune winners (the stand-in's last
-# candidate, or its first with STAND_IN_LATER=slower), and now and then from one run to the
-# next. Runs from OUT_FILE, both ways in turn, add what they compile, until two in a row
-# compile nothing.
+# What a run compiles varies with the autotune winners: what a GPU picks decides some of the
+# kernels that come after. Runs from OUT_FILE add what they compile. The stand-in picks in
+# turn each autotune's last candidate, its first (STAND_IN_LATER=slower) and one at random
+# (STAND_IN_LATER=random, a new seed each time), until RANDOM_RUNS random runs are done and
+# the last two runs compiled nothing.
+random_runs="${RANDOM_RUNS:-4}"
 quiet=0
-for check in 1 2 3 4 5 6; do
-  if [ $((check % 2)) -eq 1 ]; then export STAND_IN_LATER=slower; else unset STAND_IN_LATER; fi
+check=0
+while [ $check -lt $((3 * random_runs + 6)) ]; do
+  check=$((check + 1))
+  case $((check % 3)) in
+    1) export STAND_IN_LATER=faster ;;
+    2) export STAND_IN_LATER=slower ;;
+    0) export STAND_IN_LATER=random STAND_IN_SEED=$check ;;
+  esac
   cp "$out_file" "$work/check.db"
   rm -rf "$work/check"
+  echo "run $check: STAND_IN_LATER=$STAND_IN_LATER"
   if add_run "$work/check.db" "$work/check"; then quiet=0; else quiet=$((quiet + 1)); fi
-  [ $quiet -lt 2 ] || break
+  [ $quiet -lt 2 ] || [ $check -lt $((3 * random_runs)) ] || break
 done
 [ $quiet -ge 2 ] || echo "precompile.sh: the last runs still compiled kernels; the GPU run compiles any more" >&2
-unset STAND_IN_LATER
+unset STAND_IN_LATER STAND_IN_SEED
 rm -rf "$work"
 echo "$out_file: $(du -h "$out_file" | cut -f1)"

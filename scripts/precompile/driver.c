@@ -10,7 +10,9 @@
  * them with the wall clock. Every other function takes longer than any roofline allows, so no
  * autotune stops before each of its candidates is compiled, and a little less than the one
  * loaded before it, which makes each autotune's last candidate its winner. The autotune
- * results such a run stores are meaningless, and precompile.sh drops them.
+ * results such a run stores are meaningless, and precompile.sh drops them. Launches and
+ * tensor maps past the limits the driver checks fail as they do on the GPU: an autotune whose
+ * candidates fail there falls back to others, and those must be compiled too.
  * STAND_IN_TRACE=1 prints each call. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -37,11 +39,22 @@ static void tr(const char *f) { if (trace < 0) trace = getenv("STAND_IN_TRACE") 
 struct fn { char name[512]; int probe; double ms; };
 static long functions = 0;
 /* STAND_IN_LATER=slower makes each function slower than the one before instead, so that each
- * autotune picks its first candidate rather than its last: what a GPU picks decides some of
- * the kernels that come after, and precompile.sh runs both ways. */
-static int later_is_faster(void) {
+ * autotune picks its first candidate rather than its last; STAND_IN_LATER=random gives each
+ * a time drawn from STAND_IN_SEED, so that it picks any. What a GPU picks decides some of the
+ * kernels that come after, and precompile.sh runs all three ways. */
+static double function_ms(void) {
+  static unsigned long long state = 0;
   const char *order = getenv("STAND_IN_LATER");
-  return !(order && strcmp(order, "slower") == 0);
+  if (order && strcmp(order, "random") == 0) {
+    if (state == 0) {
+      const char *seed = getenv("STAND_IN_SEED");
+      state = 0x9E3779B97F4A7C15ULL ^ strtoull(seed ? seed : "1", NULL, 10);
+    }
+    state ^= state << 13; state ^= state >> 7; state ^= state << 17;
+    return 1e8 * (1.0 + (double)(state % 1000000) / 1e6);
+  }
+  double step = order && strcmp(order, "slower") == 0 ? 1.001 : 0.999;
+  return 1e8 * pow(step, (double)(functions++ % 5000));
 }
 struct ev { double t; };
 
@@ -189,11 +202,14 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
   T; struct fn *x = calloc(1, sizeof *x); snprintf(x->name, sizeof x->name, "%s", name);
   pthread_mutex_lock(&mu);
   x->probe = strstr(name, "throughput") || strstr(name, "launch_overhead") || strstr(name, "prime_buffer");
-  x->ms = x->probe ? PROBE_MS : 1e8 * pow(later_is_faster() ? 0.999 : 1.001, (double)(functions++ % 5000));
+  x->ms = x->probe ? PROBE_MS : function_ms();
   pthread_mutex_unlock(&mu);
   *f = (CUfunction)x; return CUDA_SUCCESS;
 }
-CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) { T; return CUDA_SUCCESS; }
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+  T; return a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && (v < 0 || v > 232448)
+    ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
 CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c) { T; return CUDA_SUCCESS; }
 CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
   T;
@@ -210,9 +226,27 @@ static void advance(CUfunction f) {
   pthread_mutex_lock(&mu); vclock += d; launches++;
   pthread_mutex_unlock(&mu);
 }
+/* The limits the driver checks at launch (an H100's): a candidate past them fails on the GPU,
+ * and an autotune then moves on to candidates it would not try otherwise. */
+static CUresult launch_limits(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                              unsigned smem) {
+  if (gx == 0 || gy == 0 || gz == 0 || gx > 2147483647u || gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
+  if (bx == 0 || by == 0 || bz == 0 || bx > 1024 || by > 1024 || bz > 64 ||
+      (unsigned long long)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
+  if (smem > 232448) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned sm, CUstream s, void **p, void **e) { T; advance(f); return CUDA_SUCCESS; }
-CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) { T; advance(f); return CUDA_SUCCESS; }
+                        unsigned sm, CUstream s, void **p, void **e) {
+  T; CUresult r = launch_limits(gx, gy, gz, bx, by, bz, sm); if (r != CUDA_SUCCESS) return r;
+  advance(f); return CUDA_SUCCESS;
+}
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
+  T; CUresult r = launch_limits(c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                                c->sharedMemBytes);
+  if (r != CUDA_SUCCESS) return r;
+  advance(f); return CUDA_SUCCESS;
+}
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned sm, CUstream s, void **p) { T; advance(f); return CUDA_SUCCESS; }
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int b, size_t s) { T; *n = 1; return CUDA_SUCCESS; }
@@ -247,7 +281,25 @@ CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *n, size_t *c) { T; *c = 0; retu
 
 CUresult cuTensorMapEncodeTiled(CUtensorMap *m, CUtensorMapDataType t, cuuint32_t r, void *a, const cuuint64_t *d,
     const cuuint64_t *s, const cuuint32_t *b, const cuuint32_t *e, CUtensorMapInterleave i, CUtensorMapSwizzle w,
-    CUtensorMapL2promotion l, CUtensorMapFloatOOBfill o) { T; memset(m, 0, sizeof *m); return CUDA_SUCCESS; }
+    CUtensorMapL2promotion l, CUtensorMapFloatOOBfill o) {
+  T; memset(m, 0, sizeof *m);
+  /* The requirements the driver documents for a tiled tensor map. */
+  static const unsigned elem_bytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+  unsigned eb = t < sizeof elem_bytes / sizeof *elem_bytes ? elem_bytes[t] : 1;
+  if (r < 1 || r > 5 || (uintptr_t)a % (i == CU_TENSOR_MAP_INTERLEAVE_32B ? 32 : 16)) return CUDA_ERROR_INVALID_VALUE;
+  for (cuuint32_t k = 0; k < r; k++) {
+    if (d[k] == 0 || d[k] > (1ULL << 32) || b[k] == 0 || b[k] > 256 || e[k] == 0 || e[k] > 8)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (k + 1 < r && (s[k] % 16 || s[k] >= (1ULL << 40))) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (i == CU_TENSOR_MAP_INTERLEAVE_NONE) {
+    unsigned inner = b[0] * eb;
+    unsigned span = w == CU_TENSOR_MAP_SWIZZLE_32B ? 32 : w == CU_TENSOR_MAP_SWIZZLE_64B ? 64
+                  : w == CU_TENSOR_MAP_SWIZZLE_NONE ? 0 : 128;
+    if (inner % 16 || (span && inner > span)) return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
 CUresult cuTensorMapEncodeIm2col(CUtensorMap *m, CUtensorMapDataType t, cuuint32_t r, void *a, const cuuint64_t *d,
     const cuuint64_t *s, const int *lo, const int *up, cuuint32_t c, cuuint32_t p, const cuuint32_t *e,
     CUtensorMapInterleave i, CUtensorMapSwizzle w, CUtensorMapL2promotion l, CUtensorMapFloatOOBfill o) { T; memset(m, 0, sizeof *m); return CUDA_SUCCESS; }
