@@ -17,6 +17,8 @@
 # its autotune results: the stand-in's timings mean nothing, so OUT_FILE has no others. Runs
 # from OUT_FILE then add what they compile until nothing is left (see below). CubeCL's
 # settings come from the caller's environment (CUBECL_AUTOTUNE_LEVEL must be the GPU run's).
+# The stand-in driver refuses what the real one refuses at launch, so a program that fails
+# on the GPU fails here too; the script then prints the run's last lines and stops.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 out_file="$(realpath -m "${1:?usage: precompile.sh OUT_FILE [GPU_FILE] -- PROGRAM ARGS...}")"; shift
