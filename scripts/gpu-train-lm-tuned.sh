@@ -5,8 +5,8 @@
 #   train-lm-tuned.sh LOGDIR        (in a gpu-bundle/ with train_lm, scripts/gpu-bundle.sh)
 #
 # The bundle holds environment.db.xz, or its parts (environment.db.xz.part-*, as this script
-# saves it). A machine that ran this before resumes from its /tmp/env instead. First the driver's JIT cache gets every PTX kernel of the file, on all
-# cores (jit_warm.py); then `train_lm --size gpt2 --compare --dtype bf16` runs from the file,
+# saves it). A machine that ran this before resumes from its /tmp/env instead. First the
+# driver's JIT cache gets every PTX kernel of the file, on all cores (jit_warm.py); then `train_lm --size gpt2 --compare --dtype bf16` runs from the file,
 # for at most TRAIN_TIMEOUT seconds (default 480), printing every 30 s the file's size, the
 # GPU's use, the busiest thread, and the kernels compiled and keys tuned so far (CubeCL's
 # logs, kept in LOGDIR). LOGDIR gets the grown file back, xz'd in 15 MB parts (SAVE=0: not),
@@ -34,6 +34,11 @@ level = "full"
 level = "off"
 TOML
 mkdir -p /tmp/env; rm -f /tmp/autotune.log /tmp/compilation.log
+# The kernels compiled and the autotune keys settled so far, from CubeCL's logs.
+progress() {
+  echo "kernels compiled $(grep -c START_KERNEL_COMPILATION /tmp/compilation.log 2>/dev/null);" \
+    "keys tuned $(grep -c '^Fastest' /tmp/autotune.log 2>/dev/null)"
+}
 if [ ! -s /tmp/env/environment.db ]; then
   if ls environment.db.xz.part-* >/dev/null 2>&1; then
     cat environment.db.xz.part-* | xz -dc > /tmp/env/environment.db
@@ -62,9 +67,7 @@ while kill -0 $pid 2>/dev/null && [ $(($(date +%s) - start)) -lt "$limit" ]; do
     done | sort -n -r | head -1)
   echo "[$(($(date +%s) - start))s] environment $(du -cb /tmp/env/* 2>/dev/null | tail -1 | cut -f1) bytes;" \
     "GPU $(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader);" \
-    "busiest thread (cpu ticks, name) $busiest;" \
-    "kernels compiled $(grep -c START_KERNEL_COMPILATION /tmp/compilation.log 2>/dev/null);" \
-    "keys tuned $(grep -c '^Fastest' /tmp/autotune.log 2>/dev/null)"
+    "busiest thread (cpu ticks, name) $busiest; $(progress)"
 done
 if kill -0 $pid 2>/dev/null; then
   echo "train_lm still running at $(($(date +%s) - start)) s: stopped"
@@ -73,8 +76,7 @@ else
   wait $pid; echo "train_lm rc $? at $(($(date +%s) - start)) s"
 fi
 tail -30 "$logs/train_lm.log" | cut -c1-300
-echo "kernels compiled: $(grep -c START_KERNEL_COMPILATION /tmp/compilation.log 2>/dev/null);" \
-  "keys tuned: $(grep -c '^Fastest' /tmp/autotune.log 2>/dev/null)"
+progress
 [ -f /tmp/autotune.log ] && gzip -c /tmp/autotune.log > "$logs/autotune.log.gz"
 [ -f /tmp/compilation.log ] && gzip -c /tmp/compilation.log > "$logs/compilation.log.gz"
 if [ "${SAVE:-1}" = 1 ]; then

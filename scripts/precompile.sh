@@ -4,24 +4,24 @@
 # program to start from on the GPU. A cold autotuned run of a model spends most of its first
 # step in NVRTC, one kernel at a time; this moves that work here, on every core.
 #
-#   scripts/precompile.sh OUT_FILE [GPU_FILE] -- PROGRAM ARGS...
+#   scripts/precompile.sh ENV_FILE [GPU_FILE] -- PROGRAM ARGS...
 #
 # PROGRAM runs on stand-in CUDA libraries (scripts/precompile/: a driver impersonating an
 # H100, cuBLASLt, and an NVRTC that records each kernel's source and answers at once), in a
 # scratch folder whose cubecl.toml turns CubeCL's records off. An ARG "@ENV" is replaced by
 # the environment file the run uses, so PROGRAM must take one, as train_lm's
 # `--environment @ENV` does. Then NVRTC 13.0 compiles the recorded sources on every core,
-# and OUT_FILE gets the run's kernels with their PTX. GPU_FILE, an environment from a GPU run,
+# and ENV_FILE gets the run's kernels with their PTX. GPU_FILE, an environment from a GPU run,
 # is where the run starts (its kernels are not compiled again, and its throughput probes,
-# which train-lm-tuned.sh keeps, set the autotune bounds as on the GPU) and gives OUT_FILE
-# its autotune results: the stand-in's timings mean nothing, so OUT_FILE has no others. Runs
-# from OUT_FILE then add what they compile until nothing is left (see below). CubeCL's
+# which train-lm-tuned.sh keeps, set the autotune bounds as on the GPU) and gives ENV_FILE
+# its autotune results: the stand-in's timings mean nothing, so ENV_FILE has no others. Runs
+# from ENV_FILE then add what they compile until nothing is left (see below). CubeCL's
 # settings come from the caller's environment (CUBECL_AUTOTUNE_LEVEL must be the GPU run's).
 # The stand-in driver refuses what the real one refuses at launch, so a program that fails
 # on the GPU fails here too; the script then prints the run's last lines and stops.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-out_file="$(realpath -m "${1:?usage: precompile.sh OUT_FILE [GPU_FILE] -- PROGRAM ARGS...}")"; shift
+env_file="$(realpath -m "${1:?usage: precompile.sh ENV_FILE [GPU_FILE] -- PROGRAM ARGS...}")"; shift
 gpu_file=""
 if [ "${1:-}" != "--" ]; then gpu_file="$(realpath "$1")"; shift; fi
 [ "${1:-}" = "--" ] || { echo "precompile.sh: expected -- before the program" >&2; exit 2; }
@@ -53,21 +53,21 @@ run() {
   echo "$(find "$2" -name '*.cu' | wc -l) kernels to compile (log: $2.log)"
 }
 # Runs the program from environment file $1, recording in $2, and adds what it compiled to
-# OUT_FILE; returns 1 when it compiled nothing. Called as a condition, where `set -e` does
+# ENV_FILE; returns 1 when it compiled nothing. Called as a condition, where `set -e` does
 # not hold: a step that fails ends the script itself.
 add_run() {
   run "$1" "$2" || exit 1
   [ -n "$(find "$2" -name '*.cu')" ] || return 1
   NVIDIA_ROOT="$nvidia_root" LD_LIBRARY_PATH="$nvidia_root/lib" \
     python3 "$here/compile_sources.py" "$2" || exit 1
-  python3 "$here/environment.py" "$1" "$2" "$out_file" $gpu_file || exit 1
+  python3 "$here/environment.py" "$1" "$2" "$env_file" $gpu_file || exit 1
 }
 program_args=("$@")
 if [ -n "$gpu_file" ]; then cp "$gpu_file" "$work/run.db"; fi
 add_run "$work/run.db" "$work/sources" \
-  || python3 "$here/environment.py" "$work/run.db" "$work/sources" "$out_file" $gpu_file
+  || python3 "$here/environment.py" "$work/run.db" "$work/sources" "$env_file" $gpu_file
 # What a run compiles varies with the autotune winners: what a GPU picks decides some of the
-# kernels that come after. Runs from OUT_FILE add what they compile. The stand-in picks in
+# kernels that come after. Runs from ENV_FILE add what they compile. The stand-in picks in
 # turn each autotune's last candidate, its first (STAND_IN_LATER=slower) and one at random
 # (STAND_IN_LATER=random, a new seed each time), until RANDOM_RUNS random runs are done and
 # the last two runs compiled nothing.
@@ -81,13 +81,12 @@ while [ $check -lt $((3 * random_runs + 6)) ]; do
     2) export STAND_IN_LATER=slower ;;
     0) export STAND_IN_LATER=random STAND_IN_SEED=$check ;;
   esac
-  cp "$out_file" "$work/check.db"
+  cp "$env_file" "$work/check.db"
   rm -rf "$work/check"
   echo "run $check: STAND_IN_LATER=$STAND_IN_LATER"
   if add_run "$work/check.db" "$work/check"; then quiet=0; else quiet=$((quiet + 1)); fi
   [ $quiet -lt 2 ] || [ $check -lt $((3 * random_runs)) ] || break
 done
 [ $quiet -ge 2 ] || echo "precompile.sh: the last runs still compiled kernels; the GPU run compiles any more" >&2
-unset STAND_IN_LATER STAND_IN_SEED
 rm -rf "$work"
-echo "$out_file: $(du -h "$out_file" | cut -f1)"
+echo "$env_file: $(du -h "$env_file" | cut -f1)"

@@ -248,7 +248,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void 
   advance(f); return CUDA_SUCCESS;
 }
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned sm, CUstream s, void **p) { T; advance(f); return CUDA_SUCCESS; }
+                        unsigned sm, CUstream s, void **p) { return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, s, p, NULL); }
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int b, size_t s) { T; *n = 1; return CUDA_SUCCESS; }
 CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c) { T; *n = 16; return CUDA_SUCCESS; }
 
