@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tuning sweep on a GPU host, from a gpu-bundle/ folder holding the bench: one bench run
 # per line of a settings file (KernelTuning's `field=value` pairs, e.g.
-# `chunk_bytes=49152 stage_bytes=40960`; scripts/sweeps/ has the ones behind the
-# defaults), case and modes narrowed by CASE / MODES.
+# `chunk_bytes=49152 stage_bytes=40960`; lab/sweeps/ has the ones behind the defaults,
+# copy one into the bundle), case and modes narrowed by CASE / MODES.
 #
 #   gpu-bundle/sweep.sh settings.txt
 cd "$(dirname "$0")"

@@ -5,7 +5,7 @@
 use burn::backend::TensorMetadata;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{
-    kernel::into_contiguous,
+    kernel::{cast, into_contiguous},
     ops::numeric::{empty_device_contiguous_dtype, empty_device_dtype, full_device_dtype},
     tensor::CubeTensor,
 };
@@ -125,8 +125,8 @@ pub(crate) fn weight_args(
 ) -> WeightArgs {
     match weights {
         Some((weights, total)) => WeightArgs {
-            weights: weights.into_tensor_arg(),
-            total: total.into_tensor_arg(),
+            weights: as_f32(weights).into_tensor_arg(),
+            total: as_f32(total).into_tensor_arg(),
         },
         None => {
             let unused = f32_buffer(like, Shape::new([1]));
@@ -135,6 +135,16 @@ pub(crate) fn weight_args(
                 total: unused.into_tensor_arg(),
             }
         }
+    }
+}
+
+/// `tensor` in f32, as the kernels read class weights: a backend caller may pass them in
+/// another float dtype (the functions cast them already).
+pub(crate) fn as_f32(tensor: CubeTensor) -> CubeTensor {
+    if tensor.dtype == DType::F32 {
+        tensor
+    } else {
+        cast(tensor, DType::F32)
     }
 }
 

@@ -36,7 +36,8 @@
 mod autodiff_conversions;
 #[cfg(feature = "cube")]
 mod cube_tensors;
-mod linear;
+mod error;
+pub mod linear;
 mod loss;
 mod mean_denominators;
 mod options;
@@ -50,38 +51,36 @@ mod test_hooks;
 #[cfg(feature = "train")]
 mod train;
 mod values;
-mod vocab_parallel;
+pub mod vocab_parallel;
 
-#[doc(hidden)]
-pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
-pub use linear::api::try_fused_linear_cross_entropy;
-pub use linear::buffer_limit::max_buffer_bytes;
+pub use error::{CrossEntropyError, Input};
+pub use linear::api::{fused_linear_cross_entropy, try_fused_linear_cross_entropy};
 pub use linear::chunk_products::ChunkProducts;
 pub use linear::chunking::LinearChunking;
-pub use linear::counted_rows::CountedRows;
-/// For the project's tests: one product through cuBLASLt with the algorithm its heuristic
-/// lists at a rank, not the one measured for the kind (nothing measured, kept or
-/// counted), to compare the two.
-#[cfg(all(feature = "cuda", feature = "test-hooks"))]
-#[doc(hidden)]
-pub use linear::cublaslt::cublaslt_listed_product;
-#[cfg(feature = "cuda")]
-pub use linear::cublaslt::cublaslt_version;
+pub use linear::inputs::{LinearCrossEntropyInputs, LmHead};
 pub use linear::module::{FusedLinearCrossEntropyLoss, FusedLinearCrossEntropyLossConfig};
 pub use loss::api::{fused_cross_entropy, try_fused_cross_entropy};
 pub use loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
-pub use loss::target_check::wait_for_target_checks;
 pub use mean_denominators::MeanDenominators;
 pub use options::{
-    CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
+    CrossEntropyOptions, EntropyOutput, ExtraOutputs, FastMath, GradientPlan, Reduction,
     TargetCheck,
 };
 pub use output::CrossEntropyOutput;
 #[cfg(feature = "train")]
 pub use train::sequence_output::FusedSequenceOutput;
-pub use vocab_parallel::api::try_vocab_parallel_cross_entropy;
-pub use vocab_parallel::exchange::{DistributedExchange, InProcessExchange, ShardExchange};
-pub use vocab_parallel::shard::VocabShard;
+
+/// The deferred target check's wait (see [`TargetCheck::Deferred`]).
+pub mod target_check {
+    pub use crate::loss::target_check::wait_for_target_checks;
+}
+
+/// The kernels' launch shapes, for benches and tuning sweeps
+/// ([`CrossEntropyOptions::with_tuning`]). They change speed, never results.
+#[doc(hidden)]
+pub mod tuning {
+    pub use fused_ce_kernels::{CacheHints, KernelTuning, TuningError};
+}
 
 /// For implementing the ops on a backend of your own: the backend extensions (Burn's
 /// `backend_extension`, one per op family), the values their ops take and return, and

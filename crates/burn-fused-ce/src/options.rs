@@ -1,9 +1,9 @@
-//! The loss options and the errors bad input gets, shared by every layer (kernels get
-//! plain numbers from them).
+//! The loss options, shared by every layer (kernels get plain numbers from them).
 
 use fused_ce_kernels::KernelTuning;
 use serde::{Deserialize, Serialize};
 
+use crate::error::CrossEntropyError;
 use crate::mean_denominators::MeanDenominators;
 
 /// How per-row losses are combined; it decides the output's shape.
@@ -20,7 +20,7 @@ pub enum Reduction {
 }
 
 /// Which extra outputs the forward pass also produces (same pass, no extra read of the
-/// logits). Only the entropy has a gradient (see [`ExtraOutputs::entropy`]).
+/// logits). Only a [`EntropyOutput::Differentiable`] entropy has a gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct ExtraOutputs {
     /// The z-loss part alone, reduced like the loss (for logging).
@@ -32,23 +32,20 @@ pub struct ExtraOutputs {
     /// The per-row log-sum-exp of the (soft-capped) logits, 0 on ignored rows.
     pub lse: bool,
     /// The per-row entropy of the softmax, `-sum_c p_c ln p_c`, after temperature and
-    /// softcap (what RL trainers log), 0 on ignored rows. Differentiable: an objective
-    /// that uses it (an entropy bonus, `a * loss - b * entropy` per row) gets its
-    /// gradient in the same backward pass as the loss's, where backward reads the logits:
-    /// `Reduction::None` or [`GradientPlan::TwoPass`]. The one pass forms the loss's
-    /// gradient alone in forward; using the entropy in its objective panics in backward.
-    pub entropy: bool,
+    /// softcap, 0 on ignored rows: a metric, or a differentiable output for an objective
+    /// that uses it (see [`EntropyOutput`]).
+    pub entropy: EntropyOutput,
 }
 
 impl ExtraOutputs {
-    /// Every extra output.
+    /// Every extra output, the entropy as a metric.
     pub fn all() -> Self {
         Self {
             z_loss: true,
             accuracy: true,
             predicted: true,
             lse: true,
-            entropy: true,
+            entropy: EntropyOutput::Metric,
         }
     }
 
@@ -58,9 +55,39 @@ impl ExtraOutputs {
     }
 }
 
+/// Whether the forward pass also gives each row's entropy, and whether that entropy has
+/// a gradient. Decided at forward, so that the gradient plan can keep what backward needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum EntropyOutput {
+    /// No entropy.
+    #[default]
+    Off,
+    /// The entropy as a metric (what RL trainers log): computed in the same pass at no
+    /// extra cost, with no gradient.
+    Metric,
+    /// The entropy with a gradient, for an objective that uses it (an entropy bonus, `a *
+    /// loss - b * entropy` per row): its gradient joins the loss's in the one backward
+    /// step that reads the logits. [`GradientPlan::Auto`] then takes two passes;
+    /// [`GradientPlan::OnePass`], which forms the loss's gradient alone in forward, is
+    /// refused.
+    Differentiable,
+}
+
+impl EntropyOutput {
+    /// Whether the entropy is computed at all.
+    pub fn is_on(self) -> bool {
+        self != Self::Off
+    }
+}
+
 /// How the gradient is formed under autodiff.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub enum GradientPlan {
+    /// [`GradientPlan::OnePass`] for `Mean` and `Sum`, [`GradientPlan::TwoPass`] for
+    /// `Reduction::None` (whose per-row incoming gradient is unknown at forward) or with a
+    /// [`EntropyOutput::Differentiable`] entropy.
+    #[default]
+    Auto,
     /// `Mean` and `Sum`: forward also writes the gradient in the same pass over the
     /// logits (rows cut into chunks, each held on chip while its row's chunks exchange
     /// their statistics; over the logits when nothing else holds them), formed for a
@@ -68,11 +95,10 @@ pub enum GradientPlan {
     /// remembers it between calls, the functions guess 1). Backward does nothing when the
     /// guess was right, as it is in a training loop with a constant scale
     /// (`loss.backward()`, `(loss / steps).backward()`), and rescales the gradient once
-    /// when it was not. No host read either way. `Reduction::None`, whose per-row
-    /// gradient is unknown at forward, uses [`GradientPlan::TwoPass`]. The fused linear
-    /// cross-entropy forms the hidden states', weight's and bias's gradients in forward
-    /// the same way, chunk by chunk.
-    #[default]
+    /// when it was not. No host read either way. `Reduction::None` takes two passes all
+    /// the same. The fused linear cross-entropy forms the hidden states', weight's and
+    /// bias's gradients in forward the same way, chunk by chunk. Refused with a
+    /// differentiable entropy.
     OnePass,
     /// Forward keeps per-row statistics (`O(N)`); backward reads the logits again and
     /// writes the gradient (over them when nothing else holds them). Any reduction, any
@@ -93,7 +119,7 @@ pub enum TargetCheck {
     /// without waiting for the call's kernels: a bad target makes the second later call
     /// of the loss on the same thread return [`CrossEntropyError::TargetOutOfRange`]
     /// (panic in `forward`) before it computes anything;
-    /// [`crate::wait_for_target_checks`] waits for every pending check and returns the
+    /// [`crate::target_check::wait_for_target_checks`] waits for every pending check and returns the
     /// error at once. The call that received the bad target, and the one after it, run
     /// as with the check off.
     #[default]
@@ -138,13 +164,15 @@ impl FastMath {
 }
 
 /// Everything the op needs besides the tensors (class weights are a tensor and travel
-/// beside it). Defaults are PyTorch's.
+/// beside it). Defaults are PyTorch's. Built with [`CrossEntropyOptions::new`] or
+/// `default()` and the `with_*` setters, as Burn's configs are.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CrossEntropyOptions {
     /// See [`Reduction`].
     pub reduction: Reduction,
     /// Rows whose target equals this contribute no loss, no gradient, no count. May be
-    /// negative or inside `[0, V)`.
+    /// negative or inside `[0, V)`; within `[-2^31, 2^31 - 2]`, as the kernels read
+    /// targets as 32-bit integers.
     pub ignore_index: i64,
     /// PyTorch's `label_smoothing`, in `[0, 1]`.
     pub label_smoothing: f32,
@@ -170,10 +198,9 @@ pub struct CrossEntropyOptions {
     /// batch's, when its parts are separate calls (see [`MeanDenominators`]).
     pub mean_denominators: Option<MeanDenominators>,
     /// Launch shapes of the kernels; `None`: the device's defaults. Changes speed, never
-    /// results. For benches and tuning sweeps.
-    #[doc(hidden)]
+    /// results.
     #[serde(skip)]
-    pub tuning: Option<KernelTuning>,
+    tuning: Option<KernelTuning>,
 }
 
 impl Default for CrossEntropyOptions {
@@ -195,6 +222,20 @@ impl Default for CrossEntropyOptions {
     }
 }
 
+/// Setters that return the options changed, one per field, named as Burn's configs name
+/// theirs.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $setter:ident: $field:ident: $ty:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $setter(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 impl CrossEntropyOptions {
     /// Options with this reduction and PyTorch's defaults otherwise.
     pub fn new(reduction: Reduction) -> Self {
@@ -204,7 +245,47 @@ impl CrossEntropyOptions {
         }
     }
 
-    /// Rejects options outside their domain (before any kernel runs).
+    setters! {
+        /// Sets [`Self::reduction`].
+        with_reduction: reduction: Reduction;
+        /// Sets [`Self::ignore_index`].
+        with_ignore_index: ignore_index: i64;
+        /// Sets [`Self::label_smoothing`].
+        with_label_smoothing: label_smoothing: f32;
+        /// Sets [`Self::z_loss_scale`].
+        with_z_loss_scale: z_loss_scale: f32;
+        /// Sets [`Self::temperature`].
+        with_temperature: temperature: Option<f32>;
+        /// Sets [`Self::softcap`].
+        with_softcap: softcap: Option<f32>;
+        /// Sets [`Self::target_check`].
+        with_target_check: target_check: TargetCheck;
+        /// Sets [`Self::gradient_plan`].
+        with_gradient_plan: gradient_plan: GradientPlan;
+        /// Sets [`Self::outputs`].
+        with_outputs: outputs: ExtraOutputs;
+        /// Sets [`Self::fast_math`].
+        with_fast_math: fast_math: FastMath;
+        /// Sets [`Self::mean_denominators`].
+        with_mean_denominators: mean_denominators: Option<MeanDenominators>;
+    }
+
+    /// The kernels' launch shapes instead of the device's defaults (`None`: the
+    /// defaults). Changes speed, never results; for benches and tuning sweeps.
+    #[doc(hidden)]
+    pub fn with_tuning(mut self, tuning: Option<KernelTuning>) -> Self {
+        self.tuning = tuning;
+        self
+    }
+
+    /// The launch shapes set by [`Self::with_tuning`], if any.
+    #[doc(hidden)]
+    pub fn tuning(&self) -> Option<&KernelTuning> {
+        self.tuning.as_ref()
+    }
+
+    /// Rejects options outside their domain, or that do not go together (before any
+    /// kernel runs).
     pub fn validate(&self) -> Result<(), CrossEntropyError> {
         let invalid = |name, value: f32, expected| {
             Err(CrossEntropyError::invalid_option(name, value, expected))
@@ -227,6 +308,23 @@ impl CrossEntropyOptions {
         {
             return invalid("temperature", temperature, "a finite number > 0");
         }
+        if !(i64::from(i32::MIN) <= self.ignore_index && self.ignore_index < i64::from(i32::MAX)) {
+            return Err(CrossEntropyError::invalid_option(
+                "ignore_index",
+                self.ignore_index,
+                "an integer in [-2^31, 2^31 - 2]",
+            ));
+        }
+        if self.gradient_plan == GradientPlan::OnePass
+            && self.outputs.entropy == EntropyOutput::Differentiable
+        {
+            return Err(CrossEntropyError::invalid_option(
+                "gradient_plan",
+                "OnePass",
+                "Auto or TwoPass with a differentiable entropy (the one pass forms the \
+                 loss's gradient alone, in forward)",
+            ));
+        }
         if let Some(denominators) = &self.mean_denominators {
             validate_mean_denominators(denominators, self.reduction)?;
         }
@@ -242,99 +340,27 @@ impl CrossEntropyOptions {
         Ok(())
     }
 
-    /// Whether the one pass applies to a call under autodiff (asked for, a scalar incoming
-    /// gradient).
+    /// Whether the one pass applies to a call under autodiff: `Mean` or `Sum`, a plan
+    /// other than `TwoPass`, and no differentiable entropy (which [`Self::validate`]
+    /// refuses with `OnePass`; a backend called directly gets two passes then).
     pub(crate) fn one_pass(&self) -> bool {
-        self.gradient_plan == GradientPlan::OnePass && self.reduction != Reduction::None
+        self.reduction != Reduction::None
+            && self.gradient_plan != GradientPlan::TwoPass
+            && self.outputs.entropy != EntropyOutput::Differentiable
     }
 
-    /// The ignore index as the kernels compare it (targets are read as i32 there). An
-    /// index outside i32 can equal no i32 target, so any out-of-range class stands for it.
+    /// Whether the entropy output is tracked by autodiff.
+    pub(crate) fn differentiable_entropy(&self) -> bool {
+        self.outputs.entropy == EntropyOutput::Differentiable
+    }
+
+    /// The ignore index as the kernels compare it (targets are read as i32 there, a
+    /// target outside i32 as `i32::MAX`, which no valid ignore index equals;
+    /// [`Self::validate`] keeps the index in range).
     pub(crate) fn kernel_ignore_index(&self) -> i32 {
         i32::try_from(self.ignore_index).unwrap_or(i32::MIN)
     }
 }
-
-/// Why the loss refused its input. Every variant but a deferred target check's is
-/// detected before any kernel of the call runs.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CrossEntropyError {
-    /// An option outside its domain.
-    InvalidOption {
-        name: &'static str,
-        value: String,
-        expected: &'static str,
-    },
-    /// Tensors whose shapes do not fit together.
-    ShapeMismatch(String),
-    /// A class weight that is negative or not finite.
-    InvalidClassWeight { class: usize, value: f32 },
-    /// A target that is neither a class in `[0, vocab)` nor the ignore index.
-    TargetOutOfRange {
-        row: usize,
-        value: i64,
-        vocab: usize,
-        /// Found by a deferred check: the row is one of an earlier call's targets.
-        earlier_call: bool,
-    },
-    /// The vocabulary-parallel loss's exchange between shards failed.
-    Exchange(String),
-}
-
-impl CrossEntropyError {
-    /// [`Self::InvalidOption`]: option `name` is `value`, `expected` says what it may be.
-    pub(crate) fn invalid_option(
-        name: &'static str,
-        value: impl ToString,
-        expected: &'static str,
-    ) -> Self {
-        Self::InvalidOption {
-            name,
-            value: value.to_string(),
-            expected,
-        }
-    }
-}
-
-impl core::fmt::Display for CrossEntropyError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Self::InvalidOption {
-                name,
-                value,
-                expected,
-            } => write!(
-                f,
-                "fused cross-entropy: option `{name}` is {value}, expected {expected}"
-            ),
-            Self::ShapeMismatch(what) => write!(f, "fused cross-entropy: {what}"),
-            Self::InvalidClassWeight { class, value } => write!(
-                f,
-                "fused cross-entropy: class weight {class} is {value}, expected a finite number >= 0"
-            ),
-            Self::TargetOutOfRange {
-                row,
-                value,
-                vocab,
-                earlier_call,
-            } => write!(
-                f,
-                "fused cross-entropy: target {value} at row {row}{} is not a class in [0, {vocab}) nor the ignore index",
-                if *earlier_call {
-                    " of an earlier call (checked after it ran)"
-                } else {
-                    ""
-                }
-            ),
-            Self::Exchange(why) => write!(
-                f,
-                "fused cross-entropy: the shards' exchange of row statistics failed: {why}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for CrossEntropyError {}
 
 /// Refuses mean denominators that are negative, not finite, or given to a reduction
 /// other than `Mean`.
@@ -382,7 +408,42 @@ mod tests {
         assert_eq!(options.ignore_index, -100);
         assert_eq!(options.label_smoothing, 0.0);
         assert_eq!(options.target_check, TargetCheck::Deferred);
-        assert_eq!(options.gradient_plan, GradientPlan::OnePass);
+        assert_eq!(options.gradient_plan, GradientPlan::Auto);
+        assert_eq!(options.outputs.entropy, EntropyOutput::Off);
+        assert_eq!(options.tuning(), None);
+    }
+
+    #[test]
+    fn setters_set_their_field() {
+        let denominators = MeanDenominators {
+            weight_total: 3.0,
+            rows: 4.0,
+        };
+        let options = CrossEntropyOptions::new(Reduction::Sum)
+            .with_reduction(Reduction::Mean)
+            .with_ignore_index(7)
+            .with_label_smoothing(0.25)
+            .with_z_loss_scale(1e-3)
+            .with_temperature(Some(0.5))
+            .with_softcap(Some(30.0))
+            .with_target_check(TargetCheck::Off)
+            .with_gradient_plan(GradientPlan::TwoPass)
+            .with_outputs(ExtraOutputs::all())
+            .with_fast_math(FastMath::off())
+            .with_mean_denominators(Some(denominators));
+        assert_eq!(options.reduction, Reduction::Mean);
+        assert_eq!(options.ignore_index, 7);
+        assert_eq!(options.label_smoothing, 0.25);
+        assert_eq!(options.z_loss_scale, 1e-3);
+        assert_eq!(options.temperature, Some(0.5));
+        assert_eq!(options.softcap, Some(30.0));
+        assert_eq!(options.target_check, TargetCheck::Off);
+        assert_eq!(options.gradient_plan, GradientPlan::TwoPass);
+        assert_eq!(options.outputs, ExtraOutputs::all());
+        assert_eq!(options.fast_math, FastMath::off());
+        assert_eq!(options.mean_denominators, Some(denominators));
+        let tuning = KernelTuning::defaults(true, true);
+        assert_eq!(options.with_tuning(Some(tuning)).tuning(), Some(&tuning));
     }
 
     #[test]
@@ -411,15 +472,42 @@ mod tests {
         );
         assert_eq!(rejected(with(|o| o.softcap = Some(0.0))), "softcap");
         assert_eq!(rejected(with(|o| o.softcap = Some(f32::NAN))), "softcap");
+        for index in [i64::from(i32::MIN) - 1, i64::from(i32::MAX), i64::MAX] {
+            let options = CrossEntropyOptions::default().with_ignore_index(index);
+            assert_eq!(rejected(options), "ignore_index", "{index}");
+        }
+        for index in [i64::from(i32::MIN), i64::from(i32::MAX) - 1, 0, -100] {
+            let options = CrossEntropyOptions::default().with_ignore_index(index);
+            assert_eq!(options.validate(), Ok(()), "{index}");
+        }
         let mut tuning = KernelTuning::defaults(true, true);
         tuning.row_loads = 0;
-        let options = CrossEntropyOptions {
-            tuning: Some(tuning),
-            ..Default::default()
-        };
+        let options = CrossEntropyOptions::default().with_tuning(Some(tuning));
         assert_eq!(rejected(options), "tuning");
         assert_eq!(with(|o| o.label_smoothing = 1.0).validate(), Ok(()));
         assert_eq!(with(|o| o.softcap = Some(30.0)).validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_differentiable_entropy_refuses_only_an_explicit_one_pass() {
+        let differentiable = ExtraOutputs {
+            entropy: EntropyOutput::Differentiable,
+            ..ExtraOutputs::default()
+        };
+        for reduction in [Reduction::None, Reduction::Mean, Reduction::Sum] {
+            let options = CrossEntropyOptions::new(reduction).with_outputs(differentiable);
+            assert_eq!(options.validate(), Ok(()));
+            assert!(!options.one_pass(), "{reduction:?}: Auto keeps the logits");
+            let one_pass = options.clone().with_gradient_plan(GradientPlan::OnePass);
+            assert!(
+                !one_pass.one_pass(),
+                "{reduction:?}: never without the logits"
+            );
+            let two_pass = options.clone().with_gradient_plan(GradientPlan::TwoPass);
+            assert_eq!(two_pass.validate(), Ok(()));
+            let one_pass = options.with_gradient_plan(GradientPlan::OnePass);
+            assert_eq!(rejected(one_pass), "gradient_plan", "{reduction:?}");
+        }
     }
 
     #[test]
@@ -433,32 +521,21 @@ mod tests {
         assert!(options.one_pass());
         options.reduction = Reduction::None;
         assert!(!options.one_pass());
+        options.gradient_plan = GradientPlan::Auto;
+        assert!(!options.one_pass());
+        options.reduction = Reduction::Mean;
+        options.outputs.entropy = EntropyOutput::Metric;
+        assert!(
+            options.one_pass(),
+            "a metric entropy costs the one pass nothing"
+        );
     }
 
     #[test]
-    fn ignore_index_outside_i32_matches_no_target() {
-        let mut options = CrossEntropyOptions::default();
+    fn ignore_index_as_the_kernels_compare_it() {
+        let options = CrossEntropyOptions::default();
         assert_eq!(options.kernel_ignore_index(), -100);
-        options.ignore_index = i64::from(i32::MAX) + 1;
+        let options = options.with_ignore_index(i64::from(i32::MIN));
         assert_eq!(options.kernel_ignore_index(), i32::MIN);
-    }
-
-    #[test]
-    fn errors_say_what_is_wrong() {
-        let error = CrossEntropyError::TargetOutOfRange {
-            row: 7,
-            value: 50_000,
-            vocab: 32_000,
-            earlier_call: false,
-        };
-        let text = error.to_string();
-        assert!(text.contains("row 7") && text.contains("50000") && text.contains("32000"));
-        let error = CrossEntropyError::TargetOutOfRange {
-            row: 7,
-            value: 50_000,
-            vocab: 32_000,
-            earlier_call: true,
-        };
-        assert!(error.to_string().contains("earlier call"));
     }
 }

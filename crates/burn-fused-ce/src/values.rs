@@ -10,7 +10,8 @@ use burn::backend::{
 
 pub use fused_ce_kernels::row_stat;
 
-/// Class weights on the device, f32: `weights [V]` and their sum `total [1]`.
+/// Class weights on the device: `weights [V]` and their sum `total [1]`, f32 (the functions
+/// cast them; the cube ops cast weights of another float dtype they are given).
 #[derive(ExtensionType, Debug, Clone)]
 #[extension_type(fusion: cfg(feature = "fusion"))]
 pub enum ClassWeights<B: Backend> {

@@ -12,7 +12,8 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_fused_ce::{
     ChunkProducts, CrossEntropyOptions, FusedCrossEntropyLossConfig,
-    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, try_fused_linear_cross_entropy,
+    FusedLinearCrossEntropyLossConfig, LinearChunking, LinearCrossEntropyInputs, LmHead, Reduction,
+    try_fused_linear_cross_entropy,
 };
 
 const IGNORE: i64 = -100;
@@ -102,11 +103,9 @@ impl Case {
     }
 
     fn options(&self) -> CrossEntropyOptions {
-        CrossEntropyOptions {
-            label_smoothing: self.label_smoothing,
-            z_loss_scale: self.z_loss_scale,
-            ..CrossEntropyOptions::new(self.reduction)
-        }
+        CrossEntropyOptions::new(self.reduction)
+            .with_label_smoothing(self.label_smoothing)
+            .with_z_loss_scale(self.z_loss_scale)
     }
 }
 
@@ -380,11 +379,12 @@ fn forward<const DH: usize, const DT: usize>(
         return loss.forward(hidden, &head, targets);
     }
     try_fused_linear_cross_entropy(
-        hidden,
-        weight.clone(),
-        bias.clone(),
-        targets,
-        class_weights.clone(),
+        LinearCrossEntropyInputs::new(
+            hidden,
+            LmHead::new(weight.clone()).with_bias(bias.clone()),
+            targets,
+        )
+        .with_class_weights(class_weights.clone()),
         &case.options(),
         &case.chunking(),
     )

@@ -8,9 +8,12 @@
 //! failure.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_fused_ce::vocab_parallel::{
+    InProcessExchange, VocabShard, try_vocab_parallel_cross_entropy,
+};
 use burn_fused_ce::{
-    CrossEntropyOptions, ExtraOutputs, InProcessExchange, Reduction, TargetCheck, VocabShard,
-    try_fused_cross_entropy, try_vocab_parallel_cross_entropy,
+    CrossEntropyOptions, EntropyOutput, ExtraOutputs, Reduction, TargetCheck,
+    try_fused_cross_entropy,
 };
 
 #[path = "support/vocab_shards.rs"]
@@ -292,18 +295,16 @@ fn cases(target_check: TargetCheck) -> Vec<Case> {
                     rows: 10,
                     // Uneven shards: 19 and 18 classes.
                     vocab: 37,
-                    options: CrossEntropyOptions {
-                        label_smoothing: 0.1,
-                        z_loss_scale: 1e-2,
-                        softcap,
+                    options: CrossEntropyOptions::new(reduction)
+                        .with_label_smoothing(0.1)
+                        .with_z_loss_scale(1e-2)
+                        .with_softcap(softcap)
                         // All but the entropy, which this loss refuses.
-                        outputs: ExtraOutputs {
-                            entropy: false,
+                        .with_outputs(ExtraOutputs {
+                            entropy: EntropyOutput::Off,
                             ..ExtraOutputs::all()
-                        },
-                        target_check,
-                        ..CrossEntropyOptions::new(reduction)
-                    },
+                        })
+                        .with_target_check(target_check),
                     three_d,
                 });
             }

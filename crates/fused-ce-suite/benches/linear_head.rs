@@ -47,9 +47,10 @@ use burn::backend::Dispatch;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::backend::LinearCrossEntropyBackend;
+use burn_fused_ce::linear::CountedRows;
 use burn_fused_ce::{
-    ChunkProducts, CountedRows, ExtraOutputs, FusedCrossEntropyLossConfig,
-    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, test_hooks,
+    ChunkProducts, ExtraOutputs, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
+    LinearChunking, Reduction, test_hooks,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -316,7 +317,7 @@ fn main() {
     );
     println!("fused linear CE: {chunking:?}");
     #[cfg(feature = "cuda")]
-    println!("cuBLASLt: {:?}", burn_fused_ce::cublaslt_version());
+    println!("cuBLASLt: {:?}", burn_fused_ce::linear::cublaslt_version());
     let mut table = format!(
         "fused linear CE: `{chunking:?}`\n\n| N x H x V | dtype | way | step ms | TFLOP/s | vs matmul + fused loss | vs fused linear CE | pool growth MiB | peak in use MiB |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n"
     );
@@ -433,12 +434,7 @@ fn main() {
                     }
                     Way::FusedLinearRows | Way::FusedLinearRowsEntropy => {
                         let output = rows_loss
-                            .try_forward_with_outputs(
-                                hidden.clone(),
-                                head.weight.val(),
-                                None,
-                                targets.clone(),
-                            )
+                            .try_forward_with_outputs(hidden.clone(), &head, targets.clone())
                             .ok()?;
                         let objective = (output.loss * row_weights.clone()).sum();
                         match (way, output.entropy) {

@@ -19,9 +19,10 @@ use std::time::Instant;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData, activation::log_softmax};
+use burn_fused_ce::tuning::KernelTuning;
 use burn_fused_ce::{
     CrossEntropyOptions, ExtraOutputs, FastMath, FusedCrossEntropyLossConfig, GradientPlan,
-    KernelTuning, Reduction, TargetCheck, fused_cross_entropy, test_hooks, try_fused_cross_entropy,
+    Reduction, TargetCheck, fused_cross_entropy, test_hooks, try_fused_cross_entropy,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -531,11 +532,9 @@ impl Bench {
     /// written over it, and every iteration reads real random logits.
     fn ours(&self, case: &Inputs, mode: Mode) -> Option<Measured> {
         let (logits, targets, scale) = (&case.logits, &case.targets, &case.scale);
-        let base = CrossEntropyOptions {
-            tuning: self.tuning,
-            fast_math: self.fast_math,
-            ..Default::default()
-        };
+        let base = CrossEntropyOptions::default()
+            .with_tuning(self.tuning)
+            .with_fast_math(self.fast_math);
         let Mode::Step {
             plan,
             incoming,
@@ -548,28 +547,26 @@ impl Bench {
                 Mode::Fwd(outputs) => outputs,
                 Mode::Step { .. } => Outputs::None,
             };
-            let options = CrossEntropyOptions {
-                target_check: TargetCheck::Off,
-                outputs: fwd_outputs.extra_outputs(),
-                ..base
-            };
+            let options = base
+                .clone()
+                .with_target_check(TargetCheck::Off)
+                .with_outputs(fwd_outputs.extra_outputs());
             return self.measure(
                 || logits.clone(),
                 |x| fused_cross_entropy(x, targets.clone(), &options),
             );
         };
-        let mut step_options = CrossEntropyOptions {
-            target_check: if checked {
+        let mut step_options = base
+            .clone()
+            .with_target_check(if checked {
                 TargetCheck::default()
             } else {
                 TargetCheck::Off
-            },
-            reduction: match incoming {
+            })
+            .with_reduction(match incoming {
                 Incoming::PerRow | Incoming::PerRowEntropyBonus => Reduction::None,
                 Incoming::One | Incoming::Scaled => Reduction::Mean,
-            },
-            ..base
-        };
+            });
         match plan {
             Plan::Default => {}
             Plan::OnePass => step_options.gradient_plan = GradientPlan::OnePass,

@@ -20,10 +20,13 @@ use std::time::Instant;
 
 use burn::tensor::distributed::{DistributedConfig, DistributedContext, ReduceOperation};
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
-use burn_fused_ce::{
-    CrossEntropyOptions, DistributedExchange, FusedCrossEntropyLossConfig, GradientPlan,
-    InProcessExchange, Reduction, ShardExchange, TargetCheck, VocabShard, fused_cross_entropy,
+use burn_fused_ce::vocab_parallel::{
+    DistributedExchange, InProcessExchange, ShardExchange, VocabShard,
     try_vocab_parallel_cross_entropy,
+};
+use burn_fused_ce::{
+    CrossEntropyOptions, FusedCrossEntropyLossConfig, GradientPlan, Reduction, TargetCheck,
+    fused_cross_entropy,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -119,11 +122,9 @@ fn main() {
         let loss = loss_fn.forward(one_shard.clone(), shard_targets.clone());
         loss.backward()
     });
-    let two_pass = CrossEntropyOptions {
-        gradient_plan: GradientPlan::TwoPass,
-        target_check: TargetCheck::Off,
-        ..CrossEntropyOptions::new(Reduction::Mean)
-    };
+    let two_pass = CrossEntropyOptions::new(Reduction::Mean)
+        .with_gradient_plan(GradientPlan::TwoPass)
+        .with_target_check(TargetCheck::Off);
     let two_pass_ms = steady_ms(&device, warmup, reps, rounds, || {
         let loss = fused_cross_entropy(one_shard.clone(), shard_targets.clone(), &two_pass);
         loss.backward()
@@ -140,10 +141,7 @@ fn main() {
 
     // The shards, one thread each, and the exchange they share: Burn's collective between
     // the GPUs (the communication runs while `_communication` lives), or the threads'.
-    let options = CrossEntropyOptions {
-        target_check: TargetCheck::Off,
-        ..CrossEntropyOptions::new(Reduction::Mean)
-    };
+    let options = CrossEntropyOptions::new(Reduction::Mean).with_target_check(TargetCheck::Off);
     let (_communication, exchange): (Option<DistributedContext>, Box<dyn ShardExchange + Sync>) =
         if one_per_shard {
             let config = DistributedConfig {

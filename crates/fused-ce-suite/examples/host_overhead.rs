@@ -107,10 +107,7 @@ fn main() {
         ("fused fwd (default options)", TargetCheck::Deferred),
         ("fused fwd, unchecked", TargetCheck::Off),
     ] {
-        let options = CrossEntropyOptions {
-            target_check,
-            ..Default::default()
-        };
+        let options = CrossEntropyOptions::default().with_target_check(target_check);
         print(
             name,
             &["call", "wait"],
@@ -128,11 +125,9 @@ fn main() {
         ("fused fwd+bwd two passes, unchecked", GradientPlan::TwoPass),
         ("fused fwd+bwd one pass, unchecked", GradientPlan::OnePass),
     ] {
-        let options = CrossEntropyOptions {
-            gradient_plan,
-            target_check: TargetCheck::Off,
-            ..Default::default()
-        };
+        let options = CrossEntropyOptions::default()
+            .with_gradient_plan(gradient_plan)
+            .with_target_check(TargetCheck::Off);
         let owned = || logits.clone().mul_scalar(1.0).autodiff().require_grad();
         let targets_ad = || targets.clone().autodiff();
         print(

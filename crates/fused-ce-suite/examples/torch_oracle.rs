@@ -60,12 +60,12 @@ fn main() {
             write(&dir, &format!("{i}.class_weights"), w.clone().into_data());
         }
         let class_weights_ad = || class_weights.clone().map(Tensor::autodiff);
-        let options = |reduction| CrossEntropyOptions {
-            reduction,
-            label_smoothing: ls,
-            z_loss_scale: z,
-            softcap: cap,
-            ..Default::default()
+        let options = |reduction| {
+            CrossEntropyOptions::default()
+                .with_reduction(reduction)
+                .with_label_smoothing(ls)
+                .with_z_loss_scale(z)
+                .with_softcap(cap)
         };
         let targets_t =
             |d: &Device| Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [rows]), d);

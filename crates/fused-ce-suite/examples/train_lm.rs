@@ -388,7 +388,7 @@ fn run(args: &Args, replicas: &[Device]) {
     #[cfg(feature = "cuda")]
     println!(
         "cuBLASLt for the fused linear cross-entropy's products: {}",
-        match burn_fused_ce::cublaslt_version() {
+        match burn_fused_ce::linear::cublaslt_version() {
             Ok(version) => format!("version {version}"),
             Err(why) => format!("not used ({why})"),
         }

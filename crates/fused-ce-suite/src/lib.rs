@@ -105,6 +105,9 @@ pub fn client(device: &Device) -> cubecl::client::Client {
 /// Whether this build's runtime can compute in bf16 (CUDA yes; lavapipe has no bf16).
 pub const SUPPORTS_BF16: bool = cfg!(feature = "cuda");
 
+/// Whether this build's runtime holds 64-bit ints (CUDA yes; WGSL has none).
+pub const SUPPORTS_I64: bool = cfg!(feature = "cuda");
+
 /// A float tensor of the plain cube backend as a kernel's operand: its binding and its
 /// element type, as `fused_ce_kernels`' launch functions take them.
 pub fn kernel_operand(

@@ -4,9 +4,11 @@
 //! targets' shape.
 
 use burn::backend::Dispatch;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::Tensor;
 
+use crate::error::CrossEntropyError;
 use crate::linear::checks::check_linear_shapes;
+use crate::linear::inputs::{LinearCrossEntropyInputs, LmHead};
 use crate::linear::{
     buffer_limit::max_buffer_bytes,
     chunking::LinearChunking,
@@ -15,23 +17,42 @@ use crate::linear::{
 };
 use crate::loss::checks::checked_values;
 use crate::loss::incoming_guess::IncomingGuess;
-use crate::options::{CrossEntropyError, CrossEntropyOptions};
+use crate::options::CrossEntropyOptions;
 use crate::output::{CrossEntropyOutput, shaped_output};
 use crate::values::OptionalFloat;
+
+/// The fused linear cross-entropy: the loss of `hidden @ weight + bias` against the
+/// targets, computed in chunks of rows so that the N x V logits are never whole in memory
+/// (see [`try_fused_linear_cross_entropy`]).
+///
+/// # Panics
+/// On bad input, with the message of the [`CrossEntropyError`] that
+/// [`try_fused_linear_cross_entropy`] returns.
+pub fn fused_linear_cross_entropy<const DH: usize, const DT: usize>(
+    inputs: LinearCrossEntropyInputs<DH, DT>,
+    options: &CrossEntropyOptions,
+    chunking: &LinearChunking,
+) -> Tensor<DT> {
+    match try_fused_linear_cross_entropy(inputs, options, chunking) {
+        Ok(output) => output.loss,
+        Err(error) => panic!("{error}"),
+    }
+}
 
 /// The fused linear cross-entropy: the loss of `hidden @ weight + bias` (`hidden [N, H]`
 /// or `[B, T, H]`, `weight [H, V]` as Burn's `Linear` stores it, `bias [V]`) against
 /// `targets` (`[N]` or `[B, T]`), computed in chunks of rows so that the N x V logits are
-/// never whole in memory. Gradients reach the hidden states, the weight and the bias,
-/// those that are tracked: a frozen weight (`require_grad` off, adapter fine-tuning) costs
-/// no weight-gradient product and no `[H, V]` buffer. The options are the loss's (every
-/// reduction and option; `gradient_plan` as for the loss: the one pass forms the
-/// gradients in forward, the two-pass plan in backward, with the logits computed again);
-/// `chunking` says how the rows are cut, its logits budget at most the device's largest
-/// buffer
-/// ([`crate::max_buffer_bytes`]). The one pass guesses an incoming gradient of 1 (a
+/// never whole in memory, with the extra outputs the options ask for. Gradients reach the
+/// hidden states, the weight and the bias, those that are tracked: a frozen weight
+/// (`require_grad` off, adapter fine-tuning) costs no weight-gradient product and no `[H,
+/// V]` buffer. The options are the loss's (every reduction and option; `gradient_plan`
+/// as for the loss: the one pass forms the gradients in forward, the two-pass plan in
+/// backward, with the logits computed again); `chunking` says how the rows are cut, its
+/// logits budget at most the device's largest buffer ([`crate::linear::max_buffer_bytes`]).
+/// The one pass guesses an incoming gradient of 1 (a
 /// [`crate::FusedLinearCrossEntropyLoss`] remembers the last one instead). Errors as
-/// [`crate::try_fused_cross_entropy`].
+/// [`crate::try_fused_cross_entropy`], and the head's: its shapes, and a weight or bias
+/// of another dtype than the hidden states'.
 ///
 /// # Example
 ///
@@ -44,7 +65,10 @@ use crate::values::OptionalFloat;
 /// # let (rows, d_model, vocab) = (6, 32, 1000);
 /// # let hidden = Tensor::<2>::random([rows, d_model], Distribution::Default, &device).require_grad();
 /// # let targets = Tensor::<1, Int>::from_ints([1, 2, 3, -100, 5, 6], &device);
-/// use burn_fused_ce::{ChunkProducts, CrossEntropyOptions, LinearChunking, Reduction, try_fused_linear_cross_entropy};
+/// use burn_fused_ce::{
+///     ChunkProducts, CrossEntropyOptions, LinearChunking, LinearCrossEntropyInputs, LmHead,
+///     Reduction, try_fused_linear_cross_entropy,
+/// };
 ///
 /// let weight = Tensor::<2>::random([d_model, vocab], Distribution::Default, &device).require_grad();
 /// let bias = Tensor::<1>::zeros([vocab], &device).require_grad();
@@ -56,11 +80,10 @@ use crate::values::OptionalFloat;
 ///     },
 ///     ..LinearChunking::default()
 /// };
+/// let head = LmHead::new(weight.clone()).with_bias(Some(bias.clone()));
+/// let inputs = LinearCrossEntropyInputs::new(hidden.clone(), head, targets);
 /// let options = CrossEntropyOptions::new(Reduction::Sum);
-/// let class_weights = None;
-/// let out = try_fused_linear_cross_entropy(
-///     hidden.clone(), weight.clone(), Some(bias.clone()), targets, class_weights, &options, &chunking,
-/// )?;
+/// let out = try_fused_linear_cross_entropy(inputs, &options, &chunking)?;
 /// let grads = out.loss.backward();
 /// let (_grad_hidden, _grad_weight) = (hidden.grad(&grads).unwrap(), weight.grad(&grads).unwrap());
 /// assert_eq!(bias.grad(&grads).unwrap().dims(), [vocab]);
@@ -68,55 +91,29 @@ use crate::values::OptionalFloat;
 /// # }
 /// ```
 pub fn try_fused_linear_cross_entropy<const DH: usize, const DT: usize>(
-    hidden: Tensor<DH>,
-    weight: Tensor<2>,
-    bias: Option<Tensor<1>>,
-    targets: Tensor<DT, Int>,
-    class_weights: Option<Tensor<1>>,
+    inputs: LinearCrossEntropyInputs<DH, DT>,
     options: &CrossEntropyOptions,
     chunking: &LinearChunking,
 ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
-    linear_cross_entropy_checked(
-        LinearCall {
-            hidden,
-            weight,
-            bias,
-            targets,
-            class_weights,
-        },
-        options,
-        chunking,
-        true,
-        &IncomingGuess::new(),
-    )
-}
-
-/// The tensors of one call of the fused linear cross-entropy.
-pub(crate) struct LinearCall<const DH: usize, const DT: usize> {
-    pub hidden: Tensor<DH>,
-    pub weight: Tensor<2>,
-    pub bias: Option<Tensor<1>>,
-    pub targets: Tensor<DT, Int>,
-    pub class_weights: Option<Tensor<1>>,
+    linear_cross_entropy_checked(inputs, options, chunking, true, &IncomingGuess::new())
 }
 
 /// Validation, then the op. `check_weight_values` is off when the class weights were
 /// checked on the host already (the loss module does that once, at `init`); `guess` is
 /// what the one pass guesses of the incoming gradient.
 pub(crate) fn linear_cross_entropy_checked<const DH: usize, const DT: usize>(
-    call: LinearCall<DH, DT>,
+    inputs: LinearCrossEntropyInputs<DH, DT>,
     options: &CrossEntropyOptions,
     chunking: &LinearChunking,
     check_weight_values: bool,
     guess: &IncomingGuess,
 ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
-    let LinearCall {
+    let LinearCrossEntropyInputs {
         hidden,
-        weight,
-        bias,
+        head: LmHead { weight, bias },
         targets,
         class_weights,
-    } = call;
+    } = inputs;
     options.validate()?;
     let (rows, vocab) = check_linear_shapes(
         &hidden,

@@ -169,7 +169,7 @@ fn tracked<B: LinearCrossEntropyBackend, C: CheckpointStrategy, const N: usize>(
 ) -> LossParts<Autodiff<B, C>> {
     let dtype = inputs.hidden.dtype();
     let rows = inputs.hidden.shape()[0];
-    let entropy_output = options.outputs.entropy;
+    let differentiable_entropy = options.differentiable_entropy();
     // The guards keep the inputs' nodes referenced until this op's node is registered.
     let (loss, parts, entropy) = match FusedLinearCrossEntropyBackward::<N>
         .prepare::<C>(nodes)
@@ -214,10 +214,11 @@ fn tracked<B: LinearCrossEntropyBackend, C: CheckpointStrategy, const N: usize>(
             (prep.finish(parts.loss.clone()), parts, None)
         }
     };
-    if entropy_output && loss.is_tracked() {
-        outer_parts_with_entropy(loss, parts, entropy)
-    } else {
-        outer_parts(loss, parts)
+    match entropy {
+        Some(gradient) if differentiable_entropy && loss.is_tracked() => {
+            outer_parts_with_entropy(loss, parts, gradient)
+        }
+        _ => outer_parts(loss, parts),
     }
 }
 

@@ -3,11 +3,12 @@
 
 use burn::tensor::{Int, Tensor};
 
-use crate::loss::checks::{check_class_weights, check_rows};
-use crate::options::CrossEntropyError;
+use crate::error::{CrossEntropyError, Input};
+use crate::loss::checks::{FLOAT_DTYPES, check_class_weights, check_rows, check_targets_dtype};
 
-/// Hidden states `[N, H]` with targets `[N]`, or `[B, T, H]` with `[B, T]`; the head's
-/// `weight [H, V]` and `bias [V]`; class weights `[V]`. Returns `(N, V)`.
+/// Hidden states `[N, H]` with targets `[N]`, or `[B, T, H]` with `[B, T]`, of a float
+/// dtype the ops compute in; the head's `weight [H, V]` and `bias [V]` in the hidden
+/// states' dtype; class weights `[V]`. Returns `(N, V)`.
 pub(crate) fn check_linear_shapes<const DH: usize, const DT: usize>(
     hidden: &Tensor<DH>,
     weight: &Tensor<2>,
@@ -17,47 +18,40 @@ pub(crate) fn check_linear_shapes<const DH: usize, const DT: usize>(
 ) -> Result<(usize, usize), CrossEntropyError> {
     let hidden_dims = hidden.dims();
     let target_dims = targets.dims();
-    check_rows(&hidden_dims, &target_dims, "hidden states", "H")?;
-    let [width, vocab] = weight.dims();
-    if hidden_dims[DH - 1] != width {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "the head's weight {:?} does not take hidden states of width {} (expected [H, V], Burn's Linear layout)",
-            weight.dims(),
-            hidden_dims[DH - 1]
-        )));
+    check_rows(&hidden_dims, &target_dims, Input::Hidden, "H")?;
+    let width = hidden_dims[DH - 1];
+    let [weight_width, vocab] = weight.dims();
+    if weight_width != width {
+        return Err(CrossEntropyError::shape(
+            Input::Weight,
+            format!("[{width}, V] (Burn's Linear layout [H, V], H the hidden states' width)"),
+            &weight.dims(),
+        ));
     }
     if let Some(bias) = bias
         && bias.dims() != [vocab]
     {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "the head's bias has shape {:?}, expected [{vocab}]",
-            bias.dims()
-        )));
+        return Err(CrossEntropyError::shape(
+            Input::Bias,
+            format!("[{vocab}] (one per class of the weight)"),
+            &bias.dims(),
+        ));
     }
     let rows: usize = target_dims.iter().product();
     if rows > 0 && vocab == 0 {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "the head's weight {:?} has no classes",
-            weight.dims()
-        )));
+        return Err(CrossEntropyError::shape(
+            Input::Weight,
+            "at least one class (V)",
+            &weight.dims(),
+        ));
     }
     check_class_weights(class_weights, vocab)?;
-    for (name, dtype) in [
-        ("hidden states", hidden.dtype()),
-        ("weight", weight.dtype()),
-    ] {
-        if !dtype.is_float() {
-            return Err(CrossEntropyError::ShapeMismatch(format!(
-                "the {name} must be floats, got {dtype:?}"
-            )));
-        }
+    let dtype = hidden.dtype();
+    CrossEntropyError::check_dtype(Input::Hidden, &FLOAT_DTYPES, dtype)?;
+    CrossEntropyError::check_dtype(Input::Weight, &[dtype], weight.dtype())?;
+    if let Some(bias) = bias {
+        CrossEntropyError::check_dtype(Input::Bias, &[dtype], bias.dtype())?;
     }
-    if hidden.dtype() != weight.dtype() {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "the hidden states ({:?}) and the weight ({:?}) must have one dtype",
-            hidden.dtype(),
-            weight.dtype()
-        )));
-    }
+    check_targets_dtype(targets)?;
     Ok((rows, vocab))
 }

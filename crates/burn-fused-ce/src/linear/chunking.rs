@@ -5,8 +5,8 @@
 use burn::tensor::DType;
 use serde::{Deserialize, Serialize};
 
+use crate::error::CrossEntropyError;
 use crate::linear::chunk_products::ChunkProducts;
-use crate::options::CrossEntropyError;
 
 /// How the fused linear cross-entropy cuts its work.
 // Unknown fields are ignored (no `deny_unknown_fields`): a config saved with the removed
@@ -131,7 +131,7 @@ impl LinearChunking {
     }
 
     /// This chunking with its logits budget (given or default) at most `max_buffer_bytes`
-    /// (a device's largest buffer, [`crate::max_buffer_bytes`]), so that a chunk's logits
+    /// (a device's largest buffer, [`crate::linear::max_buffer_bytes`]), so that a chunk's logits
     /// can be allocated. The typed functions and the module apply it before the op runs.
     pub fn within(&self, max_buffer_bytes: Option<usize>) -> Self {
         let budget = self.logits_budget();

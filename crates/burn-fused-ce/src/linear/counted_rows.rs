@@ -5,7 +5,7 @@
 
 use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
-use crate::options::CrossEntropyError;
+use crate::error::{CrossEntropyError, Input};
 
 /// The rows whose target is not the ignore index, in order: pass
 /// [`CountedRows::hidden`] and [`CountedRows::targets`] to the fused linear
@@ -33,7 +33,8 @@ use crate::options::CrossEntropyError;
 /// # let hidden = Tensor::<3>::random([batch, seq, d_model], Distribution::Default, &device)
 /// #     .require_grad();
 /// # let head: Linear = LinearConfig::new(d_model, vocab).init(&device);
-/// use burn_fused_ce::{CountedRows, FusedLinearCrossEntropyLossConfig};
+/// use burn_fused_ce::FusedLinearCrossEntropyLossConfig;
+/// use burn_fused_ce::linear::CountedRows;
 ///
 /// // A batch with padding: -100 is the ignore index.
 /// let host_targets = [5, 17, -100, -100, 3, 42, 7, -100];
@@ -134,10 +135,11 @@ impl CountedRows {
             _ => (0, 0),
         };
         if D < 2 || rows != self.rows {
-            return Err(CrossEntropyError::ShapeMismatch(format!(
-                "counted rows: hidden states {dims:?} are not {} rows of hidden units",
-                self.rows
-            )));
+            return Err(CrossEntropyError::shape(
+                Input::Hidden,
+                format!("{} rows of hidden units, [N, H] or [B, T, H]", self.rows),
+                &dims,
+            ));
         }
         let hidden = hidden.reshape([rows, width]);
         Ok(match self.indices() {
@@ -154,11 +156,11 @@ impl CountedRows {
     ) -> Result<Tensor<1, Int>, CrossEntropyError> {
         let rows = targets.shape().num_elements();
         if rows != self.rows {
-            return Err(CrossEntropyError::ShapeMismatch(format!(
-                "counted rows: targets {:?} are not {} rows",
-                targets.dims(),
-                self.rows
-            )));
+            return Err(CrossEntropyError::shape(
+                Input::Targets,
+                format!("{} rows, [N] or [B, T]", self.rows),
+                &targets.dims(),
+            ));
         }
         let targets = targets.reshape([rows]);
         Ok(match self.indices() {
@@ -173,10 +175,11 @@ impl CountedRows {
     pub fn spread(&self, per_row: Tensor<1>) -> Result<Tensor<1>, CrossEntropyError> {
         let [selected] = per_row.dims();
         if selected != self.selected() {
-            return Err(CrossEntropyError::ShapeMismatch(format!(
-                "counted rows: {selected} values, expected one per row passed on ({})",
-                self.selected()
-            )));
+            return Err(CrossEntropyError::shape(
+                Input::PerRow,
+                format!("[{}], one per row passed on", self.selected()),
+                &[selected],
+            ));
         }
         Ok(match self.indices() {
             Some(indices) => {

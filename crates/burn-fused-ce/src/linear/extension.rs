@@ -171,8 +171,13 @@ impl<B: LinearCrossEntropyBackend> Typed<B> {
             self.weight.clone().into_primitive(),
             cublaslt,
         ));
+        // A backend caller's bias of another dtype is cast to the logits' (the functions
+        // refuse one): Burn's cube add reads both operands as the left one's dtype.
         let logits = match &self.bias {
-            Some(bias) => logits.add(bias.clone().reshape([1, self.vocab()])),
+            Some(bias) => {
+                let bias = bias.clone().cast(logits.dtype());
+                logits.add(bias.reshape([1, self.vocab()]))
+            }
             None => logits,
         };
         CrossEntropyInputs {

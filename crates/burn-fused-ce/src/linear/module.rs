@@ -3,17 +3,18 @@
 use burn::{
     config::Config,
     module::Module,
-    nn::Linear,
     tensor::{Device, Int, Tensor},
 };
 
+use crate::error::CrossEntropyError;
 use crate::linear::{
-    api::{LinearCall, linear_cross_entropy_checked},
+    api::linear_cross_entropy_checked,
     chunking::LinearChunking,
+    inputs::{LinearCrossEntropyInputs, LmHead},
 };
 use crate::loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
 use crate::mean_denominators::MeanDenominators;
-use crate::options::{CrossEntropyError, CrossEntropyOptions};
+use crate::options::CrossEntropyOptions;
 use crate::output::CrossEntropyOutput;
 
 /// Configuration of [`FusedLinearCrossEntropyLoss`]: the loss's own config (every option)
@@ -64,58 +65,62 @@ pub struct FusedLinearCrossEntropyLoss {
 }
 
 impl FusedLinearCrossEntropyLoss {
-    /// The loss of `head.forward(hidden)` (`hidden [N, H]` or `[B, T, H]`) against
+    /// The loss of the head applied to `hidden` (`[N, H]` or `[B, T, H]`) against
     /// `targets` (`[N]` or `[B, T]`): the targets' shape for `Reduction::None`, one element
-    /// otherwise. Gradients reach `hidden` and the head's weight and bias, those that are
-    /// tracked (a head frozen by `no_grad()` or `Param::set_require_grad(false)` gets none,
-    /// and its gradient is never formed).
+    /// otherwise. The head is the model's `&Linear`, or an [`LmHead`] of tensors (tied
+    /// weights). Gradients reach `hidden` and the head's weight and bias, those that are
+    /// tracked (a head frozen by `no_grad()` or `Param::set_require_grad(false)` gets
+    /// none, and its gradient is never formed).
     ///
     /// # Panics
     /// On bad input, with the message [`Self::try_forward`] returns as an error.
     pub fn forward<const DH: usize, const DT: usize>(
         &self,
         hidden: Tensor<DH>,
-        head: &Linear,
+        head: impl Into<LmHead>,
         targets: Tensor<DT, Int>,
     ) -> Tensor<DT> {
-        match self.try_forward(hidden, head, targets) {
-            Ok(loss) => loss,
-            Err(error) => panic!("{error}"),
-        }
+        self.forward_with_outputs(hidden, head, targets).loss
     }
 
     /// [`Self::forward`], returning bad input as an error.
     pub fn try_forward<const DH: usize, const DT: usize>(
         &self,
         hidden: Tensor<DH>,
-        head: &Linear,
+        head: impl Into<LmHead>,
         targets: Tensor<DT, Int>,
     ) -> Result<Tensor<DT>, CrossEntropyError> {
-        let bias = head.bias.as_ref().map(|bias| bias.val());
-        Ok(self
-            .try_forward_with_outputs(hidden, head.weight.val(), bias, targets)?
-            .loss)
+        Ok(self.try_forward_with_outputs(hidden, head, targets)?.loss)
     }
 
-    /// The loss and the extra outputs the config asks for, with the head as its tensors:
-    /// `weight [H, V]` (Burn's `Linear` layout) and `bias [V]`.
+    /// The loss and the extra outputs the config asks for, from the same pass.
+    ///
+    /// # Panics
+    /// On bad input; see [`Self::try_forward_with_outputs`].
+    pub fn forward_with_outputs<const DH: usize, const DT: usize>(
+        &self,
+        hidden: Tensor<DH>,
+        head: impl Into<LmHead>,
+        targets: Tensor<DT, Int>,
+    ) -> CrossEntropyOutput<DT> {
+        match self.try_forward_with_outputs(hidden, head, targets) {
+            Ok(output) => output,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// [`Self::forward_with_outputs`], returning bad input as an error.
     pub fn try_forward_with_outputs<const DH: usize, const DT: usize>(
         &self,
         hidden: Tensor<DH>,
-        weight: Tensor<2>,
-        bias: Option<Tensor<1>>,
+        head: impl Into<LmHead>,
         targets: Tensor<DT, Int>,
     ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
-        let call = LinearCall {
-            hidden,
-            weight,
-            bias,
-            targets,
-            class_weights: self.loss.class_weights.clone(),
-        };
+        let inputs = LinearCrossEntropyInputs::new(hidden, head, targets)
+            .with_class_weights(self.loss.class_weights.clone());
         // The class weights' values were checked at `init`.
         linear_cross_entropy_checked(
-            call,
+            inputs,
             self.loss.options(),
             &self.chunking,
             false,

@@ -8,7 +8,8 @@ use burn::backend::{
 
 use crate::values::{ClassWeights, OptionalFloat};
 
-/// The LM head: `weight [H, V]` (Burn's `Linear` layout) and, when it has one, `bias [V]`.
+/// The LM head: `weight [H, V]` (Burn's `Linear` layout) and, when it has one, `bias [V]`
+/// (added in the logits' dtype; the functions refuse one of another dtype, the ops cast it).
 #[derive(ExtensionType, Debug, Clone)]
 #[extension_type(fusion: cfg(feature = "fusion"))]
 pub struct LinearHead<B: Backend> {

@@ -9,7 +9,8 @@ use crate::loss::checks::{check_shapes, checked_values};
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::IncomingGuess;
 
-use crate::options::{CrossEntropyError, CrossEntropyOptions};
+use crate::error::CrossEntropyError;
+use crate::options::CrossEntropyOptions;
 use crate::output::{CrossEntropyOutput, shaped_output};
 use crate::values::CrossEntropyInputs;
 
@@ -50,14 +51,11 @@ pub fn fused_cross_entropy<const DL: usize, const DT: usize>(
 ///     CrossEntropyOptions, ExtraOutputs, Reduction, fused_cross_entropy, try_fused_cross_entropy,
 /// };
 ///
-/// let options = CrossEntropyOptions {
-///     label_smoothing: 0.1,
-///     ..CrossEntropyOptions::new(Reduction::Sum)
-/// };
+/// let options = CrossEntropyOptions::new(Reduction::Sum).with_label_smoothing(0.1);
 /// let _loss = fused_cross_entropy(logits.clone(), targets.clone(), &options);
 ///
 /// let weights = Tensor::<1>::from_floats([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], &device);
-/// let options = CrossEntropyOptions { outputs: ExtraOutputs::all(), ..options };
+/// let options = options.with_outputs(ExtraOutputs::all());
 /// let out = try_fused_cross_entropy(logits, targets, Some(weights), &options)?;
 /// let _grads = out.loss.backward();
 /// # Ok(())

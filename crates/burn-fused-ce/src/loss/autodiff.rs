@@ -221,7 +221,7 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
             targets: inputs.targets,
             class_weights: inner_weights(inputs.class_weights),
         };
-        let entropy_output = options.outputs.entropy;
+        let differentiable_entropy = options.differentiable_entropy();
         // The node guard keeps the logits' node referenced until this op's node is
         // registered.
         let (loss, parts, entropy) = match FusedCrossEntropyBackward
@@ -272,10 +272,11 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                 (prep.finish(parts.loss.clone()), parts, None)
             }
         };
-        if entropy_output && loss.is_tracked() {
-            outer_parts_with_entropy(loss, parts, entropy)
-        } else {
-            outer_parts(loss, parts)
+        match entropy {
+            Some(gradient) if differentiable_entropy && loss.is_tracked() => {
+                outer_parts_with_entropy(loss, parts, gradient)
+            }
+            _ => outer_parts(loss, parts),
         }
     }
 }

@@ -5,10 +5,11 @@
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
+use crate::error::{CrossEntropyError, Input};
 use crate::loss::check_read::TargetCheckRead;
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::target_check::{self, PendingTargetCheck};
-use crate::options::{CrossEntropyError, CrossEntropyOptions, TargetCheck};
+use crate::options::{CrossEntropyOptions, TargetCheck};
 use crate::values::ClassWeights;
 
 /// The target and class-weight checks the options ask for (a deferred target check is
@@ -67,39 +68,70 @@ pub(crate) fn checked_values<const DT: usize>(
     })
 }
 
+/// The float dtypes the ops compute in (math in f32 whatever the storage).
+pub(crate) const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// The int dtypes targets may have (the kernels read a wider target that i32 cannot hold
+/// as a bad class, never as its low bits).
+pub(crate) const TARGET_DTYPES: [DType; 2] = [DType::I64, DType::I32];
+
 /// An input of rows `[N, last]` with targets `[N]`, or `[B, T, last]` with `[B, T]`.
 pub(crate) fn check_rows(
     input_dims: &[usize],
     target_dims: &[usize],
-    input: &str,
+    input: Input,
     last: &str,
 ) -> Result<(), CrossEntropyError> {
     let rank = input_dims.len();
-    if !(rank == 2 || rank == 3)
-        || target_dims.len() + 1 != rank
-        || input_dims[..rank - 1] != target_dims[..]
-    {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "expected {input} [N, {last}] with targets [N], or [B, T, {last}] with [B, T]; got {input} {input_dims:?} and targets {target_dims:?}"
-        )));
+    if !(rank == 2 || rank == 3) {
+        return Err(CrossEntropyError::shape(
+            input,
+            format!("[N, {last}] or [B, T, {last}]"),
+            input_dims,
+        ));
+    }
+    let rows = &input_dims[..rank - 1];
+    if target_dims != rows {
+        return Err(CrossEntropyError::shape(
+            Input::Targets,
+            format!("{rows:?}, one per row of the {input} {input_dims:?}"),
+            target_dims,
+        ));
     }
     Ok(())
 }
 
-/// Class weights, when given, are `[vocab]`: one per class.
+/// Class weights, when given, are `[vocab]` (one per class) floats of any dtype: they are
+/// cast to f32.
 pub(crate) fn check_class_weights(
     class_weights: Option<&Tensor<1>>,
     vocab: usize,
 ) -> Result<(), CrossEntropyError> {
-    match class_weights {
-        Some(weights) if weights.dims() != [vocab] => {
-            Err(CrossEntropyError::ShapeMismatch(format!(
-                "class weights have shape {:?}, expected [{vocab}] (one per class)",
-                weights.dims()
-            )))
-        }
-        _ => Ok(()),
+    let Some(weights) = class_weights else {
+        return Ok(());
+    };
+    if weights.dims() != [vocab] {
+        return Err(CrossEntropyError::shape(
+            Input::ClassWeights,
+            format!("[{vocab}] (one per class)"),
+            &weights.dims(),
+        ));
     }
+    if !weights.dtype().is_float() {
+        return Err(CrossEntropyError::DTypeMismatch {
+            input: Input::ClassWeights,
+            expected: vec![DType::F64, DType::F32, DType::F16, DType::BF16],
+            found: weights.dtype(),
+        });
+    }
+    Ok(())
+}
+
+/// Targets of an int dtype the kernels read (see [`TARGET_DTYPES`]).
+pub(crate) fn check_targets_dtype<const DT: usize>(
+    targets: &Tensor<DT, Int>,
+) -> Result<(), CrossEntropyError> {
+    CrossEntropyError::check_dtype(Input::Targets, &TARGET_DTYPES, targets.dtype())
 }
 
 /// Logits `[N, V]` with targets `[N]`, or `[B, T, V]` with `[B, T]`; weights `[V]`.
@@ -114,8 +146,9 @@ pub(crate) fn check_shapes<const DL: usize, const DT: usize>(
     Ok((rows, vocab))
 }
 
-/// Float logits `[N, V]` with targets `[N]`, or `[B, T, V]` with `[B, T]`, with a class
-/// when there are rows (`last` names `V` in errors). Returns `(N, V)`.
+/// Logits `[N, V]` of a float dtype the ops compute in with targets `[N]`, or `[B, T, V]`
+/// with `[B, T]`, with a class when there are rows (`last` names `V` in errors). Returns
+/// `(N, V)`.
 pub(crate) fn check_logits<const DL: usize, const DT: usize>(
     logits: &Tensor<DL>,
     targets: &Tensor<DT, Int>,
@@ -123,20 +156,18 @@ pub(crate) fn check_logits<const DL: usize, const DT: usize>(
 ) -> Result<(usize, usize), CrossEntropyError> {
     let logits_dims = logits.dims();
     let target_dims = targets.dims();
-    check_rows(&logits_dims, &target_dims, "logits", last)?;
+    check_rows(&logits_dims, &target_dims, Input::Logits, last)?;
     let vocab = logits_dims[DL - 1];
     let rows: usize = target_dims.iter().product();
     if rows > 0 && vocab == 0 {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "logits {logits_dims:?} have no classes"
-        )));
+        return Err(CrossEntropyError::shape(
+            Input::Logits,
+            format!("at least one class in the last dimension ({last})"),
+            &logits_dims,
+        ));
     }
-    if !logits.dtype().is_float() {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "logits must be floats, got {:?}",
-            logits.dtype()
-        )));
-    }
+    CrossEntropyError::check_dtype(Input::Logits, &FLOAT_DTYPES, logits.dtype())?;
+    check_targets_dtype(targets)?;
     Ok((rows, vocab))
 }
 

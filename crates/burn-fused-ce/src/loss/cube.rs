@@ -45,7 +45,7 @@ pub(crate) fn row_launch(
             temperature: options.temperature,
             weighted,
             argmax: options.outputs.needs_argmax(),
-            entropy: options.outputs.entropy,
+            entropy: options.outputs.entropy.is_on(),
             exp_flush_to_zero: options.fast_math.exp_flush_to_zero,
             approximate_tanh: options.fast_math.approximate_tanh,
         },
@@ -56,7 +56,8 @@ pub(crate) fn row_launch(
 /// The tuning the options ask for, or the device's defaults.
 fn tuning_for(like: &CubeTensor, options: &CrossEntropyOptions) -> KernelTuning {
     options
-        .tuning
+        .tuning()
+        .copied()
         .unwrap_or_else(|| KernelTuning::for_device(&like.client))
 }
 
@@ -349,6 +350,7 @@ impl FusedCrossEntropyBackend for CubeBackend {
                 entropy: OptionalFloat::from_option(
                     wanted
                         .entropy
+                        .is_on()
                         .then(|| stat_row_of::<Self>(stats, row_stat::ENTROPY)),
                 ),
             },

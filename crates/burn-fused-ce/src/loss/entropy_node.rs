@@ -1,5 +1,7 @@
 //! The entropy output as a node of Burn's autodiff graph, so that an objective using it
-//! (an RL entropy bonus) differentiates through it. The node is a child of the loss's own
+//! (an RL entropy bonus) differentiates through it. Only a differentiable entropy
+//! (`EntropyOutput::Differentiable`, decided at forward, which keeps the logits for
+//! backward) becomes one; a metric entropy is a constant. The node is a child of the loss's own
 //! node: Burn runs a child's backward step before its parent's, so the entropy's
 //! incoming gradient is handed to the loss's step, which forms one gradient over the
 //! logits for both (no second pass over `N x V`). The entropy's node gives the loss's
@@ -45,17 +47,9 @@ impl<B: Backend> EntropyGradient<B> {
     }
 }
 
-/// Under the one pass the loss's gradient is written over the logits in forward, for a
-/// guessed scalar incoming gradient: nothing is left to differentiate the entropy with.
-const ONE_PASS_ENTROPY: &str = "fused cross-entropy: the entropy output is used in the \
-    objective, but this call formed its gradient in forward (the one pass: Reduction::Mean \
-    or Sum with GradientPlan::OnePass), which differentiates the loss alone. Use \
-    GradientPlan::TwoPass or Reduction::None to differentiate the entropy.";
-
 #[derive(Debug, Clone)]
 struct EntropyState<B: Backend> {
-    /// `None` under the one pass.
-    gradient: Option<EntropyGradient<B>>,
+    gradient: EntropyGradient<B>,
     loss_shape: Shape,
     loss_dtype: DType,
     device: B::Device,
@@ -75,11 +69,8 @@ impl<B: Backend> Backward<B, 1> for EntropyBackward {
     ) {
         let grad = grads.consume::<B>(&ops.node);
         let state = ops.state;
-        let Some(gradient) = state.gradient else {
-            panic!("{ONE_PASS_ENTROPY}");
-        };
         let rows = grad.shape().num_elements();
-        gradient.put(
+        state.gradient.put(
             FloatOf::<B, 1>::new(B::float_reshape(grad, Shape::new([rows])))
                 .cast(DType::F32)
                 .into_primitive(),
@@ -100,12 +91,11 @@ impl<B: Backend> Backward<B, 1> for EntropyBackward {
 }
 
 /// The per-row `entropy` (f32 `[N]`) as a tracked tensor whose parent is the tracked
-/// `loss`; its incoming gradient goes to `gradient`, or, with `None` (the one pass),
-/// panics with the plans that can differentiate it.
+/// `loss`; its incoming gradient goes to `gradient`.
 fn tracked_entropy<B: Backend, C: CheckpointStrategy>(
     loss: &FloatTensor<Autodiff<B, C>>,
     entropy: FloatTensor<B>,
-    gradient: Option<EntropyGradient<B>>,
+    gradient: EntropyGradient<B>,
 ) -> FloatTensor<Autodiff<B, C>> {
     let state = EntropyState {
         gradient,
@@ -125,12 +115,11 @@ fn tracked_entropy<B: Backend, C: CheckpointStrategy>(
 }
 
 /// [`outer_parts`] with the entropy tracked as a child of the tracked `loss`, its
-/// incoming gradient handed to `gradient` (`None`: the one pass, which cannot
-/// differentiate it).
+/// incoming gradient handed to `gradient` for the loss's backward step.
 pub(crate) fn outer_parts_with_entropy<B: Backend, C: CheckpointStrategy>(
     loss: FloatTensor<Autodiff<B, C>>,
     mut parts: LossParts<B>,
-    gradient: Option<EntropyGradient<B>>,
+    gradient: EntropyGradient<B>,
 ) -> LossParts<Autodiff<B, C>> {
     let entropy = parts.entropy.into_option();
     parts.entropy = OptionalFloat::Absent;

@@ -124,7 +124,7 @@ pub(crate) fn reduce_meta(
                 OptionalIntMetadata::Absent
             },
             lse: optional(wanted.lse, spec([n_rows], DType::F32)),
-            entropy: optional(wanted.entropy, spec([n_rows], DType::F32)),
+            entropy: optional(wanted.entropy.is_on(), spec([n_rows], DType::F32)),
         },
         denominators: optional(mean && *keep_denominators, spec([2], DType::F32)),
     }

@@ -6,11 +6,11 @@ use burn::{
     tensor::{Device, Int, Tensor},
 };
 
+use crate::error::CrossEntropyError;
 use crate::loss::{api::cross_entropy_checked, incoming_guess::IncomingGuess};
 use crate::mean_denominators::MeanDenominators;
 use crate::options::{
-    CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction,
-    TargetCheck,
+    CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction, TargetCheck,
 };
 use crate::output::CrossEntropyOutput;
 
@@ -44,7 +44,7 @@ pub struct FusedCrossEntropyLossConfig {
     #[config(default = "TargetCheck::Deferred")]
     pub target_check: TargetCheck,
     /// How the gradient is formed under autodiff (see [`GradientPlan`]).
-    #[config(default = "GradientPlan::OnePass")]
+    #[config(default = "GradientPlan::Auto")]
     pub gradient_plan: GradientPlan,
     /// Extra outputs of [`FusedCrossEntropyLoss::forward_with_outputs`].
     #[config(default = "ExtraOutputs::default()")]
@@ -90,20 +90,16 @@ impl FusedCrossEntropyLossConfig {
 
     /// The op-level options this config stands for (class weights travel as a tensor).
     pub fn options(&self) -> CrossEntropyOptions {
-        CrossEntropyOptions {
-            reduction: self.reduction,
-            ignore_index: self.ignore_index,
-            label_smoothing: self.label_smoothing,
-            z_loss_scale: self.z_loss_scale,
-            temperature: self.temperature,
-            softcap: self.softcap,
-            target_check: self.target_check,
-            gradient_plan: self.gradient_plan,
-            outputs: self.outputs,
-            fast_math: self.fast_math,
-            mean_denominators: None,
-            tuning: None,
-        }
+        CrossEntropyOptions::new(self.reduction)
+            .with_ignore_index(self.ignore_index)
+            .with_label_smoothing(self.label_smoothing)
+            .with_z_loss_scale(self.z_loss_scale)
+            .with_temperature(self.temperature)
+            .with_softcap(self.softcap)
+            .with_target_check(self.target_check)
+            .with_gradient_plan(self.gradient_plan)
+            .with_outputs(self.outputs)
+            .with_fast_math(self.fast_math)
     }
 }
 
@@ -186,10 +182,7 @@ impl FusedCrossEntropyLoss {
     /// to the call's own.
     pub fn with_mean_denominators(&self, denominators: Option<MeanDenominators>) -> Self {
         Self {
-            options: CrossEntropyOptions {
-                mean_denominators: denominators,
-                ..self.options.clone()
-            },
+            options: self.options.clone().with_mean_denominators(denominators),
             class_weights: self.class_weights.clone(),
             guess: self.guess.clone(),
         }

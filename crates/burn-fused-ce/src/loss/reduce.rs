@@ -112,6 +112,7 @@ pub(crate) fn reduce_stats<B: Backend>(
         entropy: OptionalFloat::from_option(
             wanted
                 .entropy
+                .is_on()
                 .then(|| stat_row(&stats, row_stat::ENTROPY).into_primitive()),
         ),
     };
@@ -198,6 +199,7 @@ fn reduce_no_rows<B: Backend>(
         entropy: OptionalFloat::from_option(
             wanted
                 .entropy
+                .is_on()
                 .then(|| FloatOf::<B, 1>::empty([0], device, DType::F32).into_primitive()),
         ),
     };

@@ -5,7 +5,8 @@ use burn::tensor::{ExecutionError, FloatDType, Int, Tensor};
 use burn::train::ItemLazy;
 use burn::train::metric::{AccuracyInput, Adaptor, LossInput, PerplexityInput};
 
-use crate::options::{CrossEntropyError, CrossEntropyOptions, Reduction};
+use crate::error::CrossEntropyError;
+use crate::options::{CrossEntropyOptions, Reduction};
 use crate::output::CrossEntropyOutput;
 use crate::train::metric_rows::{accuracy_rows, perplexity_rows};
 
@@ -56,12 +57,8 @@ use crate::train::metric_rows::{accuracy_rows, perplexity_rows};
 ///
 /// impl Model {
 ///     fn output(&self, batch: Batch) -> FusedSequenceOutput {
-///         let bias = self.head.bias.as_ref().map(|bias| bias.val());
 ///         let targets = batch.targets;
-///         let output = self
-///             .loss
-///             .try_forward_with_outputs(batch.hidden, self.head.weight.val(), bias, targets.clone())
-///             .expect("valid inputs");
+///         let output = self.loss.forward_with_outputs(batch.hidden, &self.head, targets.clone());
 ///         FusedSequenceOutput::new(output, targets, self.loss.options()).expect("Mean, with accuracy")
 ///     }
 /// }

@@ -9,7 +9,8 @@ use crate::loss::api::cross_entropy_checked;
 use crate::loss::checks::{check_class_weights, check_logits, checked_values};
 use crate::loss::incoming_guess::IncomingGuess;
 
-use crate::options::{CrossEntropyError, CrossEntropyOptions};
+use crate::error::{CrossEntropyError, Input};
+use crate::options::CrossEntropyOptions;
 use crate::output::{CrossEntropyOutput, shaped_output};
 use crate::values::{ClassWeights, CrossEntropyInputs, OptionalFloat};
 use crate::vocab_parallel::exchange::ShardExchange;
@@ -35,9 +36,8 @@ use crate::vocab_parallel::shard::{VocabShard, exchanged_rows};
 /// ```rust
 /// # use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
 /// # let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
-/// use burn_fused_ce::{
-///     CrossEntropyOptions, InProcessExchange, VocabShard, try_vocab_parallel_cross_entropy,
-/// };
+/// use burn_fused_ce::{/// CrossEntropyOptions, ///};
+/// use burn_fused_ce::vocab_parallel::{InProcessExchange, VocabShard, try_vocab_parallel_cross_entropy};
 ///
 /// let (shards, vocab) = (2, 1000); // two shards on one device, one thread each
 /// let exchange = InProcessExchange::new(shards);
@@ -85,12 +85,15 @@ pub fn try_vocab_parallel_cross_entropy<
     let (rows, width) = check_logits(&logits, &targets, "V_s")?;
     let classes = shard.classes().len();
     if width != classes {
-        return Err(CrossEntropyError::ShapeMismatch(format!(
-            "logits {:?} do not hold vocabulary shard {} of {} ({classes} classes)",
-            logits.dims(),
-            shard.index(),
-            shard.count()
-        )));
+        return Err(CrossEntropyError::shape(
+            Input::Logits,
+            format!(
+                "[.., {classes}]: the {classes} classes of vocabulary shard {} of {}",
+                shard.index(),
+                shard.count()
+            ),
+            &logits.dims(),
+        ));
     }
     check_class_weights(class_weights.as_ref(), shard.vocab())?;
     let class_weights =
@@ -178,11 +181,11 @@ fn refuse_unsupported(options: &CrossEntropyOptions) -> Result<(), CrossEntropyE
             temperature,
             "none: the vocabulary-parallel loss has no temperature",
         )
-    } else if options.outputs.entropy {
+    } else if options.outputs.entropy.is_on() {
         CrossEntropyError::invalid_option(
             "outputs.entropy",
-            true,
-            "false: the vocabulary-parallel loss has no entropy output",
+            format!("{:?}", options.outputs.entropy),
+            "Off: the vocabulary-parallel loss has no entropy output",
         )
     } else {
         return Ok(());

@@ -11,7 +11,7 @@ use fused_ce_kernels::{
 };
 
 use crate::cube_tensors::{
-    contiguous_buffer, elem, f32_buffer, poison, predictions, rows_view, with_leading_one,
+    as_f32, contiguous_buffer, elem, f32_buffer, poison, predictions, rows_view, with_leading_one,
 };
 use crate::loss::extension::FusedCrossEntropyBackend;
 
@@ -239,8 +239,8 @@ impl VocabParallelBackend for CubeBackend {
         let unused = || f32_buffer(&summed, Shape::new([1]));
         let weights = class_weights
             .tensors()
-            .map_or_else(unused, |(weights, _)| weights);
-        let totals = shard_totals.unwrap_or_else(unused);
+            .map_or_else(unused, |(weights, _)| as_f32(weights));
+        let totals = shard_totals.map_or_else(unused, as_f32);
         launch_whole_vocabulary_rows(
             &summed.client.clone(),
             rows,

@@ -6,7 +6,7 @@ use std::sync::{Barrier, Mutex, PoisonError};
 
 use burn::tensor::{Device, Tensor, distributed};
 
-use crate::options::CrossEntropyError;
+use crate::error::CrossEntropyError;
 
 /// How the shards of one call add up their per-row statistics: the element-wise sum of
 /// one small f32 tensor `[R, N]` over every shard, returned to each (an all-reduce). Every
@@ -91,7 +91,7 @@ impl ShardExchange for InProcessExchange {
 /// ```rust,no_run
 /// use burn::tensor::Device;
 /// use burn::tensor::distributed::{DistributedConfig, DistributedContext, ReduceOperation};
-/// use burn_fused_ce::DistributedExchange;
+/// use burn_fused_ce::vocab_parallel::DistributedExchange;
 ///
 /// /// For one shard per device, e.g. `vec![Device::cuda(0), Device::cuda(1)]`.
 /// fn exchange_over(devices: Vec<Device>) -> (DistributedContext, DistributedExchange) {

@@ -22,7 +22,7 @@ use crate::vocab_parallel::whole_rows::whole_vocabulary_rows_by_tensor_ops;
 use crate::vocab_parallel::fusion_meta::*;
 
 /// A Burn backend that can run the vocabulary-parallel cross-entropy (see
-/// [`crate::try_vocab_parallel_cross_entropy`]) on one shard.
+/// [`crate::vocab_parallel::try_vocab_parallel_cross_entropy`]) on one shard.
 ///
 /// Callers validate shapes and options first (the typed functions in this crate do).
 #[backend_extension(

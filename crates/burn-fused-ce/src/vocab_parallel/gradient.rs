@@ -169,13 +169,12 @@ fn kernel_gradient<B: VocabParallelBackend>(
             denominators: OptionalFloat::Absent,
             entropy_grad_output: OptionalFloat::Absent,
         },
-        CrossEntropyOptions {
-            reduction: Reduction::None,
-            label_smoothing: 0.0,
-            z_loss_scale: 0.0,
-            ignore_index: SHARD_IGNORE,
-            ..options.clone()
-        },
+        options
+            .clone()
+            .with_reduction(Reduction::None)
+            .with_label_smoothing(0.0)
+            .with_z_loss_scale(0.0)
+            .with_ignore_index(SHARD_IGNORE),
     );
     let Some(smooth) = kernel_rows.smooth.into_option() else {
         return grad;

@@ -1,5 +1,5 @@
-//! The vocabulary-parallel cross-entropy: the logits' classes are split over devices, each
-//! holding one shard `[N, V_s]`. Each shard reduces its own classes with the row kernel,
+//! The vocabulary-parallel cross-entropy ([`try_vocab_parallel_cross_entropy`]): the
+//! logits' classes are split over devices, each holding one shard `[N, V_s]`. Each shard reduces its own classes with the row kernel,
 //! the shards sum a few numbers per row through a [`ShardExchange`] (`O(N)`, never
 //! `N x V`), and every shard then holds the whole loss and writes its own classes'
 //! gradient.
@@ -37,3 +37,7 @@ mod gradient_rows;
 pub(crate) mod shard;
 mod target_rows;
 mod whole_rows;
+
+pub use api::try_vocab_parallel_cross_entropy;
+pub use exchange::{DistributedExchange, InProcessExchange, ShardExchange};
+pub use shard::VocabShard;

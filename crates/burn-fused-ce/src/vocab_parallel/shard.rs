@@ -2,7 +2,8 @@
 
 use core::ops::Range;
 
-use crate::options::{CrossEntropyError, CrossEntropyOptions};
+use crate::error::CrossEntropyError;
+use crate::options::CrossEntropyOptions;
 
 /// Which classes one device holds: the vocabulary of `vocab` classes is cut into `count`
 /// shards of `ceil(vocab / count)` classes (the last may be shorter), as Megatron cuts it;
@@ -24,9 +25,11 @@ impl VocabShard {
             vocab,
         };
         if count == 0 || index >= count || vocab == 0 || shard.range(count - 1).is_empty() {
-            return Err(CrossEntropyError::ShapeMismatch(format!(
-                "no vocabulary shard {index} of {count} over {vocab} classes (each shard needs at least one class)"
-            )));
+            return Err(CrossEntropyError::invalid_option(
+                "shard",
+                format!("{index} of {count} over {vocab} classes"),
+                "an index below the count, each shard holding at least one class",
+            ));
         }
         Ok(shard)
     }
@@ -73,21 +76,18 @@ pub(crate) const ELSEWHERE: i64 = fused_ce_kernels::ELSEWHERE as i64;
 /// formed over the whole vocabulary from the exchanged sums, as are the class weights),
 /// the argmax when an output needs it, ignored rows as [`SHARD_IGNORE`].
 pub(crate) fn local_options(options: &CrossEntropyOptions) -> CrossEntropyOptions {
-    CrossEntropyOptions {
-        label_smoothing: 0.0,
-        z_loss_scale: 0.0,
-        ignore_index: SHARD_IGNORE,
-        ..options.clone()
-    }
+    options
+        .clone()
+        .with_label_smoothing(0.0)
+        .with_z_loss_scale(0.0)
+        .with_ignore_index(SHARD_IGNORE)
 }
 
 /// The options of the shard's smoothing pass: all the weight on smoothing.
 pub(crate) fn smoothing_options(options: &CrossEntropyOptions) -> CrossEntropyOptions {
-    CrossEntropyOptions {
-        label_smoothing: 1.0,
-        outputs: Default::default(),
-        ..local_options(options)
-    }
+    local_options(options)
+        .with_label_smoothing(1.0)
+        .with_outputs(Default::default())
 }
 
 /// Rows of the exchanged matrix (see [`crate::ExchangedRows::summed`]).

@@ -88,10 +88,22 @@ pub(crate) fn stat_index(stats: &Tensor<f32>, #[comptime] stat: usize, row: usiz
     stats.stride(0) * stat + row * stats.stride(1)
 }
 
-/// The class index of a row as i32.
+/// What a target outside i32 reads as: never a class (a vocabulary has fewer classes),
+/// and never the ignore index, which the options keep below it. Not `i32::MIN`, which
+/// WGSL has no literal for.
+pub const TARGET_OUTSIDE_I32: i32 = i32::MAX;
+
+/// The class index of a row as i32. A wider target that i32 cannot hold (an i64 target of
+/// `2^32 + 5`) reads as [`TARGET_OUTSIDE_I32`], not as its low 32 bits.
 #[cube]
 pub(crate) fn read_target<I: Int>(targets: &Tensor<I>, row: usize) -> i32 {
-    i32::cast_from(targets[row_offset::<I>(targets, row)])
+    let target = targets[row_offset::<I>(targets, row)];
+    let narrow = i32::cast_from(target);
+    select(
+        I::cast_from(narrow) == target,
+        narrow,
+        i32::new(TARGET_OUTSIDE_I32 as i64),
+    )
 }
 
 #[cube]

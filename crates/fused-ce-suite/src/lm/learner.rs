@@ -54,13 +54,9 @@ impl LearnerGpt {
 
     fn output(&self, batch: TokenBatch) -> Result<FusedSequenceOutput, CrossEntropyError> {
         let hidden = self.gpt.hidden(batch.inputs);
-        let head = &self.gpt.head;
-        let output = self.loss.try_forward_with_outputs(
-            hidden,
-            head.weight.val(),
-            head.bias.as_ref().map(|bias| bias.val()),
-            batch.targets.clone(),
-        )?;
+        let output =
+            self.loss
+                .try_forward_with_outputs(hidden, &self.gpt.head, batch.targets.clone())?;
         FusedSequenceOutput::new(output, batch.targets, self.loss.options())
     }
 }

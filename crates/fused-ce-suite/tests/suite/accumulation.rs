@@ -8,7 +8,8 @@
 use burn::tensor::{DType, Tensor};
 use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, FusedCrossEntropyLossConfig, GradientPlan,
-    MeanDenominators, Reduction, try_fused_cross_entropy, try_fused_linear_cross_entropy,
+    LinearCrossEntropyInputs, LmHead, MeanDenominators, Reduction, try_fused_cross_entropy,
+    try_fused_linear_cross_entropy,
 };
 use rand::rngs::SmallRng;
 
@@ -44,12 +45,10 @@ fn whole_denominators(targets: &[Vec<i64>], weights: Option<&[f32]>) -> MeanDeno
 }
 
 fn options(plan: GradientPlan) -> CrossEntropyOptions {
-    CrossEntropyOptions {
-        label_smoothing: 0.1,
-        z_loss_scale: 1e-3,
-        gradient_plan: plan,
-        ..CrossEntropyOptions::new(Reduction::Mean)
-    }
+    CrossEntropyOptions::new(Reduction::Mean)
+        .with_label_smoothing(0.1)
+        .with_z_loss_scale(1e-3)
+        .with_gradient_plan(plan)
 }
 
 /// The loss module over the parts: the sum of their losses and their gradients, row
@@ -146,10 +145,10 @@ fn check_linear_parts(backend: TestBackend) {
     let targets = part_targets(&mut rng);
     values.targets = targets.concat();
     let weights = values.class_weights.clone().expect("class weights");
-    let options = CrossEntropyOptions {
-        mean_denominators: Some(whole_denominators(&targets, Some(&weights))),
-        ..case.options.clone()
-    };
+    let options = case
+        .options
+        .clone()
+        .with_mean_denominators(Some(whole_denominators(&targets, Some(&weights))));
 
     let (hidden, weight, bias) = values.tensors(&case, DType::F32, &plain);
     let weight_ad = weight.clone().autodiff().require_grad();
@@ -166,11 +165,12 @@ fn check_linear_parts(backend: TestBackend) {
             .require_grad();
         start += part_rows;
         let part_loss = try_fused_linear_cross_entropy(
-            hidden_part.clone(),
-            weight_ad.clone(),
-            Some(bias_ad.clone()),
-            targets_tensor(part, &device),
-            Some(class_weights.clone()),
+            LinearCrossEntropyInputs::new(
+                hidden_part.clone(),
+                LmHead::new(weight_ad.clone()).with_bias(Some(bias_ad.clone())),
+                targets_tensor(part, &device),
+            )
+            .with_class_weights(Some(class_weights.clone())),
             &options,
             &case.chunking(),
         )
@@ -279,9 +279,9 @@ fn bad_mean_denominators_are_an_error() {
             })
         )
     };
-    let given = |weight_total: f64, rows: f64| CrossEntropyOptions {
-        mean_denominators: Some(MeanDenominators { weight_total, rows }),
-        ..CrossEntropyOptions::default()
+    let given = |weight_total: f64, rows: f64| {
+        CrossEntropyOptions::default()
+            .with_mean_denominators(Some(MeanDenominators { weight_total, rows }))
     };
     assert!(refused(given(-1.0, 4.0)), "seed {seed}: a negative total");
     assert!(refused(given(4.0, f64::NAN)), "seed {seed}: a NaN count");
@@ -290,10 +290,7 @@ fn bad_mean_denominators_are_an_error() {
         "seed {seed}: an infinite total"
     );
     assert!(
-        refused(CrossEntropyOptions {
-            reduction: Reduction::Sum,
-            ..given(4.0, 4.0)
-        }),
+        refused(given(4.0, 4.0).with_reduction(Reduction::Sum)),
         "seed {seed}: with Sum"
     );
     assert!(

@@ -4,7 +4,8 @@
 #![allow(dead_code, unused_imports)]
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use burn_fused_ce::{CrossEntropyOptions, GradientPlan, KernelTuning, Reduction};
+use burn_fused_ce::tuning::KernelTuning;
+use burn_fused_ce::{CrossEntropyOptions, GradientPlan, Reduction};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 pub use fused_ce_suite::{CubeBackend, SUPPORTS_BF16, device};
@@ -217,7 +218,7 @@ impl RefOptions {
     /// Plain cross-entropy: no smoothing, z-loss, softcap or weights.
     pub fn plain(reduction: Reduction, ignore_index: i64) -> Self {
         Self::new(
-            &CrossEntropyOptions::new(reduction).with_ignore(ignore_index),
+            &CrossEntropyOptions::new(reduction).with_ignore_index(ignore_index),
             None,
         )
     }
@@ -269,26 +270,16 @@ pub fn forcing_chunks(chunks: usize, body: impl FnOnce()) {
 
 /// The options with the chunk count [`forcing_chunks`] asks for, on this build's device's
 /// tuning; unchanged outside it.
-pub fn with_forced_chunks(mut options: CrossEntropyOptions) -> CrossEntropyOptions {
-    if let Some(chunks) = FORCED_CHUNKS.with(|cell| cell.get()) {
-        let client = fused_ce_suite::client(&device());
-        options.tuning = Some(KernelTuning {
-            chunks: Some(chunks),
-            ..KernelTuning::for_device(&client)
-        });
-    }
-    options
-}
-
-/// Small builder helpers on the options (tests build many variants).
-pub trait OptionsExt {
-    fn with_ignore(self, ignore_index: i64) -> Self;
-}
-
-impl OptionsExt for CrossEntropyOptions {
-    fn with_ignore(mut self, ignore_index: i64) -> Self {
-        self.ignore_index = ignore_index;
-        self
+pub fn with_forced_chunks(options: CrossEntropyOptions) -> CrossEntropyOptions {
+    match FORCED_CHUNKS.with(|cell| cell.get()) {
+        Some(chunks) => {
+            let client = fused_ce_suite::client(&device());
+            options.with_tuning(Some(KernelTuning {
+                chunks: Some(chunks),
+                ..KernelTuning::for_device(&client)
+            }))
+        }
+        None => options,
     }
 }
 

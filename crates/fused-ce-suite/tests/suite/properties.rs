@@ -7,7 +7,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::tensor::DType;
-use burn_fused_ce::{CrossEntropyOptions, ExtraOutputs, Reduction};
+use burn_fused_ce::{CrossEntropyOptions, EntropyOutput, ExtraOutputs, Reduction};
 use rand::{Rng, rngs::SmallRng};
 
 use crate::common::*;
@@ -60,9 +60,11 @@ fn draw_options(rng: &mut SmallRng) -> CrossEntropyOptions {
         // An ignore index inside the vocabulary (rows whose target it is are ignored).
         options.ignore_index = rng.random_range(0..4);
     }
-    if rng.random_bool(0.5) {
-        options.gradient_plan = burn_fused_ce::GradientPlan::TwoPass;
-    }
+    options.gradient_plan = match rng.random_range(0..3) {
+        0 => burn_fused_ce::GradientPlan::Auto,
+        1 => burn_fused_ce::GradientPlan::OnePass,
+        _ => burn_fused_ce::GradientPlan::TwoPass,
+    };
     options
 }
 
@@ -73,7 +75,11 @@ fn draw_outputs(rng: &mut SmallRng) -> ExtraOutputs {
         accuracy: rng.random_bool(0.3),
         predicted: rng.random_bool(0.3),
         lse: rng.random_bool(0.3),
-        entropy: rng.random_bool(0.3),
+        entropy: if rng.random_bool(0.3) {
+            EntropyOutput::Metric
+        } else {
+            EntropyOutput::Off
+        },
     }
 }
 

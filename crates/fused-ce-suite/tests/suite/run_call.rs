@@ -23,7 +23,7 @@ pub(crate) fn forward(
     let options = call.options;
     let target_dims = call.target_dims();
     // The module takes no kernel tuning: a call that forces one runs through the function.
-    if call.via_module && options.tuning.is_none() {
+    if call.via_module && options.tuning().is_none() {
         let o = options.clone();
         let module = FusedCrossEntropyLossConfig::new()
             .with_reduction(o.reduction)

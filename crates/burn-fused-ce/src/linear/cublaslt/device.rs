@@ -120,6 +120,14 @@ pub(crate) fn with_device<R>(
         Ok(value) => Ok(value),
         Err(Refusal::ThisCall(why)) => Err(why),
         Err(Refusal::Device(why)) => {
+            // Once per device: the entry keeps the reason from now on.
+            log::warn!(
+                "burn-fused-ce: cuBLASLt is off on CUDA device {device:?} for this process: \
+                 {why}. The fused linear cross-entropy's products run on CubeCL's matmul \
+                 kernels instead, which are several times slower on Hopper GPUs. This \
+                 build's cubecl-cuda may differ from the version this crate reads its \
+                 stream from; please report it."
+            );
             *entry = Err(why.clone());
             Err(why)
         }

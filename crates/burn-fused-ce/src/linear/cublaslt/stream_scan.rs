@@ -5,10 +5,12 @@
 //! products keep their order among cubecl's kernels with no host wait. The server's
 //! `Debug` shows its stream pool as
 //! `StreamPool { streams: [Some(StreamWrapper { stream: Stream { sys: 0x…, …`, slot by
-//! slot (`None` for a slot not created yet). The dependency is pinned exactly, the
-//! stream found is checked against the CUDA context before use (`device.rs`), and
-//! anything unexpected here turns cuBLASLt off for the device. This file is the one to
-//! replace once cubecl exposes the stream.
+//! slot (`None` for a slot not created yet). The dependencies are pinned exactly
+//! (`Cargo.toml`), the stream found is checked against the CUDA context before use
+//! (`device.rs`), and anything unexpected here turns cuBLASLt off for the device with
+//! one warning through `log`; the CUDA suite then fails (`linear/cublaslt.rs` asks
+//! every product to run through cuBLASLt). This file is the one to replace once cubecl
+//! exposes the stream.
 
 /// The `sys` handle of slot `slot` in the first stream pool of `text`, or `None` where
 /// the text does not have that shape.

@@ -120,7 +120,7 @@ pub fn cross_entropy_rows<B: Backend>(
     // ln(sum) as ln(1 + (sum - 1)), with `sum - 1` formed exactly when the target is the
     // max: a confident row's loss keeps its digits (as in the kernels).
     let log_sum = ln_one_plus::<B>(others.clone().add(target_exp.sub_scalar(1.0)));
-    let entropy = if options.outputs.entropy {
+    let entropy = if options.outputs.entropy.is_on() {
         // H = ln(sum) - sum_c p_c (x'_c - max); a -inf logit's term is 0, not 0 * -inf.
         let spread = exps
             .clone()

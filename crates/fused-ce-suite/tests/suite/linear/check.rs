@@ -6,8 +6,8 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn_fused_ce::{
-    FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, Reduction,
-    try_fused_linear_cross_entropy,
+    FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, LinearCrossEntropyInputs,
+    LmHead, Reduction, try_fused_linear_cross_entropy,
 };
 
 use super::{
@@ -103,11 +103,12 @@ pub(crate) fn check_linear_case_seeded(backend: TestBackend, case: LinearCase, s
         let bias_in = case.bias.then(|| bias_ad.clone());
         let loss = if case.three_d {
             try_fused_linear_cross_entropy(
-                hidden_ad.clone().reshape([2, rows / 2, width]),
-                weight_ad.clone(),
-                bias_in,
-                targets_ad.reshape([2, rows / 2]),
-                weights_ad,
+                LinearCrossEntropyInputs::new(
+                    hidden_ad.clone().reshape([2, rows / 2, width]),
+                    LmHead::new(weight_ad.clone()).with_bias(bias_in),
+                    targets_ad.reshape([2, rows / 2]),
+                )
+                .with_class_weights(weights_ad),
                 &case.options,
                 &case.chunking(),
             )
@@ -116,11 +117,12 @@ pub(crate) fn check_linear_case_seeded(backend: TestBackend, case: LinearCase, s
             .reshape([loss_len(reduction, rows)])
         } else {
             try_fused_linear_cross_entropy(
-                hidden_ad.clone(),
-                weight_ad.clone(),
-                bias_in,
-                targets_ad,
-                weights_ad,
+                LinearCrossEntropyInputs::new(
+                    hidden_ad.clone(),
+                    LmHead::new(weight_ad.clone()).with_bias(bias_in),
+                    targets_ad,
+                )
+                .with_class_weights(weights_ad),
                 &case.options,
                 &case.chunking(),
             )

@@ -2,9 +2,10 @@
 //! gives, and the default budget within the device's largest buffer.
 
 use burn::tensor::{DType, Tensor, TensorData};
+use burn_fused_ce::linear::max_buffer_bytes;
 use burn_fused_ce::{
-    ChunkProducts, CrossEntropyOptions, LinearChunking, Reduction, max_buffer_bytes,
-    try_fused_linear_cross_entropy,
+    ChunkProducts, CrossEntropyOptions, LinearChunking, LinearCrossEntropyInputs, LmHead,
+    Reduction, try_fused_linear_cross_entropy,
 };
 
 use super::{check_close, uniform};
@@ -178,11 +179,11 @@ fn default_chunks_fit_the_largest_buffer() {
             )
             .require_grad();
             let loss = try_fused_linear_cross_entropy(
-                hidden.clone(),
-                weight.clone(),
-                None,
-                targets_tensor(&targets, &device),
-                None,
+                LinearCrossEntropyInputs::new(
+                    hidden.clone(),
+                    LmHead::new(weight.clone()),
+                    targets_tensor(&targets, &device),
+                ),
                 &CrossEntropyOptions::new(reduction),
                 chunking,
             )

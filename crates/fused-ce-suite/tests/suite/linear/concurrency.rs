@@ -6,7 +6,10 @@
 use burn::tensor::{DType, Device};
 use std::sync::{Barrier, Mutex};
 
-use burn_fused_ce::{CrossEntropyOptions, Reduction, try_fused_linear_cross_entropy};
+use burn_fused_ce::{
+    CrossEntropyOptions, LinearCrossEntropyInputs, LmHead, Reduction,
+    try_fused_linear_cross_entropy,
+};
 
 use crate::common::*;
 use crate::linear::{LinearCase, LinearValues};
@@ -34,11 +37,11 @@ fn step(case: &LinearCase, values: &LinearValues, device: &Device) -> StepBits {
         bias.require_grad(),
     );
     let loss = try_fused_linear_cross_entropy(
-        hidden.clone(),
-        weight.clone(),
-        Some(bias.clone()),
-        targets_tensor(&values.targets, &device),
-        None,
+        LinearCrossEntropyInputs::new(
+            hidden.clone(),
+            LmHead::new(weight.clone()).with_bias(Some(bias.clone())),
+            targets_tensor(&values.targets, &device),
+        ),
         &case.options,
         &case.chunking(),
     )
@@ -61,10 +64,7 @@ fn threads_get_their_first_result_every_time() {
     let seed = fresh_seed();
     let mut case = LinearCase::new(40, 16, 67, DType::F32, Reduction::Mean);
     case.chunk_rows = 16;
-    case.options = CrossEntropyOptions {
-        label_smoothing: 0.1,
-        ..CrossEntropyOptions::new(Reduction::Mean)
-    };
+    case.options = CrossEntropyOptions::new(Reduction::Mean).with_label_smoothing(0.1);
     assert_eq!(
         case.chunking()
             .rows_per_chunk(case.rows, case.vocab, DType::F32),

@@ -10,7 +10,11 @@
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::{DType, Int, Tensor};
-use burn_fused_ce::{CountedRows, CrossEntropyError, Reduction, try_fused_linear_cross_entropy};
+use burn_fused_ce::linear::CountedRows;
+use burn_fused_ce::{
+    CrossEntropyError, Input, LinearCrossEntropyInputs, LmHead, Reduction,
+    try_fused_linear_cross_entropy,
+};
 use rand::Rng;
 
 use crate::common::*;
@@ -137,11 +141,14 @@ fn check_counted_case(
             .unwrap_or_else(|e| panic!("{context}: {e}"))
     } else {
         try_fused_linear_cross_entropy(
-            hidden_in,
-            weight_ad.clone(),
-            Some(bias_ad.clone()),
-            targets_in,
-            class_weights.map(|w| Tensor::<1>::from_floats(w.as_slice(), &device)),
+            LinearCrossEntropyInputs::new(
+                hidden_in,
+                LmHead::new(weight_ad.clone()).with_bias(Some(bias_ad.clone())),
+                targets_in,
+            )
+            .with_class_weights(
+                class_weights.map(|w| Tensor::<1>::from_floats(w.as_slice(), &device)),
+            ),
             &case.options,
             &case.chunking(),
         )
@@ -261,24 +268,48 @@ fn counted_rows_refuse_other_shapes() {
         (counted.rows(), counted.counted(), counted.selected()),
         (6, 4, 4)
     );
-    let mismatch = |result: Result<(), CrossEntropyError>, what: &str| match result {
-        Err(CrossEntropyError::ShapeMismatch(message)) => {
-            assert!(message.contains("counted rows"), "{what}: {message}")
-        }
-        other => panic!("{what}: expected a shape mismatch, got {other:?}"),
-    };
+    let mismatch =
+        |result: Result<(), CrossEntropyError>, input: Input, found: &[usize], what: &str| {
+            match result {
+                Err(CrossEntropyError::ShapeMismatch {
+                    input: got,
+                    found: got_found,
+                    ..
+                }) => assert_eq!((got, got_found.as_slice()), (input, found), "{what}"),
+                other => panic!("{what}: expected a shape mismatch, got {other:?}"),
+            }
+        };
     let hidden = Tensor::<2>::ones([5, 8], &device);
-    mismatch(counted.hidden(hidden).map(drop), "5 hidden rows");
+    mismatch(
+        counted.hidden(hidden).map(drop),
+        Input::Hidden,
+        &[5, 8],
+        "5 hidden rows",
+    );
     let hidden = Tensor::<3>::ones([2, 2, 8], &device);
-    mismatch(counted.hidden(hidden).map(drop), "2 x 2 hidden rows");
+    mismatch(
+        counted.hidden(hidden).map(drop),
+        Input::Hidden,
+        &[2, 2, 8],
+        "2 x 2 hidden rows",
+    );
     mismatch(
         counted.hidden(Tensor::<1>::ones([6], &device)).map(drop),
+        Input::Hidden,
+        &[6],
         "1-D hidden states",
     );
     let targets_5 = Tensor::<1, Int>::from_ints([1, 2, 3, 4, 5], &device);
-    mismatch(counted.targets(targets_5).map(drop), "5 targets");
+    mismatch(
+        counted.targets(targets_5).map(drop),
+        Input::Targets,
+        &[5],
+        "5 targets",
+    );
     mismatch(
         counted.spread(Tensor::<1>::ones([6], &device)).map(drop),
+        Input::PerRow,
+        &[6],
         "6 values for 4 rows",
     );
     // An empty batch passes through.

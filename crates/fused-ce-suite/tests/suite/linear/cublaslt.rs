@@ -41,7 +41,7 @@ fn check_cublaslt_ran(before: usize, context: &str) {
 fn library_state() -> String {
     #[cfg(feature = "cuda")]
     {
-        format!("{:?}", burn_fused_ce::cublaslt_version())
+        format!("{:?}", burn_fused_ce::linear::cublaslt_version())
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -195,7 +195,7 @@ fn fused_linear_cross_entropy_through_cublaslt() {
 /// gives the chunk products (`h_c W`, and `dlogits W^T` through a transposed view) and the
 /// weight gradient's sum (`sum += h_c^T dlogits`, into a sum of the operands' dtype and of
 /// f32) within the bounds above of the f64 product and of the same product with the
-/// algorithm cuBLASLt's heuristic lists first (`burn_fused_ce::cublaslt_listed_product`), in
+/// algorithm cuBLASLt's heuristic lists first (`burn_fused_ce::linear::cublaslt_listed_product`), in
 /// every dtype.
 #[cfg(feature = "cuda")]
 #[test]
@@ -221,7 +221,7 @@ fn measured_algorithms_agree_with_the_heuristics_first() {
             let measured = prim::read(C::chunk_product(lhs.clone(), right.clone(), true));
             check_cublaslt_ran(before, &context);
             let first = prim::floats(vec![0.0; m * n], &[m, n], dtype);
-            burn_fused_ce::cublaslt_listed_product(&lhs, right, &first, false, 0)
+            burn_fused_ce::linear::cublaslt_listed_product(&lhs, right, &first, false, 0)
                 .unwrap_or_else(|why| panic!("{context}: the heuristic's first: {why}"));
             let first = prim::read(first).values;
             check_close(
@@ -269,7 +269,7 @@ fn measured_algorithms_agree_with_the_heuristics_first() {
             ));
             check_cublaslt_ran(before, &context);
             let first = prim::floats(start, &[k, n], sum_dtype);
-            burn_fused_ce::cublaslt_listed_product(&lhs_t, &grad, &first, true, 0)
+            burn_fused_ce::linear::cublaslt_listed_product(&lhs_t, &grad, &first, true, 0)
                 .unwrap_or_else(|why| panic!("{context}: the heuristic's first: {why}"));
             let first = prim::read(first).values;
             check_close(

@@ -10,7 +10,8 @@ use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 use burn_fused_ce::test_hooks::{self, LinearProductCounts};
 use burn_fused_ce::{
-    FusedLinearCrossEntropyLossConfig, GradientPlan, Reduction, try_fused_linear_cross_entropy,
+    FusedLinearCrossEntropyLossConfig, GradientPlan, LinearCrossEntropyInputs, LmHead, Reduction,
+    try_fused_linear_cross_entropy,
 };
 
 use super::memory::probed_step;
@@ -119,11 +120,11 @@ fn check_way(backend: TestBackend, case: &LinearCase, name: &str, tracked: Track
     let reduction = case.options.reduction;
     let before = test_hooks::linear_product_counts();
     let loss = try_fused_linear_cross_entropy(
-        hidden.clone(),
-        weight.clone(),
-        Some(bias.clone()),
-        targets_tensor(&values.targets, &device),
-        None,
+        LinearCrossEntropyInputs::new(
+            hidden.clone(),
+            LmHead::new(weight.clone()).with_bias(Some(bias.clone())),
+            targets_tensor(&values.targets, &device),
+        ),
         &case.options,
         &case.chunking(),
     )

@@ -7,9 +7,11 @@ use burn::tensor::{DType, Tensor, TensorData};
 use burn_fused_ce::backend::{
     IncomingGuess, LinearCrossEntropyBackend, LinearHead, LinearInputs, OptionalFloat,
 };
+use burn_fused_ce::linear::max_buffer_bytes;
 use burn_fused_ce::{
     ChunkProducts, CrossEntropyOptions, ExtraOutputs, FusedLinearCrossEntropyLossConfig,
-    LinearChunking, fused_cross_entropy, max_buffer_bytes, try_fused_linear_cross_entropy,
+    LinearChunking, LinearCrossEntropyInputs, LmHead, fused_cross_entropy,
+    try_fused_linear_cross_entropy,
 };
 
 use super::{
@@ -209,11 +211,9 @@ fn linear_extra_outputs() {
         let weight =
             Tensor::<2>::from_data(TensorData::new(weight_values, [width, vocab]), &device);
         let targets_t = targets_tensor(&targets, &device);
-        let options = CrossEntropyOptions {
-            z_loss_scale: 1e-3,
-            outputs: ExtraOutputs::all(),
-            ..CrossEntropyOptions::default()
-        };
+        let options = CrossEntropyOptions::default()
+            .with_z_loss_scale(1e-3)
+            .with_outputs(ExtraOutputs::all());
         let chunking = LinearChunking {
             logits_bytes: Some(16 * vocab * 4),
             weight_gradient_block_bytes: None,
@@ -225,11 +225,11 @@ fn linear_extra_outputs() {
             },
         };
         let fused = try_fused_linear_cross_entropy(
-            hidden.clone(),
-            weight.clone(),
-            None,
-            targets_t.clone(),
-            None,
+            LinearCrossEntropyInputs::new(
+                hidden.clone(),
+                LmHead::new(weight.clone()),
+                targets_t.clone(),
+            ),
             &options,
             &chunking,
         )

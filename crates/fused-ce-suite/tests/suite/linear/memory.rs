@@ -4,7 +4,9 @@
 //! the logits it adds.
 
 use burn::tensor::{DType, Tensor, TensorData};
-use burn_fused_ce::{CrossEntropyOptions, LinearChunking, Reduction, test_hooks};
+use burn_fused_ce::{
+    CrossEntropyOptions, LinearChunking, LinearCrossEntropyInputs, LmHead, Reduction, test_hooks,
+};
 use rand::Rng;
 
 use crate::common::*;
@@ -47,11 +49,7 @@ pub(crate) fn probed_step(
         .bytes_in_use;
     test_hooks::set_probe_memory(true);
     let loss = burn_fused_ce::try_fused_linear_cross_entropy(
-        hidden.clone(),
-        weight.clone(),
-        None,
-        targets,
-        None,
+        LinearCrossEntropyInputs::new(hidden.clone(), LmHead::new(weight.clone()), targets),
         &CrossEntropyOptions::new(Reduction::Mean),
         &chunking,
     )

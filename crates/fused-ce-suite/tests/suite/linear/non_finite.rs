@@ -5,7 +5,7 @@
 //! stay those of the f64 reference, whichever chunk the bad rows fall in.
 
 use burn::tensor::DType;
-use burn_fused_ce::{Reduction, try_fused_linear_cross_entropy};
+use burn_fused_ce::{LinearCrossEntropyInputs, LmHead, Reduction, try_fused_linear_cross_entropy};
 
 use crate::common::*;
 use crate::linear::{LinearCase, LinearValues, bound, check_close, linear_reference, objective_of};
@@ -46,11 +46,11 @@ fn check_non_finite_hidden(backend: TestBackend) {
     let weight_ad = weight.autodiff().require_grad();
     let bias_ad = bias.autodiff().require_grad();
     let loss = try_fused_linear_cross_entropy(
-        hidden_ad.clone(),
-        weight_ad.clone(),
-        Some(bias_ad.clone()),
-        targets_tensor(&values.targets, &device),
-        None,
+        LinearCrossEntropyInputs::new(
+            hidden_ad.clone(),
+            LmHead::new(weight_ad.clone()).with_bias(Some(bias_ad.clone())),
+            targets_tensor(&values.targets, &device),
+        ),
         &case.options,
         &case.chunking(),
     )

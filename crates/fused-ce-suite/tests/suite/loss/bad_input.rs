@@ -10,7 +10,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_fused_ce::backend::FusedCrossEntropyBackend;
 use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, ExtraOutputs, FusedCrossEntropyLossConfig,
-    GradientPlan, Reduction, TargetCheck, fused_cross_entropy, try_fused_cross_entropy,
+    GradientPlan, Input, Reduction, TargetCheck, fused_cross_entropy, try_fused_cross_entropy,
 };
 
 use super::contract::{Case, REDUCTIONS, check_bad_targets, check_case, check_grad, poisoned};
@@ -95,10 +95,7 @@ fn check_out_of_range(backend: TestBackend) {
     let name = backend.name();
     let (rows, vocab) = (8, 10);
     // Reported by the call itself (the deferred default is tested in `defaults.rs`).
-    let plain = CrossEntropyOptions {
-        target_check: TargetCheck::Immediate,
-        ..CrossEntropyOptions::new(Reduction::None)
-    };
+    let plain = CrossEntropyOptions::new(Reduction::None).with_target_check(TargetCheck::Immediate);
     let cases: Vec<(Vec<i64>, CrossEntropyOptions, usize, i64)> = vec![
         // Too large: V itself, far past it.
         (vec![0, 1, 2, 10, 4, 5, 6, 7], plain.clone(), 3, 10),
@@ -113,34 +110,27 @@ fn check_out_of_range(backend: TestBackend) {
         // -100 is a bad target when the ignore index is another value.
         (
             vec![0, 1, 3, 3, 4, -100, 6, 7],
-            CrossEntropyOptions {
-                ignore_index: 3,
-                ..plain.clone()
-            },
+            plain.clone().with_ignore_index(3),
             5,
             -100,
         ),
         // An ignore index past V: that value is ignored, the next is an error.
         (
             vec![0, 1000, 2, 3, 1001, 5, 6, 7],
-            CrossEntropyOptions {
-                ignore_index: 1000,
-                ..plain.clone()
-            },
+            plain.clone().with_ignore_index(1000),
             4,
             1001,
         ),
         // Every option and reduction: still the same error.
         (
             vec![0, 1, 2, 3, 4, 5, -7, 7],
-            CrossEntropyOptions {
-                reduction: Reduction::Mean,
-                label_smoothing: 0.1,
-                z_loss_scale: 1e-4,
-                softcap: Some(30.0),
-                outputs: ExtraOutputs::all(),
-                ..plain.clone()
-            },
+            plain
+                .clone()
+                .with_reduction(Reduction::Mean)
+                .with_label_smoothing(0.1)
+                .with_z_loss_scale(1e-4)
+                .with_softcap(Some(30.0))
+                .with_outputs(ExtraOutputs::all()),
             6,
             -7,
         ),
@@ -243,88 +233,122 @@ fn check_out_of_range(backend: TestBackend) {
     }
 }
 
-/// Host checks of the function layer, before anything runs: on a cube device
-/// (`Fusion<CubeBackend>`; the plain backend has no `Tensor<D>` in this build).
+/// `err` is a shape mismatch of `input`, whose shape was `found`.
+fn assert_shape(err: &CrossEntropyError, input: Input, found: &[usize], context: &str) {
+    match err {
+        CrossEntropyError::ShapeMismatch {
+            input: got,
+            found: got_found,
+            expected,
+        } => {
+            assert_eq!(
+                (*got, got_found.as_slice()),
+                (input, found),
+                "{context}: {err}"
+            );
+            assert!(!expected.is_empty(), "{context}: says what it expected");
+        }
+        other => panic!("{context}: expected a shape mismatch of the {input}, got {other:?}"),
+    }
+}
+
+/// Host checks of the function layer, before anything runs, by variant: on a cube device
+/// (`Fusion<CubeBackend>`; the plain backend has no `Tensor<D>` in this build) and on
+/// Flex.
 #[test]
 fn shape_mismatches_are_refused() {
-    let device = device();
-    let options = CrossEntropyOptions::default();
-    let is_shape = |e: &CrossEntropyError| matches!(e, CrossEntropyError::ShapeMismatch(_));
+    for backend in [TestBackend::Fusion, TestBackend::Flex] {
+        check_shape_mismatches(&backend.device(), backend.name());
+    }
+}
 
-    // Rows differ.
-    let err = error_2d(&device, [5, 9], &[1, 2, 3, 4], None, &options);
-    assert!(is_shape(&err), "rows differ: {err:?}");
+fn check_shape_mismatches(device: &Device, name: &str) {
+    let options = CrossEntropyOptions::default();
+
+    // Rows differ: the targets do not fit the logits.
+    let err = error_2d(device, [5, 9], &[1, 2, 3, 4], None, &options);
+    assert_shape(&err, Input::Targets, &[4], &format!("{name}: rows differ"));
     assert_forward_panics(
-        logits::<2>([5, 9], &device),
-        targets::<1>(&[1, 2, 3, 4], [4], &device),
+        logits::<2>([5, 9], device),
+        targets::<1>(&[1, 2, 3, 4], [4], device),
         &options,
         &err,
     );
     // 3-D logits with 1-D targets (rank).
     let err = try_fused_cross_entropy(
-        logits::<3>([2, 3, 9], &device),
-        targets::<1>(&[1, 2, 3, 4, 5, 6], [6], &device),
+        logits::<3>([2, 3, 9], device),
+        targets::<1>(&[1, 2, 3, 4, 5, 6], [6], device),
         None,
         &options,
     )
     .expect_err("rank mismatch refused");
-    assert!(is_shape(&err), "rank: {err:?}");
+    assert_shape(&err, Input::Targets, &[6], &format!("{name}: rank"));
     assert_forward_panics(
-        logits::<3>([2, 3, 9], &device),
-        targets::<1>(&[1, 2, 3, 4, 5, 6], [6], &device),
+        logits::<3>([2, 3, 9], device),
+        targets::<1>(&[1, 2, 3, 4, 5, 6], [6], device),
         &options,
         &err,
     );
     // 2-D logits with 2-D targets.
     let err = try_fused_cross_entropy(
-        logits::<2>([6, 9], &device),
-        targets::<2>(&[1, 2, 3, 4, 5, 6], [2, 3], &device),
+        logits::<2>([6, 9], device),
+        targets::<2>(&[1, 2, 3, 4, 5, 6], [2, 3], device),
         None,
         &options,
     )
     .expect_err("rank mismatch refused");
-    assert!(is_shape(&err), "rank: {err:?}");
+    assert_shape(
+        &err,
+        Input::Targets,
+        &[2, 3],
+        &format!("{name}: 2-D targets"),
+    );
     // 3-D with the batch and time swapped.
     let err = try_fused_cross_entropy(
-        logits::<3>([2, 3, 9], &device),
-        targets::<2>(&[1, 2, 3, 4, 5, 6], [3, 2], &device),
+        logits::<3>([2, 3, 9], device),
+        targets::<2>(&[1, 2, 3, 4, 5, 6], [3, 2], device),
         None,
         &options,
     )
     .expect_err("[2, 3, V] with [3, 2] refused");
-    assert!(is_shape(&err), "3-D dims: {err:?}");
+    assert_shape(&err, Input::Targets, &[3, 2], &format!("{name}: 3-D dims"));
     // 4-D logits.
     let err = try_fused_cross_entropy(
-        logits::<4>([2, 3, 1, 9], &device),
-        targets::<3>(&[1, 2, 3, 4, 5, 6], [2, 3, 1], &device),
+        logits::<4>([2, 3, 1, 9], device),
+        targets::<3>(&[1, 2, 3, 4, 5, 6], [2, 3, 1], device),
         None,
         &options,
     )
     .expect_err("4-D refused");
-    assert!(is_shape(&err), "4-D: {err:?}");
+    assert_shape(&err, Input::Logits, &[2, 3, 1, 9], &format!("{name}: 4-D"));
     // No classes.
-    let err = error_2d(&device, [3, 0], &[0, 0, 0], None, &options);
-    assert!(is_shape(&err), "V = 0: {err:?}");
+    let err = error_2d(device, [3, 0], &[0, 0, 0], None, &options);
+    assert_shape(&err, Input::Logits, &[3, 0], &format!("{name}: V = 0"));
     // Weights of the wrong length, through the function and the module.
     for len in [8, 10, 1] {
         let weights = vec![1.0f32; len];
-        let err = error_2d(&device, [4, 9], &[1, 2, 3, 4], Some(&weights), &options);
-        assert!(is_shape(&err), "weights [{len}] for V = 9: {err:?}");
-        assert!(err.to_string().contains(&len.to_string()), "{err}");
+        let context = format!("{name}: weights [{len}] for V = 9");
+        let err = error_2d(device, [4, 9], &[1, 2, 3, 4], Some(&weights), &options);
+        assert_shape(&err, Input::ClassWeights, &[len], &context);
         let module = FusedCrossEntropyLossConfig::new()
             .with_class_weights(Some(weights))
-            .init(&device);
+            .init(device);
         let err = module
             .try_forward(
-                logits::<2>([4, 9], &device),
-                targets::<1>(&[1, 2, 3, 4], [4], &device),
+                logits::<2>([4, 9], device),
+                targets::<1>(&[1, 2, 3, 4], [4], device),
             )
             .expect_err("module refuses weights of the wrong length");
-        assert!(is_shape(&err), "module weights [{len}]: {err:?}");
+        assert_shape(
+            &err,
+            Input::ClassWeights,
+            &[len],
+            &format!("{context}: module"),
+        );
         let message = panic_message(|| {
             module.forward(
-                logits::<2>([4, 9], &device),
-                targets::<1>(&[1, 2, 3, 4], [4], &device),
+                logits::<2>([4, 9], device),
+                targets::<1>(&[1, 2, 3, 4], [4], device),
             );
         });
         assert_eq!(message, err.to_string());
@@ -339,46 +363,22 @@ fn invalid_options_are_refused() {
     let base = CrossEntropyOptions::default();
     let cases: Vec<(&str, CrossEntropyOptions)> = [-0.1, 1.5, f32::NAN, f32::INFINITY]
         .into_iter()
-        .map(|ls| {
-            (
-                "label_smoothing",
-                CrossEntropyOptions {
-                    label_smoothing: ls,
-                    ..base.clone()
-                },
-            )
-        })
-        .chain([0.0, -1.0, f32::INFINITY, f32::NAN].into_iter().map(|c| {
-            (
-                "softcap",
-                CrossEntropyOptions {
-                    softcap: Some(c),
-                    ..base.clone()
-                },
-            )
-        }))
+        .map(|ls| ("label_smoothing", base.clone().with_label_smoothing(ls)))
+        .chain(
+            [0.0, -1.0, f32::INFINITY, f32::NAN]
+                .into_iter()
+                .map(|c| ("softcap", base.clone().with_softcap(Some(c)))),
+        )
         .chain(
             [0.0, -1.0, f32::INFINITY, f32::NAN, 1e-40]
                 .into_iter()
-                .map(|t| {
-                    (
-                        "temperature",
-                        CrossEntropyOptions {
-                            temperature: Some(t),
-                            ..base.clone()
-                        },
-                    )
-                }),
+                .map(|t| ("temperature", base.clone().with_temperature(Some(t)))),
         )
-        .chain([-1.0, f32::NAN, f32::INFINITY].into_iter().map(|s| {
-            (
-                "z_loss_scale",
-                CrossEntropyOptions {
-                    z_loss_scale: s,
-                    ..base.clone()
-                },
-            )
-        }))
+        .chain(
+            [-1.0, f32::NAN, f32::INFINITY]
+                .into_iter()
+                .map(|s| ("z_loss_scale", base.clone().with_z_loss_scale(s))),
+        )
         .collect();
     for (name, options) in cases {
         let context = format!("{options:?}");
@@ -415,17 +415,12 @@ fn invalid_options_are_refused() {
     }
     // The edges of the domains are valid.
     for options in [
-        CrossEntropyOptions {
-            label_smoothing: 0.0,
-            ..base.clone()
-        },
-        CrossEntropyOptions {
-            label_smoothing: 1.0,
-            z_loss_scale: 0.0,
-            softcap: Some(1e-3),
-            temperature: Some(1e-3),
-            ..base.clone()
-        },
+        base.clone().with_label_smoothing(0.0),
+        base.clone()
+            .with_label_smoothing(1.0)
+            .with_z_loss_scale(0.0)
+            .with_softcap(Some(1e-3))
+            .with_temperature(Some(1e-3)),
     ] {
         options.validate().expect("valid");
     }
@@ -516,11 +511,9 @@ fn check_non_finite(backend: TestBackend, reduction: Reduction, options_on: bool
     let bad = [1, 3, 5, 7];
     // Softcap turns +inf into c (finite): only NaN rows stay bad then.
     let options = if options_on {
-        CrossEntropyOptions {
-            label_smoothing: 0.1,
-            z_loss_scale: 1e-4,
-            ..CrossEntropyOptions::new(reduction)
-        }
+        CrossEntropyOptions::new(reduction)
+            .with_label_smoothing(0.1)
+            .with_z_loss_scale(1e-4)
     } else {
         CrossEntropyOptions::new(reduction)
     };
@@ -720,11 +713,9 @@ fn empty_batch_on_every_backend() {
 fn unchecked_out_of_range_target_on_other_backends() {
     poisoned();
     for reduction in [Reduction::None, Reduction::Sum] {
-        let options = CrossEntropyOptions {
-            target_check: TargetCheck::Off,
-            label_smoothing: 0.1,
-            ..CrossEntropyOptions::new(reduction)
-        };
+        let options = CrossEntropyOptions::new(reduction)
+            .with_target_check(TargetCheck::Off)
+            .with_label_smoothing(0.1);
         check_bad_targets(TestBackend::Fusion, &options, true);
         check_bad_targets(TestBackend::Flex, &options, true);
     }

@@ -9,7 +9,7 @@ use crate::common::*;
 use crate::run_call::{tracked_call, untracked_call};
 use burn::tensor::{DType, Int, Tensor};
 use burn_fused_ce::{
-    CrossEntropyError, CrossEntropyOptions, ExtraOutputs, Reduction, TargetCheck,
+    CrossEntropyError, CrossEntropyOptions, EntropyOutput, ExtraOutputs, Reduction, TargetCheck,
     fused_cross_entropy, test_hooks, try_fused_cross_entropy,
 };
 use rand::Rng;
@@ -154,7 +154,7 @@ pub(crate) fn check_outputs(
     assert_eq!(out.lse.is_some(), wanted.lse, "{context}: lse present");
     assert_eq!(
         out.entropy.is_some(),
-        wanted.entropy,
+        wanted.entropy.is_on(),
         "{context}: entropy present"
     );
     if let Some(z) = &out.z_loss {
@@ -549,7 +549,11 @@ fn rows_512_vocab_32000() {
             case.options.outputs = ExtraOutputs {
                 accuracy: true,
                 predicted: true,
-                entropy,
+                entropy: if entropy {
+                    EntropyOutput::Metric
+                } else {
+                    EntropyOutput::Off
+                },
                 ..ExtraOutputs::default()
             };
         }
@@ -570,14 +574,12 @@ fn empty_batch() {
         for reduction in REDUCTIONS {
             let context = format!("{reduction:?} all_options={all_options}");
             let options = if all_options {
-                CrossEntropyOptions {
-                    label_smoothing: 0.1,
-                    z_loss_scale: 1e-4,
-                    softcap: Some(30.0),
-                    ignore_index: 3,
-                    outputs: ExtraOutputs::all(),
-                    ..CrossEntropyOptions::new(reduction)
-                }
+                CrossEntropyOptions::new(reduction)
+                    .with_label_smoothing(0.1)
+                    .with_z_loss_scale(1e-4)
+                    .with_softcap(Some(30.0))
+                    .with_ignore_index(3)
+                    .with_outputs(ExtraOutputs::all())
             } else {
                 CrossEntropyOptions::new(reduction)
             };
@@ -717,20 +719,15 @@ fn unchecked_out_of_range_target_poisons_only_its_row() {
     poisoned();
     for class_weights in [false, true] {
         for reduction in [Reduction::None, Reduction::Sum] {
-            let options = CrossEntropyOptions {
-                target_check: TargetCheck::Off,
-                ..CrossEntropyOptions::new(reduction)
-            };
+            let options = CrossEntropyOptions::new(reduction).with_target_check(TargetCheck::Off);
             check_bad_targets(TestBackend::Cube, &options, class_weights);
         }
     }
-    let all = CrossEntropyOptions {
-        target_check: TargetCheck::Off,
-        label_smoothing: 0.1,
-        z_loss_scale: 1e-4,
-        softcap: Some(30.0),
-        ..CrossEntropyOptions::new(Reduction::None)
-    };
+    let all = CrossEntropyOptions::new(Reduction::None)
+        .with_target_check(TargetCheck::Off)
+        .with_label_smoothing(0.1)
+        .with_z_loss_scale(1e-4)
+        .with_softcap(Some(30.0));
     check_bad_targets(TestBackend::Cube, &all, true);
 }
 
@@ -822,10 +819,8 @@ fn checked_out_of_range_target_is_an_error() {
     targets[1] = vocab as i64 + 5;
     targets[4] = -3;
     let (logits, _) = logits_tensor(values, rows, vocab, DType::F32, &device);
-    let options = CrossEntropyOptions {
-        target_check: TargetCheck::Immediate,
-        ..CrossEntropyOptions::new(Reduction::None)
-    };
+    let options =
+        CrossEntropyOptions::new(Reduction::None).with_target_check(TargetCheck::Immediate);
     let err = try_fused_cross_entropy(
         logits.clone(),
         targets_tensor(&targets, &device),

@@ -3,9 +3,9 @@
 //! surfaces).
 
 use burn::tensor::{DType, Device, Tensor};
+use burn_fused_ce::target_check::wait_for_target_checks;
 use burn_fused_ce::{
     CrossEntropyError, FusedCrossEntropyLossConfig, GradientPlan, Reduction, TargetCheck,
-    wait_for_target_checks,
 };
 
 use super::bad_input::panic_message;

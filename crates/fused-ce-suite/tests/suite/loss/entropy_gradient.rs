@@ -2,15 +2,17 @@
 //! with per-row `a` and `b`): the loss and the fused linear cross-entropy, every
 //! reduction in the plans that read the logits in backward (`Reduction::None`,
 //! `GradientPlan::TwoPass`), every option, f32/f16/bf16 where the runtime has them,
-//! against the f64 reference; the reference's formula against finite differences; the
-//! one pass refusing in backward, with a message that names the plans that can.
+//! against the f64 reference; the reference's formula against finite differences; an
+//! explicit one pass refusing a differentiable entropy at forward, and a metric entropy
+//! costing the one pass nothing.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Distribution, Tensor, TensorData};
+use burn_fused_ce::test_hooks;
 use burn_fused_ce::{
-    CrossEntropyError, CrossEntropyOptions, CrossEntropyOutput, ExtraOutputs, GradientPlan,
-    LinearChunking, Reduction, try_fused_cross_entropy, try_fused_linear_cross_entropy,
+    CrossEntropyError, CrossEntropyOptions, CrossEntropyOutput, EntropyOutput, ExtraOutputs,
+    FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig, GradientPlan, LinearChunking,
+    LinearCrossEntropyInputs, LmHead, Reduction, try_fused_cross_entropy,
+    try_fused_linear_cross_entropy,
 };
 use rand::{Rng, rngs::SmallRng};
 
@@ -126,9 +128,14 @@ fn cases(dtypes: &[DType], rows: usize, vocab: usize) -> Vec<EntropyCase> {
             for variant in 0..6 {
                 n += 1;
                 let mut options = CrossEntropyOptions::new(reduction);
-                options.gradient_plan = GradientPlan::TwoPass;
+                // The default plan keeps the logits for a differentiable entropy itself.
+                options.gradient_plan = if n % 2 == 0 {
+                    GradientPlan::TwoPass
+                } else {
+                    GradientPlan::Auto
+                };
                 options.outputs = ExtraOutputs {
-                    entropy: true,
+                    entropy: EntropyOutput::Differentiable,
                     ..ExtraOutputs::default()
                 };
                 match variant {
@@ -294,21 +301,23 @@ fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
     let targets_ad = targets_tensor(&targets, &device);
     let (loss, entropy) = if case.three_d {
         flat_outputs(try_fused_linear_cross_entropy(
-            hidden.clone().reshape([2, rows / 2, width]),
-            weight.clone(),
-            Some(bias.clone()),
-            targets_ad.reshape([2, rows / 2]),
-            weights,
+            LinearCrossEntropyInputs::new(
+                hidden.clone().reshape([2, rows / 2, width]),
+                LmHead::new(weight.clone()).with_bias(Some(bias.clone())),
+                targets_ad.reshape([2, rows / 2]),
+            )
+            .with_class_weights(weights),
             &case.options,
             &chunking,
         ))
     } else {
         flat_outputs(try_fused_linear_cross_entropy(
-            hidden.clone(),
-            weight.clone(),
-            Some(bias.clone()),
-            targets_ad,
-            weights,
+            LinearCrossEntropyInputs::new(
+                hidden.clone(),
+                LmHead::new(weight.clone()).with_bias(Some(bias.clone())),
+                targets_ad,
+            )
+            .with_class_weights(weights),
             &case.options,
             &chunking,
         ))
@@ -408,96 +417,151 @@ fn entropy_gradient_formula_matches_finite_differences() {
 }
 
 /// The message a panic carried.
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
+/// An explicit `GradientPlan::OnePass` with a differentiable entropy is refused at
+/// forward, by the functions and by the configs' `try_init`, for every reduction: the one
+/// pass forms the loss's gradient alone.
+#[test]
+fn one_pass_with_a_differentiable_entropy_is_refused_at_forward() {
+    let seed = fresh_seed();
+    let mut rng = rng(seed);
+    let device = TestBackend::Fusion.device().autodiff();
+    let (rows, vocab, width) = (6, 33, 8);
+    let targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
+    let is_refused = |result: Result<(), CrossEntropyError>, what: &str| match result {
+        Err(CrossEntropyError::InvalidOption { name, .. }) => {
+            assert_eq!(name, "gradient_plan", "seed={seed}: {what}")
+        }
+        other => panic!("seed={seed}: {what}: expected the plan refused, got {other:?}"),
+    };
+    for reduction in REDUCTIONS {
+        let options = CrossEntropyOptions::new(reduction)
+            .with_gradient_plan(GradientPlan::OnePass)
+            .with_outputs(ExtraOutputs {
+                entropy: EntropyOutput::Differentiable,
+                ..ExtraOutputs::default()
+            });
+        let (logits, _) = logits_tensor(
+            random_logits(&mut rng, rows, vocab),
+            rows,
+            vocab,
+            DType::F32,
+            &device,
+        );
+        let result = try_fused_cross_entropy(
+            logits.require_grad(),
+            targets_tensor(&targets, &device),
+            None,
+            &options,
+        );
+        is_refused(result.map(drop), "the loss");
+        let hidden = Tensor::<2>::random([rows, width], Distribution::Default, &device);
+        let weight = Tensor::<2>::random([width, vocab], Distribution::Default, &device);
+        let inputs = LinearCrossEntropyInputs::new(
+            hidden.require_grad(),
+            LmHead::new(weight.require_grad()),
+            targets_tensor(&targets, &device),
+        );
+        let result = try_fused_linear_cross_entropy(inputs, &options, &LinearChunking::default());
+        is_refused(result.map(drop), "the fused linear cross-entropy");
+        let config = FusedCrossEntropyLossConfig::new()
+            .with_reduction(reduction)
+            .with_gradient_plan(GradientPlan::OnePass)
+            .with_outputs(options.outputs);
+        is_refused(config.try_init(&device).map(drop), "the loss's config");
+        let linear = FusedLinearCrossEntropyLossConfig::new().with_loss(config);
+        is_refused(linear.try_init(&device).map(drop), "the linear config");
+    }
 }
 
-/// Under the one pass the entropy cannot be differentiated: backward says so and names
-/// the plans that can, for the loss and the fused linear cross-entropy; the loss alone
-/// still differentiates there.
+/// A metric entropy is a constant: under the default plan `Mean` keeps the one pass (the
+/// fused linear op forms no logits in backward), the entropy is the reference's, and an
+/// objective that uses it anyway differentiates as the loss alone does. A differentiable
+/// entropy under the same default plan takes the two passes.
 #[test]
-fn one_pass_refuses_to_differentiate_the_entropy() {
+fn a_metric_entropy_has_no_gradient_and_keeps_the_one_pass() {
     let _backward = shared_device();
     let seed = fresh_seed();
     let mut rng = rng(seed);
     let device = TestBackend::Fusion.device().autodiff();
     let (rows, vocab, width) = (6, 33, 8);
-    let mut options = CrossEntropyOptions::new(Reduction::Mean);
-    options.outputs.entropy = true;
-    let targets = random_targets(&mut rng, rows, vocab, Ignore::NoRows, -100);
-    let (logits, _) = logits_tensor(
-        random_logits(&mut rng, rows, vocab),
-        rows,
-        vocab,
-        DType::F32,
+    let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
+    let hidden = Tensor::<2>::random([rows, width], Distribution::Default, &device);
+    let weight = Tensor::<2>::random([width, vocab], Distribution::Default, &device);
+    let bonus = Tensor::<1>::from_floats(
+        (0..rows)
+            .map(|_| rng.random_range(0.2f32..2.0))
+            .collect::<Vec<_>>()
+            .as_slice(),
         &device,
     );
-    let hidden = Tensor::<2>::random([rows, width], burn::tensor::Distribution::Default, &device)
-        .require_grad();
-    let weight = Tensor::<2>::random([width, vocab], burn::tensor::Distribution::Default, &device)
-        .require_grad();
-    let run_loss = |use_entropy: bool| {
-        let logits = logits.clone().require_grad();
-        let out = try_fused_cross_entropy(
-            logits.clone(),
-            targets_tensor(&targets, &device),
-            None,
-            &options,
-        )
-        .expect("valid input");
-        let entropy = out.entropy.expect("asked for");
-        let objective = if use_entropy {
-            out.loss - entropy.sum() * 0.1
-        } else {
-            out.loss
-        };
-        let grads = objective.backward();
-        logits.grad(&grads).is_some()
-    };
-    let run_linear = |use_entropy: bool| {
-        let out = try_fused_linear_cross_entropy(
+    // The objective `loss - sum_i b_i H_i`, its gradient of the hidden states, and the
+    // logits products the call asked for.
+    let run = |entropy: EntropyOutput| {
+        let hidden = hidden.clone().require_grad();
+        let options = CrossEntropyOptions::new(Reduction::Mean).with_outputs(ExtraOutputs {
+            entropy,
+            ..ExtraOutputs::default()
+        });
+        let before = test_hooks::linear_product_counts().logits;
+        let inputs = LinearCrossEntropyInputs::new(
             hidden.clone(),
-            weight.clone(),
-            None,
+            LmHead::new(weight.clone()),
             targets_tensor(&targets, &device),
-            None,
-            &options,
-            &LinearChunking::default(),
-        )
-        .expect("valid input");
+        );
+        let out = try_fused_linear_cross_entropy(inputs, &options, &LinearChunking::default())
+            .expect("valid input");
         let entropy = out.entropy.expect("asked for");
-        let objective = if use_entropy {
-            out.loss - entropy.sum() * 0.1
-        } else {
-            out.loss
-        };
+        let objective = out.loss - (entropy.clone() * bonus.clone()).sum();
         let grads = objective.backward();
-        hidden.grad(&grads).is_some()
+        let grad = data_to_f64(hidden.grad(&grads).expect("tracked").into_data());
+        let products = test_hooks::linear_product_counts().logits - before;
+        (data_to_f64(entropy.into_data()), grad, products)
     };
-    assert!(
-        run_loss(false),
-        "seed={seed}: the loss alone differentiates"
+    let (metric, metric_grad, metric_products) = run(EntropyOutput::Metric);
+    let (differentiable, differentiable_grad, differentiable_products) =
+        run(EntropyOutput::Differentiable);
+    assert_eq!(
+        metric_products, 1,
+        "seed={seed}: the one pass forms the logits once"
     );
-    assert!(
-        run_linear(false),
-        "seed={seed}: the loss alone differentiates"
+    assert_eq!(
+        differentiable_products, 2,
+        "seed={seed}: two passes form them again in backward"
     );
-    for (name, result) in [
-        ("loss", catch_unwind(AssertUnwindSafe(|| run_loss(true)))),
-        (
-            "fused linear",
-            catch_unwind(AssertUnwindSafe(|| run_linear(true))),
-        ),
-    ] {
-        let message =
-            panic_message(result.expect_err("the one pass cannot differentiate the entropy"));
+    for (a, b) in metric.iter().zip(&differentiable) {
         assert!(
-            message.contains("GradientPlan::TwoPass") && message.contains("Reduction::None"),
-            "seed={seed}: {name}: the message names the plans that can: {message}"
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "seed={seed}: entropies {a} {b}"
         );
     }
+    // The loss alone, with no entropy asked for.
+    let loss_alone = {
+        let hidden = hidden.clone().require_grad();
+        let inputs = LinearCrossEntropyInputs::new(
+            hidden.clone(),
+            LmHead::new(weight.clone()),
+            targets_tensor(&targets, &device),
+        );
+        let options = CrossEntropyOptions::new(Reduction::Mean);
+        let out = try_fused_linear_cross_entropy(inputs, &options, &LinearChunking::default())
+            .expect("valid input");
+        let grads = out.loss.backward();
+        data_to_f64(hidden.grad(&grads).expect("tracked").into_data())
+    };
+    let mut entropy_moved_it = false;
+    for ((m, l), d) in metric_grad
+        .iter()
+        .zip(&loss_alone)
+        .zip(&differentiable_grad)
+    {
+        assert!(
+            (m - l).abs() <= 1e-5 * (1.0 + l.abs()),
+            "seed={seed}: a metric entropy adds no gradient: {m} against {l}"
+        );
+        entropy_moved_it |= (d - l).abs() > 1e-3 * (1.0 + l.abs());
+    }
+    assert!(
+        entropy_moved_it,
+        "seed={seed}: a differentiable entropy changes the gradient"
+    );
 }

@@ -50,10 +50,7 @@ fn check_ownership(backend: TestBackend, held: bool) {
         );
         let (options, weights) = if options_on {
             (
-                CrossEntropyOptions {
-                    ignore_index: -100,
-                    ..super::options::all_options(reduction, vocab)
-                },
+                super::options::all_options(reduction, vocab).with_ignore_index(-100),
                 Some(weights.as_slice()),
             )
         } else {

@@ -35,10 +35,7 @@ fn check_llm_shape(rows: usize, vocab: usize, dtype: DType, reduction: Reduction
     let seen = sample_rows(&inner);
 
     let leaf = inner.autodiff().require_grad();
-    let options = CrossEntropyOptions {
-        gradient_plan: plan(one_pass),
-        ..CrossEntropyOptions::new(reduction)
-    };
+    let options = CrossEntropyOptions::new(reduction).with_gradient_plan(plan(one_pass));
     // `leaf * 1.0` is an intermediate nobody holds: backward writes over it in place.
     let loss = fused_cross_entropy(
         leaf.clone() * 1.0,
@@ -207,10 +204,7 @@ fn check_big_index(rows: usize, vocab: usize, reduction: Reduction, one_pass: bo
     let loss = fused_cross_entropy(
         leaf.clone() * 1.0,
         targets_tensor(&targets, &device.clone().autodiff()),
-        &CrossEntropyOptions {
-            gradient_plan: plan(one_pass),
-            ..CrossEntropyOptions::new(reduction)
-        },
+        &CrossEntropyOptions::new(reduction).with_gradient_plan(plan(one_pass)),
     );
     let (objective, g) = match reduction {
         Reduction::None => {

@@ -36,10 +36,7 @@ fn check_log_probs(backend: TestBackend) {
         let values = random_logits(&mut rng, rows, vocab);
         let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
         let row_weights: Vec<f32> = (0..rows).map(|_| rng.random_range(0.2..2.0)).collect();
-        let options = CrossEntropyOptions {
-            softcap,
-            ..CrossEntropyOptions::new(Reduction::None)
-        };
+        let options = CrossEntropyOptions::new(Reduction::None).with_softcap(softcap);
         let logits =
             Tensor::<2>::from_data(TensorData::new(values.clone(), [rows, vocab]), &device)
                 .require_grad();

@@ -6,6 +6,7 @@ mod backends;
 mod bad_input;
 pub(crate) mod contract;
 mod defaults;
+mod dtypes;
 mod entropy_gradient;
 mod in_place;
 mod llm_shapes;

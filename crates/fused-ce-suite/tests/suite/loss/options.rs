@@ -6,7 +6,7 @@
 //! (smaller) on Flex through the portable path.
 
 use burn::tensor::DType;
-use burn_fused_ce::{CrossEntropyOptions, ExtraOutputs, Reduction};
+use burn_fused_ce::{CrossEntropyOptions, EntropyOutput, ExtraOutputs, Reduction};
 
 use super::contract::{Case, REDUCTIONS, check_case, check_confident, poisoned};
 use crate::common::*;
@@ -28,116 +28,62 @@ fn single_options(vocab: usize) -> Vec<(&'static str, CrossEntropyOptions, bool)
     vec![
         (
             "label_smoothing 0.1",
-            CrossEntropyOptions {
-                label_smoothing: 0.1,
-                ..base.clone()
-            },
+            base.clone().with_label_smoothing(0.1),
             false,
         ),
         (
             "label_smoothing 1",
-            CrossEntropyOptions {
-                label_smoothing: 1.0,
-                ..base.clone()
-            },
+            base.clone().with_label_smoothing(1.0),
             false,
         ),
-        (
-            "z_loss 1e-4",
-            CrossEntropyOptions {
-                z_loss_scale: 1e-4,
-                ..base.clone()
-            },
-            false,
-        ),
+        ("z_loss 1e-4", base.clone().with_z_loss_scale(1e-4), false),
         // Large enough that a wrong z-loss gradient or denominator shows in f16 too.
-        (
-            "z_loss 0.05",
-            CrossEntropyOptions {
-                z_loss_scale: 0.05,
-                ..base.clone()
-            },
-            false,
-        ),
-        (
-            "softcap 30",
-            CrossEntropyOptions {
-                softcap: Some(30.0),
-                ..base.clone()
-            },
-            false,
-        ),
-        (
-            "softcap 4",
-            CrossEntropyOptions {
-                softcap: Some(4.0),
-                ..base.clone()
-            },
-            false,
-        ),
+        ("z_loss 0.05", base.clone().with_z_loss_scale(0.05), false),
+        ("softcap 30", base.clone().with_softcap(Some(30.0)), false),
+        ("softcap 4", base.clone().with_softcap(Some(4.0)), false),
         (
             "temperature 0.7",
-            CrossEntropyOptions {
-                temperature: Some(0.7),
-                ..base.clone()
-            },
+            base.clone().with_temperature(Some(0.7)),
             false,
         ),
         (
             "temperature 2.5 + softcap 4",
-            CrossEntropyOptions {
-                temperature: Some(2.5),
-                softcap: Some(4.0),
-                ..base.clone()
-            },
+            base.clone()
+                .with_temperature(Some(2.5))
+                .with_softcap(Some(4.0)),
             false,
         ),
         ("class weights", base.clone(), true),
         (
             "ignore inside",
-            CrossEntropyOptions {
-                ignore_index: inside_ignore(vocab),
-                ..base.clone()
-            },
+            base.clone().with_ignore_index(inside_ignore(vocab)),
             false,
         ),
         (
             "all outputs",
-            CrossEntropyOptions {
-                outputs: ExtraOutputs::all(),
-                ..base.clone()
-            },
+            base.clone().with_outputs(ExtraOutputs::all()),
             false,
         ),
         // The z-loss under Mean has its own denominator n, the cross-entropy D: with
         // weights they differ.
         (
             "z_loss 0.05 + class weights",
-            CrossEntropyOptions {
-                z_loss_scale: 0.05,
-                outputs: ExtraOutputs {
+            base.clone()
+                .with_z_loss_scale(0.05)
+                .with_outputs(ExtraOutputs {
                     z_loss: true,
                     ..ExtraOutputs::default()
-                },
-                ..base.clone()
-            },
+                }),
             true,
         ),
         (
             "label_smoothing 0.2 + class weights",
-            CrossEntropyOptions {
-                label_smoothing: 0.2,
-                ..base.clone()
-            },
+            base.clone().with_label_smoothing(0.2),
             true,
         ),
         (
             "softcap 4 + z_loss 0.05",
-            CrossEntropyOptions {
-                softcap: Some(4.0),
-                z_loss_scale: 0.05,
-                ..base
-            },
+            base.clone().with_softcap(Some(4.0)).with_z_loss_scale(0.05),
             false,
         ),
     ]
@@ -154,16 +100,14 @@ fn single_options(vocab: usize) -> Vec<(&'static str, CrossEntropyOptions, bool)
 /// measure, not a wrong result; with both off the loss and gradient must be exactly 0.
 pub(crate) fn all_options(reduction: Reduction, vocab: usize) -> CrossEntropyOptions {
     let one_class = vocab == 1;
-    CrossEntropyOptions {
-        reduction,
-        ignore_index: inside_ignore(vocab),
-        label_smoothing: if one_class { 0.0 } else { 0.1 },
-        z_loss_scale: if one_class { 0.0 } else { 1e-4 },
-        temperature: Some(1.3),
-        softcap: Some(30.0),
-        outputs: ExtraOutputs::all(),
-        ..CrossEntropyOptions::default()
-    }
+    CrossEntropyOptions::default()
+        .with_reduction(reduction)
+        .with_ignore_index(inside_ignore(vocab))
+        .with_label_smoothing(if one_class { 0.0 } else { 0.1 })
+        .with_z_loss_scale(if one_class { 0.0 } else { 1e-4 })
+        .with_temperature(Some(1.3))
+        .with_softcap(Some(30.0))
+        .with_outputs(ExtraOutputs::all())
 }
 
 /// The two autodiff plans for `Mean`/`Sum` (gradient formed in forward, or statistics
@@ -188,11 +132,10 @@ fn check_singles(backend: TestBackend, rows: usize, vocab: usize, dtypes: &[DTyp
                     check_case(
                         backend,
                         Case {
-                            options: CrossEntropyOptions {
-                                reduction,
-                                gradient_plan: plan(one_pass),
-                                ..options.clone()
-                            },
+                            options: options
+                                .clone()
+                                .with_reduction(reduction)
+                                .with_gradient_plan(plan(one_pass)),
                             class_weights,
                             exclusive_logits: n % 2 == 0,
                             via_module: n % 3 == 0,
@@ -224,10 +167,7 @@ fn check_combined(
                         continue;
                     }
                     n += 1;
-                    let options = CrossEntropyOptions {
-                        gradient_plan: plan(one_pass),
-                        ..all_options(reduction, vocab)
-                    };
+                    let options = all_options(reduction, vocab).with_gradient_plan(plan(one_pass));
                     check_case(
                         backend,
                         Case {
@@ -246,10 +186,7 @@ fn check_combined(
     }
     for reduction in REDUCTIONS {
         for one_pass in plans(reduction) {
-            let options = CrossEntropyOptions {
-                gradient_plan: plan(one_pass),
-                ..all_options(reduction, 129)
-            };
+            let options = all_options(reduction, 129).with_gradient_plan(plan(one_pass));
             // Every row ignored, every option on: 0 loss, 0 gradient for Mean (no NaN).
             for exclusive_logits in [false, true] {
                 check_case(
@@ -324,11 +261,9 @@ fn options_on_flex_through_the_portable_path() {
 
 /// Every extra output asked for, with `reduction` and the gradient plan `one_pass` picks.
 fn every_output(reduction: Reduction, one_pass: bool) -> CrossEntropyOptions {
-    CrossEntropyOptions {
-        outputs: ExtraOutputs::all(),
-        gradient_plan: plan(one_pass),
-        ..CrossEntropyOptions::new(reduction)
-    }
+    CrossEntropyOptions::new(reduction)
+        .with_outputs(ExtraOutputs::all())
+        .with_gradient_plan(plan(one_pass))
 }
 
 /// Each extra output alone (the others absent) x reduction, with logits rounded to
@@ -352,7 +287,7 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
             ..ExtraOutputs::default()
         },
         ExtraOutputs {
-            entropy: true,
+            entropy: EntropyOutput::Metric,
             ..ExtraOutputs::default()
         },
         ExtraOutputs::all(),
@@ -366,15 +301,13 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
                     check_case(
                         backend,
                         Case {
-                            options: CrossEntropyOptions {
-                                outputs,
-                                z_loss_scale: if n % 2 == 0 { 1e-3 } else { 0.0 },
-                                softcap: (n % 3 == 0).then_some(10.0),
+                            options: CrossEntropyOptions::new(reduction)
+                                .with_outputs(outputs)
+                                .with_z_loss_scale(if n % 2 == 0 { 1e-3 } else { 0.0 })
+                                .with_softcap((n % 3 == 0).then_some(10.0))
                                 // The entropy (and the rest) after the temperature too.
-                                temperature: (n % 5 == 0).then_some(0.7),
-                                gradient_plan: plan(one_pass),
-                                ..CrossEntropyOptions::new(reduction)
-                            },
+                                .with_temperature((n % 5 == 0).then_some(0.7))
+                                .with_gradient_plan(plan(one_pass)),
                             ties,
                             exclusive_logits: n % 2 == 1,
                             // With class weights the mean divides by their sum, the accuracy
@@ -401,12 +334,10 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
         check_case(
             backend,
             Case {
-                options: CrossEntropyOptions {
-                    outputs: ExtraOutputs::all(),
-                    z_loss_scale: 1e-3,
-                    gradient_plan: plan(one_pass),
-                    ..CrossEntropyOptions::new(reduction)
-                },
+                options: CrossEntropyOptions::new(reduction)
+                    .with_outputs(ExtraOutputs::all())
+                    .with_z_loss_scale(1e-3)
+                    .with_gradient_plan(plan(one_pass)),
                 ignore: Ignore::AllRows,
                 ..Case::new(37, 129, DType::F32, reduction)
             },
@@ -442,18 +373,16 @@ fn check_extra_outputs(backend: TestBackend, dtypes: &[DType], one_pass: bool) {
         // again where a -inf made that NaN).
         for reduction in [Reduction::None, Reduction::Mean] {
             let entropy = ExtraOutputs {
-                entropy: true,
+                entropy: EntropyOutput::Metric,
                 ..ExtraOutputs::default()
             };
             for outputs in [ExtraOutputs::all(), entropy] {
                 check_case(
                     backend,
                     Case {
-                        options: CrossEntropyOptions {
-                            outputs,
-                            gradient_plan: plan(one_pass),
-                            ..CrossEntropyOptions::new(reduction)
-                        },
+                        options: CrossEntropyOptions::new(reduction)
+                            .with_outputs(outputs)
+                            .with_gradient_plan(plan(one_pass)),
                         negative_infinities: 40,
                         ..Case::new(6, 20480, dtype, reduction)
                     },
@@ -489,22 +418,13 @@ fn check_confident_with_options(backend: TestBackend) {
         .into_iter()
         .filter(|&dtype| dtype != DType::F32)
     {
-        let all = CrossEntropyOptions {
-            outputs: ExtraOutputs::default(),
-            ..all_options(Reduction::Sum, 1000)
-        };
+        let all = all_options(Reduction::Sum, 1000).with_outputs(ExtraOutputs::default());
         check_confident(backend, dtype, &all, true);
         // One option at a time as well: smoothing and weights otherwise dominate the
         // target column, hiding the `p_y - 1` cancellation.
         for options in [
-            CrossEntropyOptions {
-                z_loss_scale: 1e-4,
-                ..CrossEntropyOptions::new(Reduction::Sum)
-            },
-            CrossEntropyOptions {
-                softcap: Some(30.0),
-                ..CrossEntropyOptions::new(Reduction::Sum)
-            },
+            CrossEntropyOptions::new(Reduction::Sum).with_z_loss_scale(1e-4),
+            CrossEntropyOptions::new(Reduction::Sum).with_softcap(Some(30.0)),
         ] {
             check_confident(backend, dtype, &options, false);
         }

@@ -110,10 +110,7 @@ fn check_shared_logits(backend: TestBackend) {
                 "{} {reduction:?} one_pass={one_pass} seed={seed}",
                 backend.name()
             );
-            let options = CrossEntropyOptions {
-                gradient_plan: plan(one_pass),
-                ..CrossEntropyOptions::new(reduction)
-            };
+            let options = CrossEntropyOptions::new(reduction).with_gradient_plan(plan(one_pass));
             let (leaf, seen) = logits_tensor(values.clone(), rows, vocab, DType::F32, &device);
             let (o, o_seen) = logits_tensor(other.clone(), rows, vocab, DType::F32, &device);
             let leaf = leaf.require_grad();

@@ -350,14 +350,12 @@ fn check_window(
         "{} {layout:?} b={b} t={t} v={v} {dtype:?} {reduction:?} options={options_on} exclusive={exclusive} one_pass={one_pass} seed={seed}",
         backend.name()
     );
-    let options = CrossEntropyOptions {
-        gradient_plan: plan(one_pass),
-        ..if options_on {
-            all_options(reduction, v)
-        } else {
-            CrossEntropyOptions::new(reduction)
-        }
-    };
+    let options = if options_on {
+        all_options(reduction, v)
+    } else {
+        CrossEntropyOptions::new(reduction)
+    }
+    .with_gradient_plan(plan(one_pass));
     let rows = b * t;
     let w = window(layout, b, t, v);
     let big_len: usize = w.big_dims.iter().product();

@@ -55,15 +55,13 @@ fn check_metrics(backend: TestBackend) {
         let context = format!("{} z-loss {z_loss_scale} seed={seed}", backend.name());
         let values = random_logits(&mut rng, rows, vocab);
         let targets = random_targets(&mut rng, rows, vocab, Ignore::SomeRows, -100);
-        let options = CrossEntropyOptions {
-            z_loss_scale,
-            outputs: ExtraOutputs {
+        let options = CrossEntropyOptions::new(Reduction::Mean)
+            .with_z_loss_scale(z_loss_scale)
+            .with_outputs(ExtraOutputs {
                 accuracy: true,
                 z_loss: true,
                 ..ExtraOutputs::default()
-            },
-            ..CrossEntropyOptions::new(Reduction::Mean)
-        };
+            });
         let logits =
             Tensor::<2>::from_data(TensorData::new(values.clone(), [rows, vocab]), &device)
                 .require_grad();
@@ -141,18 +139,13 @@ fn the_sequence_output_names_the_option_it_needs() {
         ("outputs.accuracy", CrossEntropyOptions::default()),
         (
             "reduction",
-            CrossEntropyOptions {
-                outputs: with_accuracy,
-                ..CrossEntropyOptions::new(Reduction::Sum)
-            },
+            CrossEntropyOptions::new(Reduction::Sum).with_outputs(with_accuracy),
         ),
         (
             "outputs.z_loss",
-            CrossEntropyOptions {
-                outputs: with_accuracy,
-                z_loss_scale: 1e-4,
-                ..CrossEntropyOptions::default()
-            },
+            CrossEntropyOptions::default()
+                .with_outputs(with_accuracy)
+                .with_z_loss_scale(1e-4),
         ),
     ];
     for (option, options) in cases {
@@ -261,13 +254,10 @@ fn a_batch_of_ignored_tokens_leaves_the_running_metrics() {
     let mut rng = rng(seed);
     let device = device();
     let (rows, vocab) = (9, 50);
-    let options = CrossEntropyOptions {
-        outputs: ExtraOutputs {
-            accuracy: true,
-            ..ExtraOutputs::default()
-        },
-        ..CrossEntropyOptions::new(Reduction::Mean)
-    };
+    let options = CrossEntropyOptions::new(Reduction::Mean).with_outputs(ExtraOutputs {
+        accuracy: true,
+        ..ExtraOutputs::default()
+    });
     let mut accuracy = AccuracyMetric::new();
     let mut perplexity = PerplexityMetric::new();
     let running = |metric: &dyn Fn() -> Option<NumericEntry>| match metric() {

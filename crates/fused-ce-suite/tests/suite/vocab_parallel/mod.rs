@@ -13,10 +13,13 @@ use burn::tensor::{
     DType, Device, Int, Tensor, TensorData,
     distributed::{DistributedConfig, DistributedContext, ReduceOperation},
 };
-use burn_fused_ce::{
-    CrossEntropyError, CrossEntropyOptions, DistributedExchange, ExtraOutputs, InProcessExchange,
-    Reduction, ShardExchange, VocabShard, try_fused_cross_entropy,
+use burn_fused_ce::vocab_parallel::{
+    DistributedExchange, InProcessExchange, ShardExchange, VocabShard,
     try_vocab_parallel_cross_entropy,
+};
+use burn_fused_ce::{
+    CrossEntropyError, CrossEntropyOptions, EntropyOutput, ExtraOutputs, Reduction,
+    try_fused_cross_entropy,
 };
 use rand::Rng;
 
@@ -502,7 +505,7 @@ fn one_shard_per_device_through_burn_all_reduce() {
 /// Every extra output the vocabulary-parallel loss has (all but the entropy).
 fn shard_outputs() -> ExtraOutputs {
     ExtraOutputs {
-        entropy: false,
+        entropy: EntropyOutput::Off,
         ..ExtraOutputs::all()
     }
 }
@@ -532,31 +535,25 @@ fn vocab_parallel_refuses_temperature_given_denominators_and_entropy() {
         );
         matches!(result, Err(CrossEntropyError::InvalidOption { name: n, .. }) if n == name)
     };
-    let temperature = CrossEntropyOptions {
-        temperature: Some(0.7),
-        ..CrossEntropyOptions::default()
-    };
+    let temperature = CrossEntropyOptions::default().with_temperature(Some(0.7));
     assert!(
         refused(temperature, "temperature", &mut rng),
         "seed {seed}: temperature"
     );
-    let given = CrossEntropyOptions {
-        mean_denominators: Some(burn_fused_ce::MeanDenominators::rows(4)),
-        ..CrossEntropyOptions::default()
-    };
+    let given = CrossEntropyOptions::default()
+        .with_mean_denominators(Some(burn_fused_ce::MeanDenominators::rows(4)));
     assert!(
         refused(given, "mean_denominators", &mut rng),
         "seed {seed}: denominators"
     );
-    let entropy = CrossEntropyOptions {
-        outputs: ExtraOutputs {
-            entropy: true,
+    for entropy in [EntropyOutput::Metric, EntropyOutput::Differentiable] {
+        let options = CrossEntropyOptions::default().with_outputs(ExtraOutputs {
+            entropy,
             ..ExtraOutputs::default()
-        },
-        ..CrossEntropyOptions::default()
-    };
-    assert!(
-        refused(entropy, "outputs.entropy", &mut rng),
-        "seed {seed}: entropy"
-    );
+        });
+        assert!(
+            refused(options, "outputs.entropy", &mut rng),
+            "seed {seed}: {entropy:?} entropy"
+        );
+    }
 }

@@ -4,7 +4,8 @@
 //! of 0. Every other row's loss and gradient stay those of the f64 reference.
 
 use burn::tensor::DType;
-use burn_fused_ce::{InProcessExchange, Reduction, VocabShard};
+use burn_fused_ce::Reduction;
+use burn_fused_ce::vocab_parallel::{InProcessExchange, VocabShard};
 use rand::Rng;
 
 use super::{ShardCase, ShardInputs, run_shards};

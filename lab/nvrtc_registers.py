@@ -4,7 +4,7 @@ runtime compiles it (NVRTC, sm_90a, -lineinfo), then `ptxas -v` counts its regis
 
     NVIDIA_ROOT=<folder with bin/ptxas, lib/libnvrtc.so.13, include> nvrtc_registers.py K.cu...
 
-`scripts/kernel_registers_offline.sh` fetches NVRTC and ptxas (NVIDIA's pip wheels) and
+`lab/kernel_registers_offline.sh` fetches NVRTC and ptxas (NVIDIA's pip wheels) and
 runs this on the kernels `crates/fused-ce-kernels/examples/cuda_source.rs` writes.
 """
 import ctypes, os, subprocess, sys

@@ -2,22 +2,22 @@
 # Registers of the one-pass kernel as it would be compiled on an H200, on a machine with
 # no GPU: `crates/fused-ce-kernels/examples/cuda_source.rs` (feature `cuda-source`) writes
 # the kernels' CUDA C++ (IR built through lavapipe), then NVRTC and ptxas from NVIDIA's pip
-# wheels (CUDA 13.0, fetched once by scripts/nvidia-wheels.sh) compile them for sm_90a.
+# wheels (CUDA 13.0, fetched once by lab/nvidia-wheels.sh) compile them for sm_90a.
 # Registers decide how many cubes an SM holds (docs/history.md).
 #
-#   scripts/kernel_registers_offline.sh [out-dir]      (FUSED_CE_TUNING="reread_loads=2"
+#   lab/kernel_registers_offline.sh [out-dir]          (FUSED_CE_TUNING="reread_loads=2"
 #   changes the tuning, as in a bench run)
-#   SASS=1 scripts/kernel_registers_offline.sh        (also each kernel's loops, from its
-#   SASS: cuobjdump and nvdisasm 13.2 wheels, fetched once; scripts/sass_loops.py)
+#   SASS=1 lab/kernel_registers_offline.sh            (also each kernel's loops, from its
+#   SASS: cuobjdump and nvdisasm 13.2 wheels, fetched once; lab/sass_loops.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sources="${1:-target/cuda-source}"
-. scripts/nvidia-wheels.sh
+. lab/nvidia-wheels.sh
 root="$nvidia_root"
 cache="$nvidia_cache"
 scripts/with-vulkan.sh cargo run -q -p fused-ce-kernels --features cuda-source \
   --example cuda_source -- "$sources" > /dev/null
-LD_LIBRARY_PATH="$root/lib" NVIDIA_ROOT="$root" python3 scripts/nvrtc_registers.py "$sources"/*.cu
+LD_LIBRARY_PATH="$root/lib" NVIDIA_ROOT="$root" python3 lab/nvrtc_registers.py "$sources"/*.cu
 if [ -n "${SASS:-}" ]; then
   if [ ! -x "$root/bin/cuobjdump" ] || [ ! -x "$root/bin/nvdisasm" ]; then
     python3 -m pip download --no-deps -q -d "$cache/wheels" \
@@ -30,6 +30,6 @@ if [ -n "${SASS:-}" ]; then
   for cubin in "$sources"/*.cubin; do
     echo "== $(basename "$cubin" .cubin)"
     PATH="$root/bin:$PATH" cuobjdump -sass "$cubin" > "${cubin%.cubin}.sass"
-    python3 scripts/sass_loops.py "${cubin%.cubin}.sass"
+    python3 lab/sass_loops.py "${cubin%.cubin}.sass"
   done
 fi

@@ -4,7 +4,7 @@ loop's length in instructions and its loads, stores and exponentials (`MUFU`), w
 most frequent opcodes. Instructions per element = a loop's length / elements per trip.
 
     cuobjdump -sass k.cubin > k.sass; sass_loops.py k.sass
-(`SASS=1 scripts/kernel_registers_offline.sh` does both for the one-pass kernel.)
+(`SASS=1 lab/kernel_registers_offline.sh` does both for the one-pass kernel.)
 """
 import collections, re, sys
 
