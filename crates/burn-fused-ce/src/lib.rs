@@ -23,14 +23,20 @@
 //! assert_eq!(grad.dims(), [8, 1000]);
 //! ```
 //!
-//! Options (reduction, ignore index, label smoothing, z-loss, softcap, class weights, the
-//! [`TargetCheck`], the [`GradientPlan`], [`ExtraOutputs`], [`FastMath`]) are the config's
-//! fields; [`fused_cross_entropy`] is the same loss without a module.
-//! [`FusedLinearCrossEntropyLoss`] computes the LM head and the loss in chunks of rows,
-//! never holding the N x V logits whole, and [`try_vocab_parallel_cross_entropy`] the
-//! loss of logits whose classes are split over devices. The ops plug into Burn as backend
-//! extensions; [`backend`] has what implementing them on another backend takes. The
-//! user's guide is `docs/usage.md` in the repository.
+//! The three ops (the `try_` forms and methods return bad input as a
+//! [`CrossEntropyError`], the others panic with its message):
+//!
+//! | op | takes | returns | costs |
+//! |---|---|---|---|
+//! | [`FusedCrossEntropyLoss`], [`fused_cross_entropy`] | logits `[N, V]` or `[B, T, V]` (f32, f16, bf16; rows may be strided), targets `[N]` or `[B, T]` (i64, i32), class weights `[V]` | the loss (one element, or one per row for `Reduction::None`) and the [`ExtraOutputs`] asked for, in a [`CrossEntropyOutput`] | one read of the logits in forward; for `Mean` and `Sum` the gradient is written over the logits in that same read (the one pass), otherwise backward reads them again; `O(N)` memory beside them |
+//! | [`FusedLinearCrossEntropyLoss`], [`fused_linear_cross_entropy`] | hidden states `[N, H]` or `[B, T, H]`, the LM head (a Burn `&Linear`, or an [`LmHead`]: weight `[H, V]`, bias `[V]`), targets, class weights | the same, and the gradients of the hidden states, the weight and the bias that are tracked | the head's matmuls chunk by chunk (three a step; four with two passes), one chunk's logits ([`LinearChunking`]) and the `[H, V]` weight gradient in memory, never the whole `N x V` logits |
+//! | [`vocab_parallel::try_vocab_parallel_cross_entropy`] | one device's shard of the logits `[N, V_s]`, the whole vocabulary's targets, a [`vocab_parallel::ShardExchange`] | the whole vocabulary's loss, and this shard's gradient | one read of the shard in forward (two with label smoothing) and one in backward, and an exchange of `O(N)` numbers per call |
+//!
+//! Options (reduction, ignore index, label smoothing, z-loss, temperature, softcap, class
+//! weights, the [`TargetCheck`], the [`GradientPlan`], [`ExtraOutputs`], [`FastMath`]) are
+//! the configs' fields and [`CrossEntropyOptions`]' for the functions. The ops plug into
+//! Burn as backend extensions; [`backend`] has what implementing them on another backend
+//! takes. The user's guide is `docs/usage.md` in the repository.
 #![allow(clippy::clone_on_copy)]
 
 mod autodiff_conversions;

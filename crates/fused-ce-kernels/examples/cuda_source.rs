@@ -1,6 +1,6 @@
 //! Writes the CUDA C++ of the one-pass kernel for the bench's LLM shapes, and of the
 //! forward kernel for the first and with the accuracy, into a folder, as the CUDA runtime's C++ backend compiles
-//! them for an H200: no GPU or runtime needed. `scripts/kernel_registers_offline.sh` builds
+//! them for an H200: no GPU or runtime needed. `lab/kernel_registers_offline.sh` builds
 //! and runs this, then compiles each kernel with NVRTC and ptxas from NVIDIA's pip wheels.
 //!
 //!   cargo run -p fused-ce-kernels --features cuda-source --example cuda_source -- OUT_DIR

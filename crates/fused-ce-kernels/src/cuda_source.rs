@@ -2,7 +2,7 @@
 //! compiles them for an H200, generated on a machine with no GPU and no runtime: each
 //! kernel is defined from its compilation arguments and an H200's properties, then
 //! compiled by cubecl-cpp's CUDA compiler. NVRTC and `ptxas -v` then check the result
-//! offline (`scripts/kernel_registers_offline.sh`): the inline PTX that only this backend
+//! offline (`lab/kernel_registers_offline.sh`): the inline PTX that only this backend
 //! takes (`base/ptx.rs`), and the registers, which decide how many cubes an SM holds. Tooling
 //! only, behind the `cuda-source` feature.
 

@@ -5,7 +5,12 @@
 //!   scripts/with-vulkan.sh cargo run --release --example train_lm            # tiny, CPU (lavapipe)
 //!   scripts/with-vulkan.sh cargo run --release --example train_lm -- --compare
 //!   CUDARC_CUDA_VERSION=13000 cargo run --release --no-default-features \
-//!       --features cuda,autotune --example train_lm -- --size gpt2 --compare --max-batch
+//!       --features cuda,autotune --example train_lm -- --size small --compare
+//!   CUDARC_CUDA_VERSION=13000 cargo run --release --no-default-features \
+//!       --features cuda --example train_lm -- --size gpt2 --compare --dtype bf16
+//!
+//! GPT-2 trains without Burn's autotune: on Burn 0.22.1 the autotune of its attention
+//! matmul stops the first step (docs/performance.md says more).
 //!
 //! Flags: `--size tiny|small|gpt2` (model and batch; tiny by default), `--vocab
 //! gpt2|cl100k` (OpenAI's BPE vocabularies shipped in `tiktoken-rs`: 50257 or 100277
@@ -18,7 +23,7 @@
 //! accuracy and perplexity metrics, checkpoints and summary in `--out`/learner; its
 //! terminal dashboard with the `tui` feature), `--dtype
 //! f32|bf16` (bf16 on CUDA), `--chunk-mib M` (the fused linear cross-entropy's chunk
-//! budget, `LinearChunking::logits_bytes`, in MiB; default: the library's, 160 MiB), `--devices N` (data
+//! budget, `LinearChunking::logits_bytes`, in MiB; default: the library's), `--devices N` (data
 //! parallel: each global batch split over N replicas on the first N GPUs, their gradients
 //! averaged by Burn's all-reduce (`burn::tensor::distributed`) where the runtime has
 //! collectives (CUDA with NCCL), else on the first device; on wgpu the replicas share the
@@ -33,8 +38,8 @@
 //!
 //! The default features (`wgpu`) leave Burn's autotune out: without a GPU, wgpu runs on
 //! lavapipe, where tuning would compile every candidate kernel of every shape for minutes.
-//! GPU builds turn it on (`--features cuda,autotune`; `--features autotune` for wgpu on a
-//! GPU).
+//! GPU builds turn it on for the tiny and small sizes (`--features cuda,autotune`;
+//! `--features autotune` for wgpu on a GPU).
 //!
 //! The summary's second table tells whether a long run stays flat (a soak: `--steps
 //! 10000`): the memory pool (pages reserved, bytes in use) after warm-up (step 100) and at

@@ -79,7 +79,7 @@ pub struct KernelTuning {
 impl KernelTuning {
     /// The defaults for a device that reports its SM count (CUDA) or not (`known_device`),
     /// on the CUDA runtime or another (`on_cuda`). Chosen by measurement on an H200:
-    /// docs/history.md gives the sweeps.
+    /// docs/history.md gives the decisions, lab/sweeps/ the settings swept.
     pub fn defaults(known_device: bool, on_cuda: bool) -> Self {
         KernelTuning {
             row_units: 256,
