@@ -49,8 +49,8 @@ use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_fused_ce::backend::LinearCrossEntropyBackend;
 use burn_fused_ce::linear::CountedRows;
 use burn_fused_ce::{
-    ChunkProducts, ExtraOutputs, FusedCrossEntropyLossConfig, FusedLinearCrossEntropyLossConfig,
-    LinearChunking, Reduction, test_hooks,
+    ChunkProducts, EntropyOutput, ExtraOutputs, FusedCrossEntropyLossConfig,
+    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, test_hooks,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -365,7 +365,7 @@ fn main() {
                 FusedCrossEntropyLossConfig::new()
                     .with_reduction(Reduction::None)
                     .with_outputs(ExtraOutputs {
-                        entropy: true,
+                        entropy: EntropyOutput::Differentiable,
                         ..ExtraOutputs::default()
                     }),
             )

@@ -21,8 +21,8 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData, activation::log_softmax};
 use burn_fused_ce::tuning::KernelTuning;
 use burn_fused_ce::{
-    CrossEntropyOptions, ExtraOutputs, FastMath, FusedCrossEntropyLossConfig, GradientPlan,
-    Reduction, TargetCheck, fused_cross_entropy, test_hooks, try_fused_cross_entropy,
+    CrossEntropyOptions, EntropyOutput, ExtraOutputs, FastMath, FusedCrossEntropyLossConfig,
+    GradientPlan, Reduction, TargetCheck, fused_cross_entropy, test_hooks, try_fused_cross_entropy,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -99,7 +99,11 @@ impl Outputs {
     fn extra_outputs(self) -> ExtraOutputs {
         ExtraOutputs {
             accuracy: matches!(self, Outputs::Accuracy | Outputs::Both),
-            entropy: matches!(self, Outputs::Entropy | Outputs::Both),
+            entropy: if matches!(self, Outputs::Entropy | Outputs::Both) {
+                EntropyOutput::Metric
+            } else {
+                EntropyOutput::Off
+            },
             ..ExtraOutputs::default()
         }
     }
@@ -579,7 +583,9 @@ impl Bench {
         }
         step_options.outputs = outputs.extra_outputs();
         let entropy_bonus = incoming == Incoming::PerRowEntropyBonus;
-        step_options.outputs.entropy |= entropy_bonus;
+        if entropy_bonus {
+            step_options.outputs.entropy = EntropyOutput::Differentiable;
+        }
         let targets_ad = || targets.clone().autodiff();
         // A fresh copy per iteration, made outside the timed region and moved into the loss.
         let owned = || logits.clone().mul_scalar(1.0).autodiff().require_grad();
