@@ -9,7 +9,7 @@ use burn::backend::{
 };
 
 use crate::values::{
-    ClassWeights, CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats,
+    ClassWeights, CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats, RowWeights,
 };
 
 /// Class weights of the inner backend (they are constants: no node).
@@ -22,6 +22,16 @@ pub(crate) fn inner_weights<B: Backend, C: CheckpointStrategy>(
             weights: weights.into_primitive(),
             total: total.into_primitive(),
         },
+    }
+}
+
+/// Row weights of the inner backend (they are constants: no node).
+pub(crate) fn inner_row_weights<B: Backend, C: CheckpointStrategy>(
+    weights: RowWeights<Autodiff<B, C>>,
+) -> RowWeights<B> {
+    RowWeights {
+        loss: inner_optional(weights.loss),
+        entropy: inner_optional(weights.entropy),
     }
 }
 
@@ -47,6 +57,7 @@ pub(crate) fn inner_inputs<B: Backend, C: CheckpointStrategy>(
         logits: inputs.logits.into_primitive(),
         targets: inputs.targets,
         class_weights: inner_weights(inputs.class_weights),
+        row_weights: inner_row_weights(inputs.row_weights),
     }
 }
 

@@ -20,6 +20,10 @@ pub enum Input {
     Bias,
     /// Per-row values handed back to a batch's rows (`CountedRows::spread`).
     PerRow,
+    /// The rows' loss weights (`Targets::weights`).
+    RowWeights,
+    /// The rows' entropy weights (`Targets::entropy_weights`).
+    EntropyWeights,
 }
 
 impl core::fmt::Display for Input {
@@ -32,6 +36,8 @@ impl core::fmt::Display for Input {
             Self::Weight => "head's weight",
             Self::Bias => "head's bias",
             Self::PerRow => "per-row values",
+            Self::RowWeights => "row weights",
+            Self::EntropyWeights => "entropy weights",
         })
     }
 }

@@ -49,6 +49,7 @@ mod mean_denominators;
 mod options;
 mod output;
 mod primitive;
+mod targets;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 #[cfg(not(feature = "test-hooks"))]
@@ -73,6 +74,7 @@ pub use options::{
     TargetCheck,
 };
 pub use output::CrossEntropyOutput;
+pub use targets::Targets;
 #[cfg(feature = "train")]
 pub use train::sequence_output::FusedSequenceOutput;
 
@@ -102,7 +104,8 @@ pub mod backend {
     pub use crate::loss::portable;
     pub use crate::loss::types::{OnePassOutput, OnePassScale, Reduced, TwoPassBackward};
     pub use crate::values::{
-        ClassWeights, CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats, row_stat,
+        ClassWeights, CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats,
+        RowWeights, row_stat,
     };
     pub use crate::vocab_parallel::extension::VocabParallelBackend;
     pub use crate::vocab_parallel::extension_types::{

@@ -88,8 +88,8 @@ impl<B: Backend> OptionalInt<B> {
 }
 
 /// The tensors of one call: logits `[N, V]` or `[B, T, V]` (rows may be strided; the
-/// class dimension is read as it is laid out), targets `[N]` or `[B, T]`, and the class
-/// weights.
+/// class dimension is read as it is laid out), targets `[N]` or `[B, T]`, the class
+/// weights and the rows' weights.
 #[derive(ExtensionType, Debug, Clone)]
 #[extension_type(fusion: cfg(feature = "fusion"))]
 pub struct CrossEntropyInputs<B: Backend> {
@@ -97,6 +97,43 @@ pub struct CrossEntropyInputs<B: Backend> {
     pub targets: IntTensor<B>,
     #[extension_type]
     pub class_weights: ClassWeights<B>,
+    #[extension_type]
+    pub row_weights: RowWeights<B>,
+}
+
+/// Each row's weights in a weighted objective, f32 `[N]` each when given: the loss is
+/// the reduction of `w_r loss_r - c_r H_r` (`H_r` the row's entropy; reduced as the
+/// z-loss is), and its gradient is formed for it. An ignored row adds nothing whatever
+/// its weights.
+#[derive(ExtensionType, Debug, Clone)]
+#[extension_type(fusion: cfg(feature = "fusion"))]
+pub struct RowWeights<B: Backend> {
+    /// `w_r`, each row's loss weight (1 without).
+    #[extension_type]
+    pub loss: OptionalFloat<B>,
+    /// `c_r`, each row's entropy weight (0 without).
+    #[extension_type]
+    pub entropy: OptionalFloat<B>,
+}
+
+impl<B: Backend> RowWeights<B> {
+    /// No weights: every row's loss counts once, and the entropy not at all.
+    pub fn none() -> Self {
+        Self {
+            loss: OptionalFloat::Absent,
+            entropy: OptionalFloat::Absent,
+        }
+    }
+
+    /// Whether the entropy weights are given (the entropy is then tracked).
+    pub fn has_entropy(&self) -> bool {
+        matches!(self.entropy, OptionalFloat::Present { .. })
+    }
+
+    /// Whether any weights are given.
+    pub fn is_weighted(&self) -> bool {
+        self.has_entropy() || matches!(self.loss, OptionalFloat::Present { .. })
+    }
 }
 
 /// What the fused forward pass produces.

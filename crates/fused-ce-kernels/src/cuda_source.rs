@@ -35,6 +35,9 @@ pub fn one_pass_kernel_source(shape: RowLaunch, mean: bool, gradient_in_place: b
         tensor(None),
         tensor(None),
         tensor(None),
+        // The row and entropy weights.
+        tensor(None),
+        tensor(None),
         tensor(None),
         tensor(None),
         // The gradient: input 0 again when written over the logits.

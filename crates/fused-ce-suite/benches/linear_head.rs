@@ -28,7 +28,9 @@
 //! own kernel, split along the vocabulary where that fills more of the device
 //! (`ChunkProducts::hidden_gradient_split_k`, on by default):
 //! `cargo bench --bench linear_head -- 4096x256x8000 logits=16 wblock=4`. `ways=fused,linear`
-//! runs only the ways named (`stock`, `fused`, `linear`, `linear-cubecl`), `breakdown=0`
+//! runs only the ways named (`stock`, `fused`, `linear`, `linear-cubecl`,
+//! `linear-counted`, `linear-frozen-head`, `linear-frozen-body`, `linear-none`,
+//! `linear-none-entropy`, `linear-weighted`), `breakdown=0`
 //! leaves out the matmuls alone. `cublaslt=0` turns off cuBLASLt for the chunks' products
 //! (`ChunkProducts::cublaslt`, on by default); with it on, on CUDA, the fused linear
 //! cross-entropy also runs with CubeCL's products (`linear-cubecl`) and the breakdown
@@ -50,7 +52,7 @@ use burn_fused_ce::backend::LinearCrossEntropyBackend;
 use burn_fused_ce::linear::CountedRows;
 use burn_fused_ce::{
     ChunkProducts, EntropyOutput, ExtraOutputs, FusedCrossEntropyLossConfig,
-    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, test_hooks,
+    FusedLinearCrossEntropyLossConfig, LinearChunking, Reduction, Targets, test_hooks,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -79,6 +81,9 @@ enum Way {
     /// The same with an entropy bonus in the objective: `(loss * w).sum() - (entropy *
     /// w').sum()`.
     FusedLinearRowsEntropy,
+    /// The same objective with the weights given at forward (`Targets`): the default plan
+    /// forms its gradient in the one pass.
+    FusedLinearWeighted,
 }
 
 impl Way {
@@ -93,6 +98,7 @@ impl Way {
             Way::FrozenBody => "fused linear CE, frozen body",
             Way::FusedLinearRows => "fused linear CE, none/row",
             Way::FusedLinearRowsEntropy => "fused linear CE, none/row -entropy",
+            Way::FusedLinearWeighted => "fused linear CE, weighted -entropy",
         }
     }
 }
@@ -258,6 +264,7 @@ fn main() {
                     Way::FrozenBody,
                     Way::FusedLinearRows,
                     Way::FusedLinearRowsEntropy,
+                    Way::FusedLinearWeighted,
                     Way::FusedLinearCubecl,
                     Way::FusedLinearCounted,
                     Way::Stock,
@@ -275,6 +282,7 @@ fn main() {
                         "linear-frozen-body" => Some(Way::FrozenBody),
                         "linear-none" => Some(Way::FusedLinearRows),
                         "linear-none-entropy" => Some(Way::FusedLinearRowsEntropy),
+                        "linear-weighted" => Some(Way::FusedLinearWeighted),
                         _ => None,
                     })
                     .collect()
@@ -360,6 +368,10 @@ fn main() {
                 ..chunking
             })
             .init(&autodiff);
+        let weighted_loss = FusedLinearCrossEntropyLossConfig::new()
+            .with_loss(FusedCrossEntropyLossConfig::new().with_reduction(Reduction::Sum))
+            .with_chunking(chunking)
+            .init(&autodiff);
         let rows_loss = FusedLinearCrossEntropyLossConfig::new()
             .with_loss(
                 FusedCrossEntropyLossConfig::new()
@@ -400,6 +412,7 @@ fn main() {
             Way::FrozenBody,
             Way::FusedLinearRows,
             Way::FusedLinearRowsEntropy,
+            Way::FusedLinearWeighted,
             Way::FusedLinearCubecl,
             Way::FusedLinearCounted,
             Way::Stock,
@@ -444,6 +457,14 @@ fn main() {
                             }
                             _ => objective,
                         }
+                    }
+                    Way::FusedLinearWeighted => {
+                        // `sum w loss - sum c H` with `c = -entropy_weights` (a bonus), as
+                        // the per-row way above, under `Sum`.
+                        let targets = Targets::new(targets.clone())
+                            .with_weights(Some(row_weights.clone()))
+                            .with_entropy_weights(Some(entropy_weights.clone().neg()));
+                        weighted_loss.forward(hidden.clone(), &head, targets)
                     }
                 };
                 let grads = loss.backward();

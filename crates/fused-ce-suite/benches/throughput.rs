@@ -22,7 +22,8 @@ use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData, activat
 use burn_fused_ce::tuning::KernelTuning;
 use burn_fused_ce::{
     CrossEntropyOptions, EntropyOutput, ExtraOutputs, FastMath, FusedCrossEntropyLossConfig,
-    GradientPlan, Reduction, TargetCheck, fused_cross_entropy, test_hooks, try_fused_cross_entropy,
+    GradientPlan, Reduction, TargetCheck, Targets, fused_cross_entropy, test_hooks,
+    try_fused_cross_entropy,
 };
 use fused_ce_suite::RUNTIME_NAME;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -55,6 +56,9 @@ enum Incoming {
     /// As `PerRow`, with an entropy bonus: `(loss * w).sum() - (entropy * w').sum()`, an
     /// RL objective (the entropy output asked for and differentiated).
     PerRowEntropyBonus,
+    /// The same objective with its weights given at forward (`Targets`, `Sum`):
+    /// `loss.backward()`, the gradient formed in the one pass.
+    Weighted,
 }
 
 /// What one row of the table times.
@@ -162,6 +166,7 @@ impl Mode {
                     Incoming::Scaled => " g=0.25",
                     Incoming::PerRow => " none/row",
                     Incoming::PerRowEntropyBonus => " none/row -entropy",
+                    Incoming::Weighted => " weighted -entropy",
                 };
                 if options {
                     label += " ls+z+cap";
@@ -288,6 +293,7 @@ impl Bench {
                     bf16,
                     Mode::default_with(Incoming::PerRowEntropyBonus),
                 ),
+                (8192, 128256, bf16, Mode::default_with(Incoming::Weighted)),
                 (8192, 128256, bf16, with_options),
                 (8192, 128256, bf16, with_outputs(Outputs::Accuracy)),
                 (8192, 128256, bf16, with_outputs(Outputs::Entropy)),
@@ -318,6 +324,7 @@ impl Bench {
                 Mode::default_with(Incoming::Scaled),
                 Mode::default_with(Incoming::PerRow),
                 Mode::default_with(Incoming::PerRowEntropyBonus),
+                Mode::default_with(Incoming::Weighted),
                 Mode::plan(Plan::OnePass),
                 Mode::plan(Plan::TwoPass),
                 Mode::Step {
@@ -518,7 +525,7 @@ impl Bench {
                 let loss = CrossEntropyLossConfig::new().init(&self.autodiff);
                 self.measure(autodiff, |(x, y)| (loss.forward(x, y) * 0.25).backward())
             }
-            Incoming::PerRowEntropyBonus => None,
+            Incoming::PerRowEntropyBonus | Incoming::Weighted => None,
             Incoming::PerRow => self.measure(autodiff, |(x, y)| {
                 let row_loss = log_softmax(x, 1)
                     .gather(1, y.reshape([rows, 1]))
@@ -570,6 +577,7 @@ impl Bench {
             .with_reduction(match incoming {
                 Incoming::PerRow | Incoming::PerRowEntropyBonus => Reduction::None,
                 Incoming::One | Incoming::Scaled => Reduction::Mean,
+                Incoming::Weighted => Reduction::Sum,
             });
         match plan {
             Plan::Default => {}
@@ -607,15 +615,25 @@ impl Bench {
         let row_weights = scale.clone().cast(logits.dtype()).autodiff();
         // The entropy's weights (f32, the entropy's dtype): a bonus, so negative.
         let entropy_weights = scale.clone().mul_scalar(-0.01).autodiff();
+        // The weighted step's targets: the same objective's weights, given at forward.
+        let weighted_targets = || {
+            let targets = Targets::new(targets_ad());
+            match incoming {
+                Incoming::Weighted => targets
+                    .with_weights(Some(scale.clone().autodiff()))
+                    .with_entropy_weights(Some(scale.clone().mul_scalar(0.01).autodiff())),
+                _ => targets,
+            }
+        };
         self.measure(owned, |x| {
             let output = match self.tuning {
-                None => module.forward_with_outputs(x, targets_ad()),
-                Some(_) => try_fused_cross_entropy(x, targets_ad(), None, &step_options)
+                None => module.forward_with_outputs(x, weighted_targets()),
+                Some(_) => try_fused_cross_entropy(x, weighted_targets(), None, &step_options)
                     .expect("valid input"),
             };
             let loss = output.loss;
             let objective = match incoming {
-                Incoming::One => loss,
+                Incoming::One | Incoming::Weighted => loss,
                 Incoming::Scaled => loss * 0.25,
                 Incoming::PerRow => (loss * row_weights.clone()).sum(),
                 Incoming::PerRowEntropyBonus => {

@@ -119,20 +119,21 @@ pub(crate) fn linear_cross_entropy_checked<const DH: usize, const DT: usize>(
         &hidden,
         &weight,
         bias.as_ref(),
-        &targets,
+        &targets.classes,
         class_weights.as_ref(),
     )?;
+    targets.check()?;
     let width = weight.dims()[0];
     chunking.validate(width, vocab, hidden.dtype())?;
     let class_weights = checked_values(
-        &targets,
+        &targets.classes,
         class_weights,
         rows,
         vocab,
         options,
         check_weight_values,
     )?;
-    let target_dims = targets.dims();
+    let target_dims = targets.classes.dims();
     let chunking = chunking.within(max_buffer_bytes(&hidden.device()));
     let inputs = LinearInputs {
         hidden: hidden.reshape([rows, width]).into_dispatch(),
@@ -140,7 +141,8 @@ pub(crate) fn linear_cross_entropy_checked<const DH: usize, const DT: usize>(
             weight: weight.into_dispatch(),
             bias: OptionalFloat::from_option(bias.map(Tensor::into_dispatch)),
         },
-        targets: targets.reshape([rows]).into_dispatch(),
+        row_weights: targets.row_weights(),
+        targets: targets.classes.reshape([rows]).into_dispatch(),
         class_weights,
     };
     let parts = <Dispatch as LinearCrossEntropyBackend>::fused_linear_cross_entropy(

@@ -26,7 +26,7 @@ use burn::backend::{
 };
 use burn::tensor::Shape;
 
-use crate::autodiff_conversions::{inner_weights, outer_parts};
+use crate::autodiff_conversions::{inner_row_weights, inner_weights, outer_parts};
 use crate::linear::{
     chunking::LinearChunking,
     extension::{LinearCrossEntropyBackend, linear_rows, with_aligned_weight},
@@ -169,6 +169,7 @@ fn tracked<B: LinearCrossEntropyBackend, C: CheckpointStrategy, const N: usize>(
 ) -> LossParts<Autodiff<B, C>> {
     let dtype = inputs.hidden.dtype();
     let rows = inputs.hidden.shape()[0];
+    let row_weights = inputs.row_weights.clone();
     let differentiable_entropy = options.differentiable_entropy();
     // The guards keep the inputs' nodes referenced until this op's node is registered.
     let (loss, parts, entropy) = match FusedLinearCrossEntropyBackward::<N>
@@ -183,7 +184,7 @@ fn tracked<B: LinearCrossEntropyBackend, C: CheckpointStrategy, const N: usize>(
             let guess = memory.guess::<B>(&device);
             let (stats, grads) =
                 linear_one_pass::<B>(inputs, guess.clone(), &options, &chunking, needed);
-            let parts = B::reduce_row_stats(stats, options, dtype, false).parts;
+            let parts = B::reduce_row_stats(stats, row_weights, options, dtype, false).parts;
             let state = LinearState::OnePass {
                 grads,
                 guess,
@@ -195,7 +196,7 @@ fn tracked<B: LinearCrossEntropyBackend, C: CheckpointStrategy, const N: usize>(
         OpsKind::Tracked(prep) => {
             let rows = linear_rows::<B>(with_aligned_weight(inputs.clone()), &options, &chunking);
             let stats = rows.stats.clone();
-            let reduced = B::reduce_row_stats(rows, options.clone(), dtype, true);
+            let reduced = B::reduce_row_stats(rows, row_weights, options.clone(), dtype, true);
             let entropy = EntropyGradient::new();
             let state = LinearState::Rows(Box::new(RowsState {
                 inputs,
@@ -236,6 +237,7 @@ impl<B: LinearCrossEntropyBackend, C: CheckpointStrategy> LinearCrossEntropyBack
             head: LinearHead { weight, bias },
             targets,
             class_weights,
+            row_weights,
         } = inputs;
         let bias = bias.into_option();
         let needed = GradientsNeeded {
@@ -253,6 +255,7 @@ impl<B: LinearCrossEntropyBackend, C: CheckpointStrategy> LinearCrossEntropyBack
             },
             targets,
             class_weights: inner_weights(class_weights),
+            row_weights: inner_row_weights(row_weights),
         };
         match bias {
             Some(bias) => {

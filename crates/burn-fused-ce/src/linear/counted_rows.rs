@@ -6,6 +6,7 @@
 use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::error::{CrossEntropyError, Input};
+use crate::targets::Targets;
 
 /// The rows whose target is not the ignore index, in order: pass
 /// [`CountedRows::hidden`] and [`CountedRows::targets`] to the fused linear
@@ -149,24 +150,40 @@ impl CountedRows {
     }
 
     /// The targets of the rows passed on, `[selected]`, from the batch's (`[N]` or
-    /// `[B, T]`).
+    /// `[B, T]`: class indices, or [`Targets`] with the rows' weights, which are passed on
+    /// alike).
     pub fn targets<const D: usize>(
         &self,
-        targets: Tensor<D, Int>,
-    ) -> Result<Tensor<1, Int>, CrossEntropyError> {
-        let rows = targets.shape().num_elements();
+        targets: impl Into<Targets<D>>,
+    ) -> Result<Targets<1>, CrossEntropyError> {
+        let targets = targets.into();
+        let rows = targets.classes.shape().num_elements();
         if rows != self.rows {
             return Err(CrossEntropyError::shape(
                 Input::Targets,
                 format!("{} rows, [N] or [B, T]", self.rows),
-                &targets.dims(),
+                &targets.classes.dims(),
             ));
         }
-        let targets = targets.reshape([rows]);
-        Ok(match self.indices() {
-            Some(indices) => targets.select(0, indices),
-            None => targets,
-        })
+        targets.check()?;
+        let indices = self.indices();
+        let classes = targets.classes.reshape([rows]);
+        let classes = match &indices {
+            Some(indices) => classes.select(0, indices.clone()),
+            None => classes,
+        };
+        let pass_on = |weights: Option<Tensor<D>>| {
+            weights.map(|weights| {
+                let weights = weights.reshape([rows]);
+                match &indices {
+                    Some(indices) => weights.select(0, indices.clone()),
+                    None => weights,
+                }
+            })
+        };
+        Ok(Targets::new(classes)
+            .with_weights(pass_on(targets.weights))
+            .with_entropy_weights(pass_on(targets.entropy_weights)))
     }
 
     /// One value per row passed on (`Reduction::None`'s loss, the per-row `lse` and

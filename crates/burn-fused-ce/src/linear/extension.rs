@@ -138,8 +138,9 @@ pub trait LinearCrossEntropyBackend: FusedCrossEntropyBackend {
     ) -> LossParts<Self> {
         let _ = guess;
         let dtype = TensorMetadata::dtype(&inputs.hidden);
+        let row_weights = inputs.row_weights.clone();
         let rows = linear_rows::<Self>(with_aligned_weight::<Self>(inputs), &options, &chunking);
-        Self::reduce_row_stats(rows, options, dtype, false).parts
+        Self::reduce_row_stats(rows, row_weights, options, dtype, false).parts
     }
 }
 
@@ -184,6 +185,7 @@ impl<B: LinearCrossEntropyBackend> Typed<B> {
             logits: logits.into_primitive(),
             targets: self.targets.clone().slice([start..end]).into_primitive(),
             class_weights: self.class_weights.clone(),
+            row_weights: self.chunk_row_weights(start, end),
         }
     }
 }

@@ -2,7 +2,9 @@
 //! call's tensors around it.
 
 use burn::nn::Linear;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::Tensor;
+
+use crate::targets::Targets;
 
 /// The LM head as tensors: `weight [H, V]` (Burn's `Linear` layout) and, when it has one,
 /// `bias [V]`. A Burn `&Linear` converts into it; weights tied to a token embedding's
@@ -36,9 +38,10 @@ impl From<&Linear> for LmHead {
     }
 }
 
-/// The inputs of [`try_fused_linear_cross_entropy`], named: `hidden [N, H]` or `[B, T,
-/// H]`, the head, `targets` (`[N]` or `[B, T]`) and optional class weights `[V]`. Built
-/// with [`Self::new`] and the `with_*` setters.
+/// The inputs of [`try_fused_linear_cross_entropy`](crate::try_fused_linear_cross_entropy),
+/// named: `hidden [N, H]` or `[B, T, H]`, the head, the targets (`[N]` or `[B, T]`, with
+/// the rows' weights when the objective is weighted) and optional class weights `[V]`.
+/// Built with [`Self::new`] and the `with_*` setters.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LinearCrossEntropyInputs<const DH: usize, const DT: usize> {
@@ -46,19 +49,24 @@ pub struct LinearCrossEntropyInputs<const DH: usize, const DT: usize> {
     pub hidden: Tensor<DH>,
     /// The LM head.
     pub head: LmHead,
-    /// Class indices; the ignore index marks rows that do not count.
-    pub targets: Tensor<DT, Int>,
+    /// Class indices (the ignore index marks rows that do not count) and the rows'
+    /// weights.
+    pub targets: Targets<DT>,
     /// One weight per class, all `>= 0` (PyTorch's `weight`), any float dtype.
     pub class_weights: Option<Tensor<1>>,
 }
 
 impl<const DH: usize, const DT: usize> LinearCrossEntropyInputs<DH, DT> {
     /// The loss of `head` applied to `hidden`, against `targets`, without class weights.
-    pub fn new(hidden: Tensor<DH>, head: impl Into<LmHead>, targets: Tensor<DT, Int>) -> Self {
+    pub fn new(
+        hidden: Tensor<DH>,
+        head: impl Into<LmHead>,
+        targets: impl Into<Targets<DT>>,
+    ) -> Self {
         Self {
             hidden,
             head: head.into(),
-            targets,
+            targets: targets.into(),
             class_weights: None,
         }
     }

@@ -3,7 +3,7 @@
 use burn::{
     config::Config,
     module::Module,
-    tensor::{Device, Int, Tensor},
+    tensor::{Device, Tensor},
 };
 
 use crate::error::CrossEntropyError;
@@ -16,6 +16,7 @@ use crate::loss::module::{FusedCrossEntropyLoss, FusedCrossEntropyLossConfig};
 use crate::mean_denominators::MeanDenominators;
 use crate::options::CrossEntropyOptions;
 use crate::output::CrossEntropyOutput;
+use crate::targets::Targets;
 
 /// Configuration of [`FusedLinearCrossEntropyLoss`]: the loss's own config (every option)
 /// and how the rows are cut into chunks.
@@ -66,7 +67,8 @@ pub struct FusedLinearCrossEntropyLoss {
 
 impl FusedLinearCrossEntropyLoss {
     /// The loss of the head applied to `hidden` (`[N, H]` or `[B, T, H]`) against
-    /// `targets` (`[N]` or `[B, T]`): the targets' shape for `Reduction::None`, one element
+    /// `targets` (`[N]` or `[B, T]`: class indices, or [`Targets`] with the rows' weights
+    /// of a weighted objective): the targets' shape for `Reduction::None`, one element
     /// otherwise. The head is the model's `&Linear`, or an [`LmHead`] of tensors (tied
     /// weights). Gradients reach `hidden` and the head's weight and bias, those that are
     /// tracked (a head frozen by `no_grad()` or `Param::set_require_grad(false)` gets
@@ -78,7 +80,7 @@ impl FusedLinearCrossEntropyLoss {
         &self,
         hidden: Tensor<DH>,
         head: impl Into<LmHead>,
-        targets: Tensor<DT, Int>,
+        targets: impl Into<Targets<DT>>,
     ) -> Tensor<DT> {
         self.forward_with_outputs(hidden, head, targets).loss
     }
@@ -88,7 +90,7 @@ impl FusedLinearCrossEntropyLoss {
         &self,
         hidden: Tensor<DH>,
         head: impl Into<LmHead>,
-        targets: Tensor<DT, Int>,
+        targets: impl Into<Targets<DT>>,
     ) -> Result<Tensor<DT>, CrossEntropyError> {
         Ok(self.try_forward_with_outputs(hidden, head, targets)?.loss)
     }
@@ -101,7 +103,7 @@ impl FusedLinearCrossEntropyLoss {
         &self,
         hidden: Tensor<DH>,
         head: impl Into<LmHead>,
-        targets: Tensor<DT, Int>,
+        targets: impl Into<Targets<DT>>,
     ) -> CrossEntropyOutput<DT> {
         match self.try_forward_with_outputs(hidden, head, targets) {
             Ok(output) => output,
@@ -114,7 +116,7 @@ impl FusedLinearCrossEntropyLoss {
         &self,
         hidden: Tensor<DH>,
         head: impl Into<LmHead>,
-        targets: Tensor<DT, Int>,
+        targets: impl Into<Targets<DT>>,
     ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
         let inputs = LinearCrossEntropyInputs::new(hidden, head, targets)
             .with_class_weights(self.loss.class_weights.clone());

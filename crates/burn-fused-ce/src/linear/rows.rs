@@ -9,7 +9,7 @@ use burn::tensor::DType;
 use crate::linear::{chunking::LinearChunking, types::LinearInputs};
 use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL};
 use crate::primitive::{FloatOf, IntOf};
-use crate::values::{ClassWeights, OptionalInt, RowStats, row_stat};
+use crate::values::{ClassWeights, OptionalFloat, OptionalInt, RowStats, RowWeights, row_stat};
 
 /// The tensors of a call as typed views.
 pub(crate) struct Typed<B: Backend> {
@@ -18,6 +18,7 @@ pub(crate) struct Typed<B: Backend> {
     pub bias: Option<FloatOf<B, 1>>,
     pub targets: IntOf<B, 1>,
     pub class_weights: ClassWeights<B>,
+    pub row_weights: RowWeights<B>,
 }
 
 impl<B: Backend> Typed<B> {
@@ -30,6 +31,7 @@ impl<B: Backend> Typed<B> {
             bias: inputs.head.bias.into_option().map(FloatOf::new),
             targets: IntOf::new(inputs.targets),
             class_weights: inputs.class_weights,
+            row_weights: inputs.row_weights,
         }
     }
 
@@ -48,6 +50,23 @@ impl<B: Backend> Typed<B> {
     /// The rows `start..end` of the hidden states (a view).
     pub fn hidden_rows(&self, start: usize, end: usize) -> FloatOf<B, 2> {
         self.hidden.clone().narrow(0, start, end - start)
+    }
+
+    /// The rows' weights of the chunk `start..end` (views).
+    // A slice of a rank-1 tensor is an array of one range.
+    #[allow(clippy::single_range_in_vec_init)]
+    pub fn chunk_row_weights(&self, start: usize, end: usize) -> RowWeights<B> {
+        let slice = |weights: &OptionalFloat<B>| {
+            OptionalFloat::from_option(weights.clone().into_option().map(|weights| {
+                FloatOf::<B, 1>::new(weights)
+                    .slice([start..end])
+                    .into_primitive()
+            }))
+        };
+        RowWeights {
+            loss: slice(&self.row_weights.loss),
+            entropy: slice(&self.row_weights.entropy),
+        }
     }
 
     /// Rows per chunk of `chunking` (already bounded by the device's largest buffer).

@@ -6,7 +6,7 @@ use burn::backend::{
     tensor::{FloatTensor, IntTensor},
 };
 
-use crate::values::{ClassWeights, OptionalFloat};
+use crate::values::{ClassWeights, OptionalFloat, RowWeights};
 
 /// The LM head: `weight [H, V]` (Burn's `Linear` layout) and, when it has one, `bias [V]`
 /// (added in the logits' dtype; the functions refuse one of another dtype, the ops cast it).
@@ -18,8 +18,8 @@ pub struct LinearHead<B: Backend> {
     pub bias: OptionalFloat<B>,
 }
 
-/// The tensors of one call: `hidden [N, H]`, the head, `targets [N]` and the class
-/// weights.
+/// The tensors of one call: `hidden [N, H]`, the head, `targets [N]`, the class weights
+/// and the rows' weights (f32 `[N]` each).
 #[derive(ExtensionType, Debug, Clone)]
 #[extension_type(fusion: cfg(feature = "fusion"))]
 pub struct LinearInputs<B: Backend> {
@@ -29,4 +29,6 @@ pub struct LinearInputs<B: Backend> {
     pub targets: IntTensor<B>,
     #[extension_type]
     pub class_weights: ClassWeights<B>,
+    #[extension_type]
+    pub row_weights: RowWeights<B>,
 }

@@ -3,7 +3,7 @@
 //! the targets' shape.
 
 use burn::backend::Dispatch;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::Tensor;
 
 use crate::loss::checks::{check_shapes, checked_values};
 use crate::loss::extension::FusedCrossEntropyBackend;
@@ -12,6 +12,7 @@ use crate::loss::incoming_guess::IncomingGuess;
 use crate::error::CrossEntropyError;
 use crate::options::CrossEntropyOptions;
 use crate::output::{CrossEntropyOutput, shaped_output};
+use crate::targets::Targets;
 use crate::values::CrossEntropyInputs;
 
 /// The loss of `logits` (`[N, V]` or `[B, T, V]`, rows may be strided) against class
@@ -23,7 +24,7 @@ use crate::values::CrossEntropyInputs;
 /// [`try_fused_cross_entropy`] returns.
 pub fn fused_cross_entropy<const DL: usize, const DT: usize>(
     logits: Tensor<DL>,
-    targets: Tensor<DT, Int>,
+    targets: impl Into<Targets<DT>>,
     options: &CrossEntropyOptions,
 ) -> Tensor<DT> {
     match try_fused_cross_entropy(logits, targets, None, options) {
@@ -63,13 +64,13 @@ pub fn fused_cross_entropy<const DL: usize, const DT: usize>(
 /// ```
 pub fn try_fused_cross_entropy<const DL: usize, const DT: usize>(
     logits: Tensor<DL>,
-    targets: Tensor<DT, Int>,
+    targets: impl Into<Targets<DT>>,
     class_weights: Option<Tensor<1>>,
     options: &CrossEntropyOptions,
 ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
     cross_entropy_checked(
         logits,
-        targets,
+        targets.into(),
         class_weights,
         options,
         true,
@@ -82,26 +83,28 @@ pub fn try_fused_cross_entropy<const DL: usize, const DT: usize>(
 /// pass guesses of the incoming gradient.
 pub(crate) fn cross_entropy_checked<const DL: usize, const DT: usize>(
     logits: Tensor<DL>,
-    targets: Tensor<DT, Int>,
+    targets: Targets<DT>,
     class_weights: Option<Tensor<1>>,
     options: &CrossEntropyOptions,
     check_weight_values: bool,
     guess: &IncomingGuess,
 ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
     options.validate()?;
-    let (rows, vocab) = check_shapes(&logits, &targets, class_weights.as_ref())?;
+    let (rows, vocab) = check_shapes(&logits, &targets.classes, class_weights.as_ref())?;
+    targets.check()?;
     let class_weights = checked_values(
-        &targets,
+        &targets.classes,
         class_weights,
         rows,
         vocab,
         options,
         check_weight_values,
     )?;
-    let target_dims = targets.dims();
+    let target_dims = targets.classes.dims();
     let inputs = CrossEntropyInputs {
         logits: logits.into_dispatch(),
-        targets: targets.into_dispatch(),
+        row_weights: targets.row_weights(),
+        targets: targets.classes.into_dispatch(),
         class_weights,
     };
     let parts = <Dispatch as FusedCrossEntropyBackend>::fused_cross_entropy(

@@ -23,8 +23,8 @@ use burn::backend::{
 use burn::tensor::DType;
 
 use crate::autodiff_conversions::{
-    inner_inputs, inner_optional, inner_rows, inner_weights, outer_optional, outer_parts,
-    outer_rows,
+    inner_inputs, inner_optional, inner_row_weights, inner_rows, inner_weights, outer_optional,
+    outer_parts, outer_rows,
 };
 use crate::loss::check_read::TargetCheckRead;
 use crate::loss::entropy_node::{EntropyGradient, outer_parts_with_entropy};
@@ -36,7 +36,7 @@ use crate::options::CrossEntropyOptions;
 #[cfg(doc)]
 use crate::options::GradientPlan;
 use crate::primitive::FloatOf;
-use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, RowStats};
+use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, RowStats, RowWeights};
 
 /// What backward needs.
 #[derive(Debug, Clone)]
@@ -196,11 +196,18 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
 
     fn reduce_row_stats(
         rows: RowStats<Self>,
+        row_weights: RowWeights<Self>,
         options: CrossEntropyOptions,
         dtype: DType,
         keep_denominators: bool,
     ) -> Reduced<Self> {
-        let reduced = B::reduce_row_stats(inner_rows(rows), options, dtype, keep_denominators);
+        let reduced = B::reduce_row_stats(
+            inner_rows(rows),
+            inner_row_weights(row_weights),
+            options,
+            dtype,
+            keep_denominators,
+        );
         let loss = Self::from_inner(reduced.parts.loss.clone());
         Reduced {
             parts: outer_parts(loss, reduced.parts),
@@ -216,10 +223,12 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
         let one_pass = takes_one_pass::<B>(inputs.logits.primitive(), &options);
         let (logits, node) = inputs.logits.into_parts();
         let dtype = logits.dtype();
+        let row_weights = inner_row_weights(inputs.row_weights);
         let inputs = CrossEntropyInputs {
             logits,
             targets: inputs.targets,
             class_weights: inner_weights(inputs.class_weights),
+            row_weights: row_weights.clone(),
         };
         let differentiable_entropy = options.differentiable_entropy();
         // The node guard keeps the logits' node referenced until this op's node is
@@ -241,7 +250,8 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                     ),
                 };
                 let output = B::cross_entropy_one_pass(inputs, scale, options.clone());
-                let parts = B::reduce_row_stats(output.rows, options, dtype, false).parts;
+                let parts =
+                    B::reduce_row_stats(output.rows, row_weights, options, dtype, false).parts;
                 let state = CrossEntropyState::OnePass {
                     grad: output.grad,
                     guess,
@@ -255,7 +265,7 @@ impl<B: FusedCrossEntropyBackend, C: CheckpointStrategy> FusedCrossEntropyBacken
                 // tensor is dropped, backward may overwrite them with their gradient.
                 let rows = B::cross_entropy_rows(inputs.clone(), options.clone());
                 let stats = rows.stats.clone();
-                let reduced = B::reduce_row_stats(rows, options.clone(), dtype, true);
+                let reduced = B::reduce_row_stats(rows, row_weights, options.clone(), dtype, true);
                 let entropy = EntropyGradient::new();
                 let state = CrossEntropyState::TwoPass {
                     inputs,

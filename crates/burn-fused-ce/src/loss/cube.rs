@@ -10,23 +10,28 @@ use fused_ce_kernels::{
 };
 
 use crate::cube_tensors::{
-    contiguous_buffer, elem, f32_buffer, gradient_buffer, poison, predictions, reshaped, rows_view,
-    vector_size, weight_args, with_leading_one,
+    as_f32, contiguous_buffer, elem, f32_buffer, gradient_buffer, poison, predictions, reshaped,
+    rows_view, vector_size, weight_args, with_leading_one,
 };
 use crate::loss::check_read::{TargetCheckRead, queued_cube_read};
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::next_guess;
 use crate::loss::reduce::{reduce_stats, stat_row_of};
+use crate::loss::row_weights::entropy_incoming;
 use crate::loss::types::{OnePassOutput, OnePassScale, Reduced, TwoPassBackward};
 use crate::options::{CrossEntropyOptions, Reduction};
-use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats};
+use crate::values::{
+    CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats, RowWeights,
+};
 
-/// The row kernels' launch for `[B, T, V]` logits and `[B, T]` targets.
+/// The row kernels' launch for `[B, T, V]` logits and `[B, T]` targets (`weighted`: class
+/// weights given; `entropy_weighted`: the rows' entropy weights given).
 pub(crate) fn row_launch(
     logits: &CubeTensor,
     targets: &CubeTensor,
     vector_size: usize,
     weighted: bool,
+    entropy_weighted: bool,
     options: &CrossEntropyOptions,
 ) -> RowLaunch {
     let [outer, inner, vocab] = logits.meta.shape().dims::<3>();
@@ -46,6 +51,7 @@ pub(crate) fn row_launch(
             weighted,
             argmax: options.outputs.needs_argmax(),
             entropy: options.outputs.entropy.is_on(),
+            entropy_weighted,
             exp_flush_to_zero: options.fast_math.exp_flush_to_zero,
             approximate_tanh: options.fast_math.approximate_tanh,
         },
@@ -96,16 +102,19 @@ impl FusedCrossEntropyBackend for CubeBackend {
             logits,
             targets,
             class_weights,
+            row_weights,
         } = inputs;
         let logits = rows_view(logits);
         let targets = with_leading_one(targets, 2);
         let (stats, predicted, predicted_arg) = forward_outputs(&logits, &targets, &options);
         let weighted = class_weights.is_weighted();
+        // Entropy weights need the rows' entropy in the statistics.
         let shape = row_launch(
             &logits,
             &targets,
             vector_size(&[&logits]),
             weighted,
+            row_weights.has_entropy(),
             &options,
         );
         launch_forward(
@@ -133,6 +142,7 @@ impl FusedCrossEntropyBackend for CubeBackend {
             logits,
             targets,
             class_weights,
+            row_weights,
         } = inputs;
         let TwoPassBackward {
             stats,
@@ -147,18 +157,30 @@ impl FusedCrossEntropyBackend for CubeBackend {
         let client = logits.client.clone();
         let weighted = class_weights.is_weighted();
         let weights = weight_args(class_weights.tensors(), &logits);
+        let per_row = options.reduction == Reduction::None;
+        let rows = stats.meta.shape()[1];
+        let entropy = entropy_incoming::<Self>(
+            entropy_grad_output.into_option(),
+            row_weights.entropy.into_option(),
+            &grad_output,
+            per_row,
+            denominators.as_ref(),
+            rows,
+        );
         let incoming = IncomingGradient {
             dtype: elem(grad_output.dtype),
-            per_row: options.reduction == Reduction::None,
+            per_row,
             mean: denominators.is_some(),
             // Without denominators the incoming gradient is bound in their place, unread.
             denominators: denominators
                 .unwrap_or_else(|| grad_output.clone())
                 .into_tensor_arg(),
             grad: grad_output.into_tensor_arg(),
-            entropy: entropy_grad_output
+            entropy: entropy.map(|g| as_f32(g).into_tensor_arg()),
+            row_weights: row_weights
+                .loss
                 .into_option()
-                .map(CubeTensor::into_tensor_arg),
+                .map(|w| as_f32(w).into_tensor_arg()),
         };
         let (target, grad) = gradient_buffer(&logits);
         let shape = row_launch(
@@ -166,6 +188,7 @@ impl FusedCrossEntropyBackend for CubeBackend {
             &targets,
             vector_size(&[&logits, &grad]),
             weighted,
+            false,
             &options,
         );
         launch_backward(
@@ -189,6 +212,7 @@ impl FusedCrossEntropyBackend for CubeBackend {
             logits,
             targets,
             class_weights,
+            row_weights,
         } = inputs;
         let logits_shape = logits.shape();
         let logits = rows_view(logits);
@@ -204,9 +228,12 @@ impl FusedCrossEntropyBackend for CubeBackend {
             &targets,
             vector_size(&[&logits, &grad]),
             weighted,
+            row_weights.has_entropy(),
             &options,
         )
         .for_one_pass();
+        let weight_arg =
+            |w: OptionalFloat<Self>| w.into_option().map(|w| as_f32(w).into_tensor_arg());
         let plan = OnePassPlan::new(&client, &shape);
         let scratch = one_pass_scratch(&logits, plan.partials_len(shape.rows));
         let buffers = OnePassBuffers {
@@ -221,6 +248,8 @@ impl FusedCrossEntropyBackend for CubeBackend {
                 .into_option()
                 .filter(|_| mean)
                 .map(|given| given.into_tensor_arg()),
+            row_weights: weight_arg(row_weights.loss),
+            entropy_weights: weight_arg(row_weights.entropy),
             scratch,
         };
         launch_one_pass(&client, shape, plan, buffers, mean);
@@ -299,6 +328,7 @@ impl FusedCrossEntropyBackend for CubeBackend {
 
     fn reduce_row_stats(
         rows: RowStats<Self>,
+        row_weights: RowWeights<Self>,
         options: CrossEntropyOptions,
         dtype: DType,
         keep_denominators: bool,
@@ -311,8 +341,10 @@ impl FusedCrossEntropyBackend for CubeBackend {
             // Per-row losses need no reduction (an accuracy asked for alongside is summed
             // by tensor ops); N = 0 launches nothing; the kernel divides by the call's own
             // denominators, tensor ops by given ones.
-            return reduce_stats::<Self>(rows, &options, dtype, keep_denominators);
+            return reduce_stats::<Self>(rows, row_weights, &options, dtype, keep_denominators);
         }
+        let weight_arg =
+            |w: OptionalFloat<Self>| w.into_option().map(|w| as_f32(w).into_tensor_arg());
         let stats = into_contiguous(rows.stats);
         let loss = poison(contiguous_buffer(&stats, Shape::new([1]), dtype));
         let z_loss = f32_buffer(&stats, Shape::new([1]));
@@ -322,6 +354,8 @@ impl FusedCrossEntropyBackend for CubeBackend {
         launch_reduce_stats(
             &stats.client.clone(),
             stats.clone().into_tensor_arg(),
+            weight_arg(row_weights.loss),
+            weight_arg(row_weights.entropy),
             loss.clone().into_tensor_arg(),
             z_loss.clone().into_tensor_arg(),
             accuracy.clone().into_tensor_arg(),

@@ -17,7 +17,7 @@ use crate::loss::reduce::{mean_denominators, reduce_stats};
 use crate::loss::types::{OnePassOutput, OnePassScale, Reduced, TwoPassBackward};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{FloatOf, IntOf};
-use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, RowStats};
+use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, RowStats, RowWeights};
 
 #[cfg(all(feature = "fusion", feature = "cube"))]
 use crate::loss::fusion_meta::*;
@@ -41,7 +41,9 @@ pub trait FusedCrossEntropyBackend: Backend {
 
     /// The two-pass backward: the gradient with respect to the logits (same shape),
     /// scaled per row by the incoming gradient and, for `Mean`, divided by the
-    /// denominators. Writes over the logits when nothing else holds that buffer.
+    /// denominators; of the weighted objective when `inputs.row_weights` has weights, and
+    /// with the entropy output's own incoming gradient when it is given. Writes over the
+    /// logits when nothing else holds that buffer.
     #[fusion(meta = backward_meta)]
     fn cross_entropy_backward(
         #[extension_type] inputs: CrossEntropyInputs<Self>,
@@ -51,9 +53,10 @@ pub trait FusedCrossEntropyBackend: Backend {
 
     /// The one pass: forward that also forms the gradient for the incoming gradient
     /// `scale.guess` (`Mean` or `Sum`; divided by the mean's denominators for `Mean`, the
-    /// given ones or those of the call's rows), in the same pass when the backend can,
-    /// over the logits when nothing else holds them. The default runs forward and the
-    /// two-pass backward.
+    /// given ones or those of the call's rows), of the weighted objective when
+    /// `inputs.row_weights` has weights, in the same pass when the backend can, over the
+    /// logits when nothing else holds them. The default runs forward and the two-pass
+    /// backward.
     #[fusion(meta = one_pass_meta)]
     fn cross_entropy_one_pass(
         #[extension_type] inputs: CrossEntropyInputs<Self>,
@@ -146,16 +149,18 @@ pub trait FusedCrossEntropyBackend: Backend {
     }
 
     /// The loss and extra outputs from forward's statistics (see [`Reduced`]), on the
-    /// device, the loss in `dtype`. The default uses tensor ops (about eight small
-    /// launches for `Mean`); cube backends run one kernel.
+    /// device, the loss in `dtype`: with row weights, the weighted objective's (see
+    /// [`RowWeights`]). The default uses tensor ops (about eight small launches for
+    /// `Mean`); cube backends run one kernel.
     #[fusion(meta = reduce_meta)]
     fn reduce_row_stats(
         #[extension_type] rows: RowStats<Self>,
+        #[extension_type] row_weights: RowWeights<Self>,
         options: CrossEntropyOptions,
         dtype: DType,
         keep_denominators: bool,
     ) -> Reduced<Self> {
-        reduce_stats::<Self>(rows, &options, dtype, keep_denominators)
+        reduce_stats::<Self>(rows, row_weights, &options, dtype, keep_denominators)
     }
 
     /// The loss (`[N]` for `Reduction::None`, `[1]` otherwise, in the logits' dtype) and
@@ -169,7 +174,8 @@ pub trait FusedCrossEntropyBackend: Backend {
     ) -> LossParts<Self> {
         let _ = guess;
         let dtype = burn::backend::TensorMetadata::dtype(&inputs.logits);
+        let row_weights = inputs.row_weights.clone();
         let rows = Self::cross_entropy_rows(inputs, options.clone());
-        Self::reduce_row_stats(rows, options, dtype, false).parts
+        Self::reduce_row_stats(rows, row_weights, options, dtype, false).parts
     }
 }

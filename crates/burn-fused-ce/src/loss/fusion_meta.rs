@@ -13,7 +13,7 @@ use crate::options::{CrossEntropyOptions, Reduction};
 use crate::values::row_stat;
 use crate::values::{
     ClassWeightsMetadata, CrossEntropyInputsMetadata, LossPartsMetadata, OptionalFloatMetadata,
-    OptionalIntMetadata, RowStatsMetadata,
+    OptionalIntMetadata, RowStatsMetadata, RowWeightsMetadata,
 };
 
 fn spec(shape: impl Into<Shape>, dtype: DType) -> TensorSpec {
@@ -94,6 +94,7 @@ pub(crate) fn start_target_check_meta(
 
 pub(crate) fn reduce_meta(
     rows: &RowStatsMetadata,
+    _row_weights: &RowWeightsMetadata,
     options: &CrossEntropyOptions,
     dtype: &DType,
     keep_denominators: &bool,

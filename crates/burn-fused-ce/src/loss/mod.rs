@@ -18,5 +18,6 @@ pub(crate) mod module;
 pub(crate) mod pending_read;
 pub mod portable;
 pub(crate) mod reduce;
+pub(crate) mod row_weights;
 pub(crate) mod target_check;
 pub(crate) mod types;

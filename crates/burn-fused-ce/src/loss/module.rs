@@ -3,7 +3,7 @@
 use burn::{
     config::Config,
     module::Module,
-    tensor::{Device, Int, Tensor},
+    tensor::{Device, Tensor},
 };
 
 use crate::error::CrossEntropyError;
@@ -13,6 +13,7 @@ use crate::options::{
     CrossEntropyOptions, ExtraOutputs, FastMath, GradientPlan, Reduction, TargetCheck,
 };
 use crate::output::CrossEntropyOutput;
+use crate::targets::Targets;
 
 /// Configuration of [`FusedCrossEntropyLoss`] (serde-serialisable, like Burn's configs).
 /// Names and defaults follow PyTorch's `cross_entropy` and Liger-Kernel.
@@ -116,16 +117,16 @@ pub struct FusedCrossEntropyLoss {
 }
 
 impl FusedCrossEntropyLoss {
-    /// Loss of `logits` (`[N, V]` or `[B, T, V]`) against `targets` (`[N]` or `[B, T]`):
-    /// the targets' shape for `Reduction::None`, one element otherwise, in the logits'
-    /// dtype.
+    /// Loss of `logits` (`[N, V]` or `[B, T, V]`) against `targets` (`[N]` or `[B, T]`:
+    /// class indices, or [`Targets`] with the rows' weights of a weighted objective): the
+    /// targets' shape for `Reduction::None`, one element otherwise, in the logits' dtype.
     ///
     /// # Panics
     /// On bad input, with the message [`Self::try_forward`] returns as an error.
     pub fn forward<const DL: usize, const DT: usize>(
         &self,
         logits: Tensor<DL>,
-        targets: Tensor<DT, Int>,
+        targets: impl Into<Targets<DT>>,
     ) -> Tensor<DT> {
         self.forward_with_outputs(logits, targets).loss
     }
@@ -134,7 +135,7 @@ impl FusedCrossEntropyLoss {
     pub fn try_forward<const DL: usize, const DT: usize>(
         &self,
         logits: Tensor<DL>,
-        targets: Tensor<DT, Int>,
+        targets: impl Into<Targets<DT>>,
     ) -> Result<Tensor<DT>, CrossEntropyError> {
         Ok(self.try_forward_with_outputs(logits, targets)?.loss)
     }
@@ -146,7 +147,7 @@ impl FusedCrossEntropyLoss {
     pub fn forward_with_outputs<const DL: usize, const DT: usize>(
         &self,
         logits: Tensor<DL>,
-        targets: Tensor<DT, Int>,
+        targets: impl Into<Targets<DT>>,
     ) -> CrossEntropyOutput<DT> {
         match self.try_forward_with_outputs(logits, targets) {
             Ok(output) => output,
@@ -158,12 +159,12 @@ impl FusedCrossEntropyLoss {
     pub fn try_forward_with_outputs<const DL: usize, const DT: usize>(
         &self,
         logits: Tensor<DL>,
-        targets: Tensor<DT, Int>,
+        targets: impl Into<Targets<DT>>,
     ) -> Result<CrossEntropyOutput<DT>, CrossEntropyError> {
         // The weights' values were checked at `init`.
         cross_entropy_checked(
             logits,
-            targets,
+            targets.into(),
             self.class_weights.clone(),
             &self.options,
             false,

@@ -8,11 +8,12 @@ use burn::backend::{
 };
 use burn::tensor::{DType, TensorData};
 
+use crate::loss::row_weights::WeightedRows;
 use crate::loss::types::Reduced;
 use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{BoolOf, FloatOf, IntOf};
-use crate::values::{LossParts, OptionalFloat, OptionalInt, RowStats, row_stat};
+use crate::values::{LossParts, OptionalFloat, OptionalInt, RowStats, RowWeights, row_stat};
 
 /// One statistic's row of the stats matrix, `[N]` (a view: rows are contiguous).
 pub(crate) fn stat_row<B: Backend>(stats: &FloatOf<B, 2>, stat: usize) -> FloatOf<B, 1> {
@@ -31,11 +32,13 @@ pub(crate) fn stat_row_of<B: Backend>(stats: FloatTensor<B>, stat: usize) -> Flo
 /// Reduces the per-row statistics on the device, in f32; the loss is cast to `dtype`
 /// last. `Mean` divides the cross-entropy part by `max(D, MIN_POSITIVE)` and the z-loss
 /// part by `max(n, 1)` (the call's own, or those the options give): an all-ignored batch
-/// gives 0, not NaN. `keep_denominators` (a
+/// gives 0, not NaN. With row weights the loss is that of the weighted objective (see
+/// [`RowWeights`]; the z-loss output is its weighted part). `keep_denominators` (a
 /// tracked `Mean`) also returns `[D, n]` for backward. Each launch here has a fixed cost,
 /// so only what an output needs is computed.
 pub(crate) fn reduce_stats<B: Backend>(
     rows: RowStats<B>,
+    row_weights: RowWeights<B>,
     options: &CrossEntropyOptions,
     dtype: DType,
     keep_denominators: bool,
@@ -63,28 +66,38 @@ pub(crate) fn reduce_stats<B: Backend>(
     let counts = (wanted.accuracy || (options.reduction == Reduction::Mean && given.is_none()))
         .then(|| clamped_denominators(&stats, rows.weighted));
 
+    let terms = WeightedRows::of(&stats, row_weights);
     let (loss, z_loss, denominators) = match options.reduction {
-        Reduction::None => (
-            stat_row(&stats, row_stat::LOSS),
-            wanted.z_loss.then(|| stat_row(&stats, row_stat::Z_LOSS)),
-            None,
-        ),
-        Reduction::Sum => (
-            sum_of(row_stat::LOSS),
-            wanted.z_loss.then(|| sum_of(row_stat::Z_LOSS)),
-            None,
-        ),
+        Reduction::None => {
+            let z_loss = wanted.z_loss.then(|| terms.z_loss.clone());
+            (terms.per_row(), z_loss, None)
+        }
+        Reduction::Sum => {
+            let loss = terms.loss.sum();
+            let loss = match terms.entropy {
+                Some(entropy) => loss.sub(entropy.sum()),
+                None => loss,
+            };
+            (loss, wanted.z_loss.then(|| terms.z_loss.sum()), None)
+        }
         Reduction::Mean => {
             let (weight_total, n) = given
                 .or_else(|| counts.clone())
                 .expect("the counts are summed for the mean");
-            let z_sum = (has_z || wanted.z_loss).then(|| sum_of(row_stat::Z_LOSS));
+            let z_sum = (has_z || wanted.z_loss).then(|| terms.z_loss.sum());
             let loss = match &z_sum {
-                Some(z_sum) if has_z => sum_of(row_stat::LOSS)
+                Some(z_sum) if has_z => terms
+                    .loss
+                    .sum()
                     .sub(z_sum.clone())
                     .div(weight_total.clone())
                     .add(z_sum.clone().div(n.clone())),
-                _ => sum_of(row_stat::LOSS).div(weight_total.clone()),
+                _ => terms.loss.sum().div(weight_total.clone()),
+            };
+            // The entropy's term is reduced as the z-loss is.
+            let loss = match terms.entropy {
+                Some(entropy) => loss.sub(entropy.sum().div(n.clone())),
+                None => loss,
             };
             let z_loss = z_sum.filter(|_| wanted.z_loss).map(|z| z.div(n.clone()));
             let denominators = keep_denominators.then(|| FloatOf::cat(vec![weight_total, n], 0));

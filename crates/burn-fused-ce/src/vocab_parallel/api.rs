@@ -12,7 +12,8 @@ use crate::loss::incoming_guess::IncomingGuess;
 use crate::error::{CrossEntropyError, Input};
 use crate::options::CrossEntropyOptions;
 use crate::output::{CrossEntropyOutput, shaped_output};
-use crate::values::{ClassWeights, CrossEntropyInputs, OptionalFloat};
+use crate::targets::Targets;
+use crate::values::{ClassWeights, CrossEntropyInputs, OptionalFloat, RowWeights};
 use crate::vocab_parallel::exchange::ShardExchange;
 use crate::vocab_parallel::extension::VocabParallelBackend;
 use crate::vocab_parallel::extension_types::ExchangedRows;
@@ -100,7 +101,14 @@ pub fn try_vocab_parallel_cross_entropy<
         checked_values(&targets, class_weights, rows, shard.vocab(), options, true)?;
     if rows == 0 {
         // Nothing to exchange: every shard sees the same empty batch.
-        return cross_entropy_checked(logits, targets, None, options, false, &IncomingGuess::new());
+        return cross_entropy_checked(
+            logits,
+            Targets::new(targets),
+            None,
+            options,
+            false,
+            &IncomingGuess::new(),
+        );
     }
     let device = logits.device();
     // The row ops take the targets in the logits' row shape, the exchanged rows flat.
@@ -108,6 +116,7 @@ pub fn try_vocab_parallel_cross_entropy<
         logits: logits.clone().into_dispatch(),
         targets: targets.clone().into_dispatch(),
         class_weights: class_weights.clone(),
+        row_weights: RowWeights::none(),
     };
     let packed = Tensor::<2>::from_dispatch(
         <Dispatch as VocabParallelBackend>::shard_contributions(inputs(), *shard, options.clone()),

@@ -20,7 +20,7 @@ use crate::autodiff_conversions::{
     outer_rows,
 };
 use crate::options::CrossEntropyOptions;
-use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, RowStats};
+use crate::values::{CrossEntropyInputs, LossParts, OptionalFloat, RowStats, RowWeights};
 use crate::vocab_parallel::extension::VocabParallelBackend;
 use crate::vocab_parallel::extension_types::{
     ExchangedRows, KernelBackwardRows, ShardBackwardRows,
@@ -126,6 +126,7 @@ impl<B: VocabParallelBackend, C: CheckpointStrategy> VocabParallelBackend for Au
             logits,
             targets: inputs.targets,
             class_weights: inner_weights(inputs.class_weights),
+            row_weights: RowWeights::none(),
         };
         let rows = inner_rows(rows);
         // The node guard keeps the logits' node referenced until this op's node is
@@ -139,7 +140,8 @@ impl<B: VocabParallelBackend, C: CheckpointStrategy> VocabParallelBackend for Au
                 // The state takes the only other handle on the logits: once the caller's
                 // tensor is dropped, backward may overwrite them with their gradient.
                 let stats = rows.stats.clone();
-                let reduced = B::reduce_row_stats(rows, options.clone(), dtype, true);
+                let reduced =
+                    B::reduce_row_stats(rows, RowWeights::none(), options.clone(), dtype, true);
                 let state = ShardState {
                     inputs,
                     stats,

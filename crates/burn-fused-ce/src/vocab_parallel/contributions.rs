@@ -9,7 +9,7 @@ use crate::loss::reduce::stat_row;
 
 use crate::options::CrossEntropyOptions;
 use crate::primitive::{FloatOf, IntOf};
-use crate::values::{ClassWeights, CrossEntropyInputs, row_stat};
+use crate::values::{ClassWeights, CrossEntropyInputs, RowWeights, row_stat};
 use crate::vocab_parallel::shard::{VocabShard, local_options, smoothing_options};
 use crate::vocab_parallel::target_rows::{TargetRows, shard_weights};
 
@@ -36,6 +36,7 @@ pub(crate) fn shard_contributions_by_tensor_ops<B: FusedCrossEntropyBackend>(
             logits: inputs.logits.clone(),
             targets: shaped(local_targets.clone()),
             class_weights: ClassWeights::Unweighted,
+            row_weights: RowWeights::none(),
         },
         local_options(options),
     );
@@ -73,6 +74,7 @@ pub(crate) fn shard_contributions_by_tensor_ops<B: FusedCrossEntropyBackend>(
                 logits: inputs.logits.clone(),
                 targets: shaped(first_class),
                 class_weights: shard_weights(&inputs.class_weights, here.clone()),
+                row_weights: RowWeights::none(),
             },
             smoothing_options(options),
         );

@@ -17,7 +17,9 @@ use crate::loss::extension::FusedCrossEntropyBackend;
 
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::IntOf;
-use crate::values::{ClassWeights, CrossEntropyInputs, OptionalFloat, OptionalInt, RowStats};
+use crate::values::{
+    ClassWeights, CrossEntropyInputs, OptionalFloat, OptionalInt, RowStats, RowWeights,
+};
 use crate::vocab_parallel::contributions::shard_contributions_by_tensor_ops;
 use crate::vocab_parallel::extension::VocabParallelBackend;
 use crate::vocab_parallel::extension_types::{
@@ -85,6 +87,7 @@ impl VocabParallelBackend for CubeBackend {
                 logits: inputs.logits.clone(),
                 targets: shaped(local),
                 class_weights: ClassWeights::Unweighted,
+                row_weights: RowWeights::none(),
             },
             local_options(&options),
         );
@@ -94,6 +97,7 @@ impl VocabParallelBackend for CubeBackend {
                     logits: inputs.logits.clone(),
                     targets: shaped(first_class),
                     class_weights: shard_weights(&inputs.class_weights, shard.classes()),
+                    row_weights: RowWeights::none(),
                 },
                 smoothing_options(&options),
             )

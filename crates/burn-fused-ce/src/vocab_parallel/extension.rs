@@ -9,7 +9,7 @@ use burn::backend::{backend_extension, tensor::FloatTensor};
 use crate::loss::extension::FusedCrossEntropyBackend;
 
 use crate::options::CrossEntropyOptions;
-use crate::values::{CrossEntropyInputs, LossParts, RowStats};
+use crate::values::{CrossEntropyInputs, LossParts, RowStats, RowWeights};
 use crate::vocab_parallel::contributions::shard_contributions_by_tensor_ops;
 use crate::vocab_parallel::extension_types::{
     ExchangedRows, KernelBackwardRows, ShardBackwardRows,
@@ -89,6 +89,6 @@ pub trait VocabParallelBackend: FusedCrossEntropyBackend {
     ) -> LossParts<Self> {
         let _ = shard;
         let dtype = burn::backend::TensorMetadata::dtype(&inputs.logits);
-        Self::reduce_row_stats(rows, options, dtype, false).parts
+        Self::reduce_row_stats(rows, RowWeights::none(), options, dtype, false).parts
     }
 }

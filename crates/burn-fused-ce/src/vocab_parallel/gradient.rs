@@ -9,7 +9,7 @@ use crate::loss::reduce::stat_row;
 use crate::loss::types::TwoPassBackward;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::{FloatOf, IntOf};
-use crate::values::{ClassWeights, CrossEntropyInputs, OptionalFloat, row_stat};
+use crate::values::{ClassWeights, CrossEntropyInputs, OptionalFloat, RowWeights, row_stat};
 use crate::vocab_parallel::extension::VocabParallelBackend;
 use crate::vocab_parallel::extension_types::ShardBackwardRows;
 use crate::vocab_parallel::gradient_rows::{RowCoefficients, row_scales};
@@ -162,6 +162,7 @@ fn kernel_gradient<B: VocabParallelBackend>(
             logits: inputs.logits,
             targets: B::int_reshape(kernel_rows.targets, targets_shape),
             class_weights: ClassWeights::Unweighted,
+            row_weights: RowWeights::none(),
         },
         TwoPassBackward {
             stats: kernel_rows.stats,

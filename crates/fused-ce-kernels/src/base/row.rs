@@ -39,9 +39,13 @@ pub struct RowOptions {
     pub argmax: bool,
     /// Track `sum_c exp(x'_c - max) (x'_c - max)` (the softmax's entropy).
     pub entropy: bool,
-    /// Backward adds the entropy's gradient (`RowGradient::entropy_coef`); never in
-    /// forward or the one pass.
+    /// The gradient carries the entropy's part too (`RowGradient::entropy_coef`): in
+    /// backward for the entropy output's incoming gradient, in the one pass for the
+    /// entropy weights; never in forward.
     pub entropy_gradient: bool,
+    /// Each row's incoming gradient is scaled by its weight (`row_weights [rows]`, f32):
+    /// a weighted objective's loss weights.
+    pub row_weighted: bool,
     /// Units per cube, a power of two.
     pub cube_size: usize,
     /// Vectors each unit loads before using any (bytes in flight per unit).

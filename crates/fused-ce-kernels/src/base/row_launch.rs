@@ -24,8 +24,11 @@ pub struct LossSettings {
     pub weighted: bool,
     /// Track the argmax (accuracy or predictions asked for).
     pub argmax: bool,
-    /// Track the softmax's entropy (asked for).
+    /// Track the softmax's entropy (asked for, or weighted in the objective).
     pub entropy: bool,
+    /// Per-row weights of the entropy are bound (`entropy_weights [rows]`, f32): the one
+    /// pass forms the entropy's gradient for them (and `entropy` is on).
+    pub entropy_weighted: bool,
     /// The fast exponential may flush results below 2^-126 to zero (CUDA through its C++
     /// backend only: inline PTX).
     pub exp_flush_to_zero: bool,
@@ -85,8 +88,9 @@ impl RowLaunch {
             weighted: settings.weighted,
             z_loss: settings.z_loss_scale > 0.0,
             argmax: settings.argmax,
-            entropy: settings.entropy,
+            entropy: settings.entropy || settings.entropy_weighted,
             entropy_gradient: false,
+            row_weighted: false,
             cube_size,
             exp_flush_to_zero: target.inline_ptx && settings.exp_flush_to_zero,
             approximate_tanh: target.inline_ptx

@@ -13,7 +13,9 @@ use crate::one_pass::staged_exps::{
 };
 use crate::rows::cube_merge::cube_merge;
 use crate::rows::forward::{RowForward, finish_row};
-use crate::rows::gradient::{RowGradient, gradient_coefficients, incoming_scales};
+use crate::rows::gradient::{
+    RowGradient, gradient_coefficients, incoming_scales, with_entropy_gradient,
+};
 use crate::rows::gradient_span::{store_gradient_vector, write_gradient_span, zero_vectors};
 use crate::rows::reduce_span::{reduce_span, target_share};
 use crate::rows::row_state::RowState;
@@ -29,6 +31,8 @@ pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
     class_weights: &Tensor<f32>,
     weight_total: &Tensor<f32>,
     scales: &Tensor<f32>,
+    row_weights: &Tensor<f32>,
+    entropy_weights: &Tensor<f32>,
     stats: &mut Tensor<f32>,
     predicted: &mut Tensor<I>,
     grad: &mut Tensor<Vector<F, N>>,
@@ -104,6 +108,8 @@ pub(crate) fn one_pass_chunk<F: Float, I: Int, N: Size>(
         class_weights,
         weight_total,
         scales,
+        row_weights,
+        entropy_weights,
         &staged,
         &reduced,
         forward,
@@ -217,6 +223,8 @@ fn write_chunk_gradient<F: Float, N: Size>(
     class_weights: &Tensor<f32>,
     weight_total: &Tensor<f32>,
     scales: &Tensor<f32>,
+    row_weights: &Tensor<f32>,
+    entropy_weights: &Tensor<f32>,
     staged: &Shared<[Vector<F, N>]>,
     reduced: &ReducedChunk,
     forward: RowForward,
@@ -237,7 +245,12 @@ fn write_chunk_gradient<F: Float, N: Size>(
     let holds_target = reduced.holds_target;
     let target_at = reduced.target_at;
     let reference = reduced.reference;
-    let incoming = select(target_is_class, scales[scale_slot::GUESS], f32::new(0.0));
+    let guess = scales[scale_slot::GUESS];
+    let mut incoming = guess;
+    if comptime!(options.row_weighted) {
+        incoming *= row_weights[row * row_weights.stride(0)];
+    }
+    let incoming = select(target_is_class, incoming, f32::new(0.0));
     let (ce_scale, z_scale) = incoming_scales(incoming, scales, one_pass.mean);
     let row_grad = gradient_coefficients(
         target_col,
@@ -252,6 +265,21 @@ fn write_chunk_gradient<F: Float, N: Size>(
         scalars.clone(),
         options,
     );
+    let row_grad = if comptime!(options.entropy_gradient) {
+        // The objective's `-c_r H_r`, reduced as the z-loss is (divided by `n` for `Mean`).
+        let mut entropy_incoming = -guess * entropy_weights[row * entropy_weights.stride(0)];
+        if comptime!(one_pass.mean) {
+            entropy_incoming /= scales[scale_slot::COUNT];
+        }
+        with_entropy_gradient(
+            row_grad,
+            select(target_is_class, entropy_incoming, f32::new(0.0)),
+            forward.entropy,
+            forward.log_sum,
+        )
+    } else {
+        row_grad
+    };
     let out_start = row_offset::<Vector<F, N>>(&*grad, row) / vector_size;
     if !target_is_class {
         zero_vectors::<F, N>(grad, out_start + first, len, cube_size, stream_stores);

@@ -12,7 +12,9 @@ use crate::rows::gradient_span::zero_vectors;
 /// Forward that also writes the gradient for the guessed incoming gradient in `scales`
 /// (divided by the mean's denominators when `one_pass.mean`), over the logits when `grad`
 /// aliases them: one cube per chunk of `chunk_vectors` vectors of a row (see the `one_pass`
-/// module's text).
+/// module's text). With `options.row_weighted` each row's gradient is its weight's
+/// (`row_weights [rows]`) share; with `options.entropy_gradient` it also carries the
+/// gradient of `-c_r H_r` (`entropy_weights [rows]`, divided by `n` when `mean`).
 #[cube(launch_unchecked, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
@@ -21,6 +23,8 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
     class_weights: &Tensor<f32>,
     weight_total: &Tensor<f32>,
     scales: &Tensor<f32>,
+    row_weights: &Tensor<f32>,
+    entropy_weights: &Tensor<f32>,
     stats: &mut Tensor<f32>,
     predicted: &mut Tensor<I>,
     grad: &mut Tensor<Vector<F, N>>,
@@ -73,6 +77,8 @@ pub fn cross_entropy_one_pass_kernel<F: Float, I: Int, N: Size>(
             class_weights,
             weight_total,
             scales,
+            row_weights,
+            entropy_weights,
             stats,
             predicted,
             grad,

@@ -35,6 +35,11 @@ pub struct OnePassBuffers {
     /// f32 `[2]`: the mean's denominators `[D, n]` to divide by, when not those of the
     /// launch's rows (which the prologue then sums from the targets).
     pub denominators: Option<TensorArg>,
+    /// f32 `[rows]`: the loss's per-row weights, when it has them.
+    pub row_weights: Option<TensorArg>,
+    /// f32 `[rows]`: the entropy's per-row weights `c_r` (the objective's `-c_r H_r`),
+    /// bound when `shape.settings.entropy_weighted`.
+    pub entropy_weights: Option<TensorArg>,
     pub scratch: OnePassScratch,
 }
 
@@ -59,6 +64,8 @@ pub fn launch_one_pass(
         predicted,
         guess,
         denominators,
+        row_weights,
+        entropy_weights,
         scratch,
     } = buffers;
     let given_denominators = denominators.is_some();
@@ -88,7 +95,14 @@ pub fn launch_one_pass(
         shape.int_dtype,
     );
     let one_pass = plan.options(mean);
-    let options = shape.launch_options(client, plan.cube_size, plan.loads_per_step);
+    let mut options = shape.launch_options(client, plan.cube_size, plan.loads_per_step);
+    options.row_weighted = row_weights.is_some();
+    // The plan leaves the kept exponentials out for the entropy weights (`settings`).
+    debug_assert_eq!(shape.settings.entropy_weighted, entropy_weights.is_some());
+    options.entropy_gradient = entropy_weights.is_some();
+    // Without them the stats are bound in their place, unread.
+    let row_weights = row_weights.unwrap_or_else(|| same_arg(&stats));
+    let entropy_weights = entropy_weights.unwrap_or_else(|| same_arg(&stats));
     let (logits, grad) = target.into_args();
     // Unchecked: every index is in bounds by construction (clamped or masked in the
     // kernel), and the checked launch's per-lane selects cost about one instruction per
@@ -105,6 +119,8 @@ pub fn launch_one_pass(
             weights.weights,
             weights.total,
             scratch.scales,
+            row_weights,
+            entropy_weights,
             stats,
             predicted,
             grad,

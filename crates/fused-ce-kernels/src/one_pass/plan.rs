@@ -99,9 +99,12 @@ impl OnePassPlan {
                     4
                 },
             ),
+            // The kept exponentials lose the logits that the softcap's and the
+            // temperature's derivatives and the entropy's gradient need.
             staged_exps: tuning.staged_exps
                 && shape.settings.softcap.is_none()
-                && shape.settings.temperature.is_none(),
+                && shape.settings.temperature.is_none()
+                && !shape.settings.entropy_weighted,
             cache_hints: if inline_ptx {
                 tuning.cache_hints.bits()
             } else {
@@ -188,7 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn staged_exps_never_with_softcap_or_temperature() {
+    fn staged_exps_never_with_softcap_temperature_or_entropy_weights() {
         let mut launch = shape(8, 128_256, FloatKind::BF16, 8);
         let staged = |launch: &RowLaunch| {
             OnePassPlan::for_device(launch, true, true)
@@ -205,6 +208,9 @@ mod tests {
         // The entropy is summed as the staged vectors turn into exponentials.
         launch.settings.entropy = true;
         assert!(staged(&launch));
+        // Its gradient needs the logits.
+        launch.settings.entropy_weighted = true;
+        assert!(!staged(&launch));
     }
 
     #[test]

@@ -34,6 +34,7 @@ fn row_gradient<I: Int, G: Float>(
     grad_output: &Tensor<G>,
     denominators: &Tensor<f32>,
     entropy_grad_output: &Tensor<f32>,
+    row_weights: &Tensor<f32>,
     row: usize,
     vocab: usize,
     scalars: RowScalars,
@@ -47,6 +48,10 @@ fn row_gradient<I: Int, G: Float>(
     if comptime!(grad_options.per_row) {
         incoming = f32::cast_from(grad_output[row * grad_output.stride(0)]);
     }
+    if comptime!(options.row_weighted) {
+        incoming *= row_weights[row * row_weights.stride(0)];
+    }
+    // A select, not a product: an ignored row's gradient is 0 whatever its weight.
     let incoming = select(counted, incoming, f32::new(0.0));
     let (ce_scale, z_scale) = incoming_scales(incoming, denominators, grad_options.mean);
     let log_sum = stats[stat_index(stats, row_stat::LOG_SUM, row)];
@@ -95,6 +100,7 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
     grad_output: &Tensor<G>,
     denominators: &Tensor<f32>,
     entropy_grad_output: &Tensor<f32>,
+    row_weights: &Tensor<f32>,
     grad: &mut Tensor<Vector<F, N>>,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
@@ -114,6 +120,7 @@ pub fn cross_entropy_backward_kernel<F: Float, I: Int, G: Float, N: Size>(
         grad_output,
         denominators,
         entropy_grad_output,
+        row_weights,
         row.clone(),
         vocab,
         scalars.clone(),

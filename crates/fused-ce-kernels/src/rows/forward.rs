@@ -21,6 +21,8 @@ pub(crate) struct RowForward {
     pub(crate) log_sum: f32,
     /// `p_y - 1`.
     pub(crate) target_grad: f32,
+    /// [`row_stat::ENTROPY`] (0 unless `options.entropy`).
+    pub(crate) entropy: f32,
 }
 
 /// Reads one row and writes its statistics of [`row_stat`] into `stats [COUNT, rows]`:
@@ -253,6 +255,7 @@ pub(crate) fn finish_row<I: Int>(
         max: merged.max,
         log_sum,
         target_grad,
+        entropy,
     }
 }
 

@@ -59,6 +59,8 @@ pub struct IncomingGradient {
     pub denominators: TensorArg,
     /// f32 `[rows]`: the entropy output's incoming gradient, when it has one.
     pub entropy: Option<TensorArg>,
+    /// f32 `[rows]`: the loss's per-row weights, when it has them.
+    pub row_weights: Option<TensorArg>,
 }
 
 /// Per-row backward: the spec's gradient for every row, zero rows for ignored targets.
@@ -80,8 +82,10 @@ pub fn launch_backward(
         per_row: incoming.per_row,
         mean: incoming.mean,
     };
-    // Without it the stats are bound in its place, unread.
+    // Without them the stats are bound in their place, unread.
     let entropy = incoming.entropy.unwrap_or_else(|| same_arg(&stats));
+    options.row_weighted = incoming.row_weights.is_some();
+    let row_weights = incoming.row_weights.unwrap_or_else(|| same_arg(&stats));
     let (logits, grad) = target.into_args();
     // Unchecked: every index is in bounds by construction (clamped or masked in the
     // kernel), and the checked launch's per-lane selects cost about one instruction per
@@ -101,6 +105,7 @@ pub fn launch_backward(
             incoming.grad,
             incoming.denominators,
             entropy,
+            row_weights,
             grad,
             row_scalars(&shape),
             options,

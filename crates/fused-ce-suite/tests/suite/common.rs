@@ -497,6 +497,18 @@ pub fn reference_grad(
     options: &RefOptions,
     g: &[f64],
 ) -> Vec<f64> {
+    reference_grad_of_rows(logits, vocab, targets, options, g, |_| 1.0)
+}
+
+/// [`reference_grad`] with each row's incoming gradient times `row_weight(row)`.
+fn reference_grad_of_rows(
+    logits: &[f64],
+    vocab: usize,
+    targets: &[i64],
+    options: &RefOptions,
+    g: &[f64],
+    row_weight: impl Fn(usize) -> f64,
+) -> Vec<f64> {
     let rows = reference_rows(logits, vocab, targets, options);
     let (d, n) = reference_denominators(&rows);
     let (n_ce, n_z) = match options.reduction {
@@ -512,10 +524,11 @@ pub fn reference_grad(
             continue;
         }
         let y = y as usize;
-        let g_row = match options.reduction {
-            Reduction::None => g[row],
-            _ => g[0],
-        };
+        let g_row = row_weight(row)
+            * match options.reduction {
+                Reduction::None => g[row],
+                _ => g[0],
+            };
         let raw = &logits[row * vocab..(row + 1) * vocab];
         let x = options.capped(raw);
         let l = rows[row].lse;
@@ -537,6 +550,75 @@ pub fn reference_grad(
             grad[row * vocab + c] = dx;
         }
     }
+    grad
+}
+
+/// The weighted objective `R(w_r loss_r - c_r H_r)` in f64, `w` and `c` one per row
+/// (rows that are not counted add nothing whatever their weights): `[N]` for None, `[1]`
+/// otherwise; `Mean` divides `sum w_r ce_r` by `D` and `sum (w_r z_r - c_r H_r)` by `n`.
+pub fn reference_weighted_loss(
+    rows: &[RefRow],
+    reduction: Reduction,
+    w: &[f64],
+    c: &[f64],
+) -> Vec<f64> {
+    // (w ce, w z - c H) per row.
+    let parts: Vec<(f64, f64)> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if r.counted {
+                (w[i] * r.ce, w[i] * r.z - c[i] * r.entropy)
+            } else {
+                (0.0, 0.0)
+            }
+        })
+        .collect();
+    match reduction {
+        Reduction::None => parts.iter().map(|(ce, z)| ce + z).collect(),
+        Reduction::Sum => vec![parts.iter().map(|(ce, z)| ce + z).sum()],
+        Reduction::Mean => {
+            let (d, n) = reference_denominators(rows);
+            if n == 0.0 {
+                return vec![0.0];
+            }
+            let ce: f64 = parts.iter().map(|p| p.0).sum();
+            let z: f64 = parts.iter().map(|p| p.1).sum();
+            vec![ce / d + z / n]
+        }
+    }
+}
+
+/// The weighted objective's logits gradient in f64 for the incoming gradient `g` (`[N]`
+/// for None, `[1]` otherwise): the loss's for `w_r g` and the entropy's for `-c_r g`
+/// (divided by `n` for `Mean`).
+pub fn reference_weighted_grad(
+    logits: &[f64],
+    vocab: usize,
+    targets: &[i64],
+    options: &RefOptions,
+    g: &[f64],
+    w: &[f64],
+    c: &[f64],
+) -> Vec<f64> {
+    let mut grad = reference_grad_of_rows(logits, vocab, targets, options, g, |row| w[row]);
+    let rows = reference_rows(logits, vocab, targets, options);
+    let (_, n) = reference_denominators(&rows);
+    let scale = match options.reduction {
+        Reduction::Mean => 1.0 / n.max(1.0),
+        _ => 1.0,
+    };
+    let g_entropy: Vec<f64> = (0..targets.len())
+        .map(|row| {
+            let g_row = match options.reduction {
+                Reduction::None => g[row],
+                _ => g[0],
+            };
+            -c[row] * g_row * scale
+        })
+        .collect();
+    let entropy = reference_entropy_grad(logits, vocab, targets, options, &g_entropy);
+    grad.iter_mut().zip(entropy).for_each(|(a, b)| *a += b);
     grad
 }
 

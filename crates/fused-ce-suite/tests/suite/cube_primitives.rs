@@ -16,9 +16,9 @@ use burn::tensor::{DType, FloatDType, Shape, Slice, TensorData};
 use burn_cubecl::CubeDevice;
 use burn_fused_ce::backend::{
     ClassWeights, CrossEntropyInputs, FusedCrossEntropyBackend, IncomingGuess, LossParts,
-    OnePassScale, OptionalFloat, TwoPassBackward,
+    OnePassScale, OptionalFloat, RowWeights, TwoPassBackward,
 };
-use burn_fused_ce::{CrossEntropyOptions, GradientPlan, Reduction};
+use burn_fused_ce::{CrossEntropyOptions, EntropyOutput, GradientPlan, Reduction};
 
 use crate::call::{Call, HostOutput, HostTensor, Tracked, assert_same_values};
 use crate::common::data_to_f64;
@@ -127,6 +127,7 @@ pub(crate) fn inputs(
         logits,
         targets,
         class_weights: class_weights(weights),
+        row_weights: RowWeights::none(),
     }
 }
 
@@ -168,16 +169,20 @@ pub(crate) fn tracked_forward(
     let shape = inputs.logits.shape();
     let rows: usize = shape.iter().take(shape.num_dims() - 1).product();
     let dtype = inputs.logits.dtype();
-    let one_pass = options.gradient_plan == GradientPlan::OnePass
+    // As `Autodiff` decides it (`CrossEntropyOptions::one_pass`).
+    let one_pass = options.gradient_plan != GradientPlan::TwoPass
+        && options.outputs.entropy != EntropyOutput::Differentiable
         && options.reduction != Reduction::None
         && rows > 0;
+    let row_weights = inputs.row_weights.clone();
     if one_pass {
         let scale = OnePassScale {
             guess: guess.clone(),
             denominators: OptionalFloat::Absent,
         };
         let output = C::cross_entropy_one_pass(inputs, scale, options.clone());
-        let parts = C::reduce_row_stats(output.rows, options.clone(), dtype, false).parts;
+        let parts =
+            C::reduce_row_stats(output.rows, row_weights, options.clone(), dtype, false).parts;
         (
             parts,
             Pending::OnePass {
@@ -188,7 +193,7 @@ pub(crate) fn tracked_forward(
     } else {
         let rows = C::cross_entropy_rows(inputs.clone(), options.clone());
         let stats = rows.stats.clone();
-        let reduced = C::reduce_row_stats(rows, options.clone(), dtype, true);
+        let reduced = C::reduce_row_stats(rows, row_weights, options.clone(), dtype, true);
         let pending = Pending::TwoPass {
             inputs: Box::new(inputs),
             stats,

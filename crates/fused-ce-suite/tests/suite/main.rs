@@ -18,6 +18,7 @@ mod properties;
 mod run_call;
 mod train;
 mod vocab_parallel;
+mod weighted;
 // Shared with the crate's smoke test: one copy.
 #[path = "../../../burn-fused-ce/tests/support/vocab_shards.rs"]
 mod vocab_shards;

@@ -5,8 +5,9 @@ use burn::backend::{Backend, TensorMetadata, tensor::FloatTensor};
 use burn::tensor::{DType, Shape};
 
 use super::inputs::{class_weights_f32, classify_targets, logits_f32, rows_and_vocab};
+use crate::loss::row_weights::entropy_incoming;
 use crate::loss::types::TwoPassBackward;
-use crate::options::CrossEntropyOptions;
+use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::FloatOf;
 use crate::values::{CrossEntropyInputs, row_stat};
 
@@ -28,6 +29,7 @@ fn stat_column<B: Backend>(stats: &FloatOf<B, 2>, stat: usize, rows: usize) -> F
 /// `E = Bc W + 2 s sz lse`:
 /// `grad_c = (C + E) p_c - Bc w_c` for `c != y` and `C (p_y - 1) + E p_y - Bc w_y` at the
 /// target, with forward's `p_y - 1`; all times `1 - (x'_c / cap)^2` under a softcap.
+/// With row weights `g` is `w_r g` and the entropy's part has the objective's `-c_r`.
 pub fn cross_entropy_backward<B: Backend>(
     inputs: CrossEntropyInputs<B>,
     backward: TwoPassBackward<B>,
@@ -37,6 +39,7 @@ pub fn cross_entropy_backward<B: Backend>(
         logits,
         targets,
         class_weights,
+        row_weights,
     } = inputs;
     let TwoPassBackward {
         stats,
@@ -48,6 +51,15 @@ pub fn cross_entropy_backward<B: Backend>(
     let dtype = logits.dtype();
     let device = logits.device();
     let (rows, vocab) = rows_and_vocab(&shape);
+    let denominators = denominators.into_option();
+    let entropy_grad_output = entropy_incoming::<B>(
+        entropy_grad_output.into_option(),
+        row_weights.entropy.into_option(),
+        &grad_output,
+        options.reduction == Reduction::None,
+        denominators.as_ref(),
+        rows,
+    );
     if rows == 0 || vocab == 0 {
         let zeros = FloatOf::<B, 1>::zeros([rows * vocab], &device, dtype);
         return B::float_reshape(zeros.into_primitive(), shape);
@@ -73,8 +85,17 @@ pub fn cross_entropy_backward<B: Backend>(
         // One value for every row (`Mean`, `Sum`), materialised so masking is plain.
         FloatOf::<B, 2>::zeros([rows, 1], &device, DType::F32).add(incoming.reshape([1, 1]))
     };
+    let incoming = match row_weights.loss.into_option() {
+        Some(weights) => incoming.mul(
+            FloatOf::<B, 1>::new(B::float_reshape(weights, Shape::new([rows])))
+                .cast(DType::F32)
+                .reshape([rows, 1]),
+        ),
+        None => incoming,
+    };
+    // A mask, not a product: an ignored row's gradient is 0 whatever its weight.
     let incoming = incoming.mask_fill(not_counted.clone(), 0.0);
-    let (ce_scale, z_scale) = match denominators.into_option() {
+    let (ce_scale, z_scale) = match denominators {
         Some(denominators) => {
             let denominators = FloatOf::<B, 1>::new(denominators).cast(DType::F32);
             let ce = denominators.clone().narrow(0, 0, 1).reshape([1, 1]);
@@ -128,7 +149,7 @@ pub fn cross_entropy_backward<B: Backend>(
         };
     }
     let mut grad = grad.mask_where(t.one_hot, target_value.expand([rows, vocab]));
-    if let Some(entropy_incoming) = entropy_grad_output.into_option() {
+    if let Some(entropy_incoming) = entropy_grad_output {
         // g_H dH/dx'_c = -g_H p_c (ln p_c + H), at the target too; a -inf logit's term is
         // 0, not 0 * -inf.
         let entropy_incoming = FloatOf::<B, 1>::new(entropy_incoming)

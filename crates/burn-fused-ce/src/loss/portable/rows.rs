@@ -77,7 +77,10 @@ pub fn cross_entropy_rows<B: Backend>(
         logits,
         targets,
         class_weights,
+        row_weights,
     } = inputs;
+    // Entropy weights need the rows' entropy in the statistics.
+    let track_entropy = options.outputs.entropy.is_on() || row_weights.has_entropy();
     let (rows, vocab) = rows_and_vocab(&logits.shape());
     let device = logits.device();
     let int_dtype = targets.dtype();
@@ -120,7 +123,7 @@ pub fn cross_entropy_rows<B: Backend>(
     // ln(sum) as ln(1 + (sum - 1)), with `sum - 1` formed exactly when the target is the
     // max: a confident row's loss keeps its digits (as in the kernels).
     let log_sum = ln_one_plus::<B>(others.clone().add(target_exp.sub_scalar(1.0)));
-    let entropy = if options.outputs.entropy.is_on() {
+    let entropy = if track_entropy {
         // H = ln(sum) - sum_c p_c (x'_c - max); a -inf logit's term is 0, not 0 * -inf.
         let spread = exps
             .clone()

@@ -4,7 +4,7 @@
 use burn::backend::TensorMetadata;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_fused_ce::backend::{
-    IncomingGuess, LinearCrossEntropyBackend, LinearHead, LinearInputs, OptionalFloat,
+    IncomingGuess, LinearCrossEntropyBackend, LinearHead, LinearInputs, OptionalFloat, RowWeights,
 };
 use burn_fused_ce::linear::max_buffer_bytes;
 use burn_fused_ce::target_check::wait_for_target_checks;
@@ -87,6 +87,7 @@ fn empty_batch_on_the_cube_backend_primitives() {
             },
             targets: prim::ints(&[], &[0]),
             class_weights: prim::class_weights(None),
+            row_weights: RowWeights::none(),
         };
         let parts = C::fused_linear_cross_entropy(
             inputs,
@@ -133,6 +134,7 @@ fn a_bias_of_another_dtype_is_cast_by_the_cube_op() {
             },
             targets: prim::ints(&targets, &[rows]),
             class_weights: prim::class_weights(None),
+            row_weights: RowWeights::none(),
         };
         let parts = C::fused_linear_cross_entropy(
             inputs,

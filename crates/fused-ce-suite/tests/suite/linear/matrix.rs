@@ -5,7 +5,7 @@
 use burn::nn::LinearConfig;
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_fused_ce::backend::{
-    IncomingGuess, LinearCrossEntropyBackend, LinearHead, LinearInputs, OptionalFloat,
+    IncomingGuess, LinearCrossEntropyBackend, LinearHead, LinearInputs, OptionalFloat, RowWeights,
 };
 use burn_fused_ce::linear::max_buffer_bytes;
 use burn_fused_ce::{
@@ -121,6 +121,7 @@ fn linear_forward_on_the_cube_backend_primitives() {
             },
             targets: prim::ints(&values.targets, &[rows]),
             class_weights: prim::class_weights(values.class_weights.as_deref()),
+            row_weights: RowWeights::none(),
         };
         let parts = C::fused_linear_cross_entropy(
             inputs,

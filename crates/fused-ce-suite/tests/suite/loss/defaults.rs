@@ -13,14 +13,30 @@ use super::contract::{check_grad, poisoned};
 use crate::common::*;
 use crate::cube_primitives as cube;
 
+/// The default plan, `Auto`, is the one pass for `Mean` (the fused linear op's products
+/// show it: no logits formed again in backward); the default check is deferred.
 #[test]
 fn the_default_config_takes_the_one_pass_and_the_deferred_check() {
     let config = FusedCrossEntropyLossConfig::new();
-    assert_eq!(config.gradient_plan, GradientPlan::OnePass);
+    assert_eq!(config.gradient_plan, GradientPlan::Auto);
     assert_eq!(config.target_check, TargetCheck::Deferred);
     let options = burn_fused_ce::CrossEntropyOptions::default();
-    assert_eq!(options.gradient_plan, GradientPlan::OnePass);
+    assert_eq!(options.gradient_plan, GradientPlan::Auto);
     assert_eq!(options.target_check, TargetCheck::Deferred);
+    let _backward = shared_device();
+    let device = TestBackend::Fusion.device().autodiff();
+    let hidden = Tensor::<2>::ones([4, 8], &device).require_grad();
+    let weight = Tensor::<2>::ones([8, 16], &device).require_grad();
+    let loss_fn = burn_fused_ce::FusedLinearCrossEntropyLossConfig::new().init(&device);
+    let before = burn_fused_ce::test_hooks::linear_product_counts().logits;
+    let loss = loss_fn.forward(
+        hidden.clone(),
+        burn_fused_ce::LmHead::new(weight),
+        targets_tensor(&[1, 2, 3, 4], &device),
+    );
+    let _ = loss.backward();
+    let formed = burn_fused_ce::test_hooks::linear_product_counts().logits - before;
+    assert_eq!(formed, 1, "the logits are formed once: the one pass");
 }
 
 /// The incoming gradients of successive training steps of one loss: the first guess (1)

@@ -159,6 +159,7 @@ fn class_weights_of_any_float_dtype_are_cast() {
                 ),
                 weights,
             },
+            row_weights: burn_fused_ce::backend::RowWeights::none(),
         };
         let parts = C::fused_cross_entropy(
             inputs,
