@@ -134,7 +134,7 @@ pub(crate) fn linear_cross_entropy_checked<const DH: usize, const DT: usize>(
         check_weight_values,
     )?;
     let target_dims = targets.classes.dims();
-    let chunking = chunking.within(max_buffer_bytes(&hidden.device()));
+    let chunking = chunking.within(max_buffer_bytes(&hidden.device()), vocab, hidden.dtype());
     let inputs = LinearInputs {
         hidden: hidden.reshape([rows, width]).into_dispatch(),
         head: LinearHead {

@@ -58,6 +58,8 @@ enum LinearState<B: LinearCrossEntropyBackend> {
 /// The two-pass plan's state (boxed: the options are most of its size).
 #[derive(Debug, Clone)]
 struct RowsState<B: LinearCrossEntropyBackend> {
+    /// The weight as forward read it, through
+    /// [`LinearCrossEntropyBackend::with_matmul_aligned_rows`].
     inputs: LinearInputs<B>,
     stats: FloatTensor<B>,
     denominators: Option<FloatTensor<B>>,
@@ -194,7 +196,9 @@ fn tracked<B: LinearCrossEntropyBackend, C: CheckpointStrategy, const N: usize>(
             (prep.finish(state, parts.loss.clone()), parts, None)
         }
         OpsKind::Tracked(prep) => {
-            let rows = linear_rows::<B>(with_aligned_weight(inputs.clone()), &options, &chunking);
+            // Aligned once: backward reads the weight as forward did.
+            let inputs = with_aligned_weight(inputs);
+            let rows = linear_rows::<B>(inputs.clone(), &options, &chunking);
             let stats = rows.stats.clone();
             let reduced = B::reduce_row_stats(rows, row_weights, options.clone(), dtype, true);
             let entropy = EntropyGradient::new();

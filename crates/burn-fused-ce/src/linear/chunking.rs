@@ -16,10 +16,11 @@ use crate::linear::chunk_products::ChunkProducts;
 pub struct LinearChunking {
     /// The most bytes one chunk's logits take (their gradient is written over them): the
     /// rows are spread evenly over as few chunks as the budget allows, at least 16 rows a
-    /// chunk ([`LinearChunking::rows_per_chunk`]). `None`:
-    /// [`LinearChunking::DEFAULT_LOGITS_BYTES`]. Given or default, at most the device's
+    /// chunk ([`LinearChunking::rows_per_chunk`]). `None`: the default, chunks of
+    /// [`LinearChunking::DEFAULT_CHUNK_ROWS`] rows. Given or default, at most the device's
     /// largest buffer ([`LinearChunking::within`]). A budget below one row of logits is
-    /// an error ([`LinearChunking::validate`]).
+    /// an error ([`LinearChunking::validate`]). A small budget saves memory and costs time
+    /// (docs/performance.md has the frontier).
     pub logits_bytes: Option<usize>,
     /// Form each chunk's weight-gradient product `h_c^T dlogits_c` a block of columns at a
     /// time, each block at most this many bytes in the dtype the sum is kept in, and add
@@ -51,17 +52,18 @@ const TILE_ROWS: usize = 128;
 const STAGE_ROWS: usize = 256;
 
 impl LinearChunking {
-    /// The budget of one chunk's logits when none is given: 160 MiB, 640 rows of bf16
-    /// logits of up to 131072 classes (Llama 3's 128256), 512 of Qwen's 151936. The
-    /// fastest budget whose step keeps its peak within about 1.2 GB at 8192 x 4096 x
-    /// 128256 in bf16, where the bf16 weight gradient's sum alone is 1002 MiB. A larger
-    /// budget is faster and holds more, a smaller one saves memory and costs time
-    /// (docs/performance.md has the frontier).
-    pub const DEFAULT_LOGITS_BYTES: usize = 160 << 20;
+    /// The rows of a chunk when no budget is given: enough that the weight gradient's sum,
+    /// `grad_W += h_c^T dlogits_c`, stays compute-bound. That product reads and writes
+    /// the whole `[H, V]` sum once per chunk for `2 H V rows` flops: with fewer rows a
+    /// chunk it waits on memory (docs/performance.md has the frontier). The logits of
+    /// such a chunk take `rows * V` elements: 501 MiB of bf16 for Llama 3's 128256 classes.
+    pub const DEFAULT_CHUNK_ROWS: usize = 2048;
 
-    /// The budget of one chunk's logits: the given one, or the default.
-    fn logits_budget(&self) -> usize {
-        self.logits_bytes.unwrap_or(Self::DEFAULT_LOGITS_BYTES)
+    /// The budget of one chunk's logits of `vocab` classes in `dtype`: the given one, or
+    /// [`Self::DEFAULT_CHUNK_ROWS`] rows of them.
+    fn logits_budget(&self, vocab: usize, dtype: DType) -> usize {
+        self.logits_bytes
+            .unwrap_or(Self::DEFAULT_CHUNK_ROWS * vocab.max(1) * dtype.size())
     }
 
     /// Rows per chunk for `rows` rows of `vocab` classes in `dtype`. The budget holds
@@ -72,7 +74,7 @@ impl LinearChunking {
     /// multiple, so that the last chunk is not a sliver: 8192 rows that fit 1046 at a
     /// time go in 8 chunks of 1024.
     pub fn rows_per_chunk(&self, rows: usize, vocab: usize, dtype: DType) -> usize {
-        let budget = self.logits_budget();
+        let budget = self.logits_budget(vocab, dtype);
         let fit = budget / (vocab * dtype.size()).max(1);
         let steps: &[usize] = if self.products.cublaslt {
             &[TILE_ROWS]
@@ -130,11 +132,12 @@ impl LinearChunking {
         Ok(())
     }
 
-    /// This chunking with its logits budget (given or default) at most `max_buffer_bytes`
-    /// (a device's largest buffer, [`crate::linear::max_buffer_bytes`]), so that a chunk's logits
-    /// can be allocated. The typed functions and the module apply it before the op runs.
-    pub fn within(&self, max_buffer_bytes: Option<usize>) -> Self {
-        let budget = self.logits_budget();
+    /// This chunking with its logits budget for `vocab` classes in `dtype` (given or
+    /// default) at most `max_buffer_bytes` (a device's largest buffer,
+    /// [`crate::linear::max_buffer_bytes`]), so that a chunk's logits can be allocated.
+    /// The typed functions and the module apply it before the op runs.
+    pub fn within(&self, max_buffer_bytes: Option<usize>, vocab: usize, dtype: DType) -> Self {
+        let budget = self.logits_budget(vocab, dtype);
         Self {
             logits_bytes: Some(max_buffer_bytes.map_or(budget, |most| budget.min(most))),
             ..*self

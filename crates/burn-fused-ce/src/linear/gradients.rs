@@ -260,7 +260,10 @@ pub(crate) struct LinearIncoming<B: Backend> {
 
 /// Backward of a forward that kept only the per-row statistics (`stats [COUNT, N]`): each
 /// chunk's logits are computed again, their gradient for `incoming` written over them,
-/// then taken to the hidden states, the weight and the bias as far as `needed`.
+/// then taken to the hidden states, the weight and the bias as far as `needed`. `inputs`
+/// as forward read them: the weight already through
+/// [`LinearCrossEntropyBackend::with_matmul_aligned_rows`], so that a step copies it at
+/// most once.
 pub(crate) fn linear_backward<B: LinearCrossEntropyBackend>(
     inputs: LinearInputs<B>,
     stats: FloatTensor<B>,
@@ -269,7 +272,7 @@ pub(crate) fn linear_backward<B: LinearCrossEntropyBackend>(
     chunking: &LinearChunking,
     needed: GradientsNeeded,
 ) -> LinearGradients<B> {
-    let typed = Typed::of(with_aligned_weight(inputs));
+    let typed = Typed::of(inputs);
     let rows = typed.rows();
     let mut sums = GradientSums::new(&typed, chunking, needed);
     if rows == 0 {

@@ -14,15 +14,14 @@ use crate::common::*;
 #[test]
 fn chunk_rows_follow_the_budget() {
     let chunking = LinearChunking::default();
-    // 160 MiB of bf16 logits of 128256 classes holds 654 rows, 640 in whole tiles of
-    // 128 (cuBLASLt's, on by default): 8192 rows take 13 chunks, 12 of 640 rows and
-    // one of 512.
-    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 640);
-    // 151936 classes: 552 rows fit, 512 in whole tiles; 16384 rows take 32 chunks of 512.
-    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 512);
+    // The default: chunks of 2048 rows whatever the vocabulary and dtype, spread evenly.
+    assert_eq!(LinearChunking::DEFAULT_CHUNK_ROWS, 2048);
+    assert_eq!(chunking.rows_per_chunk(8192, 128_256, DType::BF16), 2048);
+    assert_eq!(chunking.rows_per_chunk(16384, 151_936, DType::BF16), 2048);
+    assert_eq!(chunking.rows_per_chunk(8192, 32_000, DType::F32), 2048);
     assert_eq!(chunking.rows_per_chunk(600, 128_256, DType::BF16), 600);
-    // 1000 rows: two chunks, of 512 (500 rounded up to a multiple of 128) and 488.
-    assert_eq!(chunking.rows_per_chunk(1000, 128_256, DType::BF16), 512);
+    // 5000 rows: three chunks, of 1792 (1667 rounded up to a multiple of 128) and less.
+    assert_eq!(chunking.rows_per_chunk(5000, 128_256, DType::BF16), 1792);
     // 200 rows a chunk fit: a multiple of 128 below 256 rows.
     let small_budget = LinearChunking {
         logits_bytes: Some(200 * 1000 * 4),
@@ -56,16 +55,20 @@ fn chunk_rows_follow_the_budget() {
     assert_eq!(cubecl_only.rows_per_chunk(8192, 128_256, DType::BF16), 512);
     // Within a device's largest buffer: 128 MiB of f32 logits of 50257 classes hold 667
     // rows, 640 in whole tiles; 2000 rows take 4 chunks of 512 (500 rounded up).
-    let lavapipe = chunking.within(Some(128 << 20));
+    let lavapipe = chunking.within(Some(128 << 20), 50_257, DType::F32);
     assert_eq!(lavapipe.rows_per_chunk(2000, 50_257, DType::F32), 512);
     assert_eq!(lavapipe.logits_bytes, Some(128 << 20));
-    // A larger buffer, or none known, leaves the budget as it is.
-    assert_eq!(chunking.within(Some(1 << 40)), chunking.within(None));
+    // A larger buffer, or none known, leaves the budget as it is: the default's rows.
+    let (vocab, dtype) = (128_256, DType::BF16);
     assert_eq!(
-        chunking.within(None).logits_bytes,
-        Some(LinearChunking::DEFAULT_LOGITS_BYTES)
+        chunking.within(Some(1 << 40), vocab, dtype),
+        chunking.within(None, vocab, dtype)
     );
-    assert_eq!(quarter_gib.within(Some(1 << 40)), quarter_gib);
+    assert_eq!(
+        chunking.within(None, vocab, dtype).logits_bytes,
+        Some(LinearChunking::DEFAULT_CHUNK_ROWS * vocab * dtype.size())
+    );
+    assert_eq!(quarter_gib.within(Some(1 << 40), vocab, dtype), quarter_gib);
     assert_eq!(chunking.rows_per_chunk(100, 128_256, DType::BF16), 100);
     let small = LinearChunking {
         logits_bytes: Some(1),
@@ -139,7 +142,7 @@ fn chunk_rows_follow_the_budget() {
     }
 }
 
-/// The default chunk budget (`LinearChunking::DEFAULT_LOGITS_BYTES`) stays within the
+/// The default chunk (`LinearChunking::DEFAULT_CHUNK_ROWS` rows) stays within the
 /// device's largest buffer: where that buffer holds fewer rows of logits than the batch
 /// (lavapipe's 128 MiB), the rows go in several chunks, and the loss and gradients equal
 /// those of small explicit chunks, for `Mean` (scaled) and for `None` with non-uniform
@@ -151,7 +154,7 @@ fn default_chunks_fit_the_largest_buffer() {
     let largest = max_buffer_bytes(&device).expect("a cube device knows its largest buffer");
     let (width, vocab) = (8, 50_257);
     let row_bytes = vocab * DType::F32.size();
-    if largest >= LinearChunking::DEFAULT_LOGITS_BYTES {
+    if largest >= LinearChunking::DEFAULT_CHUNK_ROWS * row_bytes {
         eprintln!("the largest buffer ({largest} bytes) holds a default chunk: nothing to check");
         return;
     }

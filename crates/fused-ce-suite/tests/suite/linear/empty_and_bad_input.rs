@@ -92,7 +92,7 @@ fn empty_batch_on_the_cube_backend_primitives() {
         let parts = C::fused_linear_cross_entropy(
             inputs,
             CrossEntropyOptions::new(reduction),
-            LinearChunking::default().within(max_buffer_bytes(&device())),
+            LinearChunking::default().within(max_buffer_bytes(&device()), vocab, DType::F32),
             IncomingGuess::new(),
         );
         if reduction == Reduction::None {
@@ -139,7 +139,7 @@ fn a_bias_of_another_dtype_is_cast_by_the_cube_op() {
         let parts = C::fused_linear_cross_entropy(
             inputs,
             CrossEntropyOptions::new(Reduction::None),
-            LinearChunking::default().within(max_buffer_bytes(&device())),
+            LinearChunking::default().within(max_buffer_bytes(&device()), vocab, DType::F32),
             IncomingGuess::new(),
         );
         prim::read(parts.loss).values

@@ -126,7 +126,7 @@ fn linear_forward_on_the_cube_backend_primitives() {
         let parts = C::fused_linear_cross_entropy(
             inputs,
             case.options.clone(),
-            case.chunking().within(most),
+            case.chunking().within(most, case.vocab, case.dtype),
             IncomingGuess::new(),
         );
         let loss = prim::read(parts.loss);
