@@ -14,10 +14,10 @@ use crate::cube_tensors::{
     rows_view, vector_size, weight_args, with_leading_one,
 };
 use crate::loss::check_read::{TargetCheckRead, queued_cube_read};
+use crate::loss::entropy_incoming::entropy_incoming;
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::next_guess;
 use crate::loss::reduce::{reduce_stats, stat_row_of};
-use crate::loss::row_weights::entropy_incoming;
 use crate::loss::types::{OnePassOutput, OnePassScale, Reduced, TwoPassBackward};
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::values::{

@@ -7,6 +7,7 @@ pub(crate) mod check_read;
 pub(crate) mod checks;
 #[cfg(feature = "cube")]
 mod cube;
+pub(crate) mod entropy_incoming;
 pub(crate) mod entropy_node;
 pub(crate) mod extension;
 #[cfg(feature = "flex")]
@@ -18,6 +19,5 @@ pub(crate) mod module;
 pub(crate) mod pending_read;
 pub mod portable;
 pub(crate) mod reduce;
-pub(crate) mod row_weights;
 pub(crate) mod target_check;
 pub(crate) mod types;

@@ -6,9 +6,8 @@ use burn::backend::{
     Backend,
     tensor::{FloatTensor, IntTensor},
 };
-use burn::tensor::{DType, TensorData};
+use burn::tensor::{DType, Shape, TensorData};
 
-use crate::loss::row_weights::WeightedRows;
 use crate::loss::types::Reduced;
 use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL};
 use crate::options::{CrossEntropyOptions, Reduction};
@@ -242,4 +241,53 @@ pub(crate) fn given_denominators<B: Backend>(
         TensorData::new(values.to_vec(), [2]),
         device,
     ))
+}
+
+/// A row weight as f32 `[N]`, 0 on rows that are not counted (`VALID` is 0 there).
+fn counted_weight<B: Backend>(weights: FloatTensor<B>, stats: &FloatOf<B, 2>) -> FloatOf<B, 1> {
+    let rows = stats.dims()[1];
+    let weights =
+        FloatOf::<B, 1>::new(B::float_reshape(weights, Shape::new([rows]))).cast(DType::F32);
+    let ignored = stat_row(stats, row_stat::VALID).equal_elem(0.0);
+    weights.mask_fill(ignored, 0.0)
+}
+
+/// The rows' terms of the weighted objective, f32 `[N]` each: `w_r LOSS_r`, `w_r Z_r`
+/// and `c_r ENTROPY_r` (each the plain statistic where its weight is not given; the
+/// entropy term `None` without entropy weights).
+struct WeightedRows<B: Backend> {
+    pub loss: FloatOf<B, 1>,
+    pub z_loss: FloatOf<B, 1>,
+    pub entropy: Option<FloatOf<B, 1>>,
+}
+
+impl<B: Backend> WeightedRows<B> {
+    pub(crate) fn of(stats: &FloatOf<B, 2>, weights: RowWeights<B>) -> Self {
+        let loss = stat_row(stats, row_stat::LOSS);
+        let z_loss = stat_row(stats, row_stat::Z_LOSS);
+        let (loss, z_loss) = match weights.loss.into_option() {
+            Some(w) => {
+                let w = counted_weight(w, stats);
+                (loss.mul(w.clone()), z_loss.mul(w))
+            }
+            None => (loss, z_loss),
+        };
+        let entropy = weights
+            .entropy
+            .into_option()
+            .map(|c| counted_weight(c, stats).mul(stat_row(stats, row_stat::ENTROPY)));
+        Self {
+            loss,
+            z_loss,
+            entropy,
+        }
+    }
+
+    /// `Reduction::None`'s loss: `w_r LOSS_r - c_r ENTROPY_r`.
+    pub(crate) fn per_row(self) -> FloatOf<B, 1> {
+        match self.entropy {
+            Some(entropy) => self.loss.sub(entropy),
+            None => self.loss,
+        }
+    }
 }

@@ -117,7 +117,7 @@ pub(crate) fn defer(check: PendingTargetCheck) {
 /// # use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
 /// # let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
 /// # let logits = Tensor::<2>::random([4, 10], Distribution::Default, &device).require_grad();
-/// use burn_fused_ce::{/// CrossEntropyError, FusedCrossEntropyLossConfig, TargetCheck, ///};
+/// use burn_fused_ce::{CrossEntropyError, FusedCrossEntropyLossConfig, TargetCheck};
 /// use burn_fused_ce::target_check::wait_for_target_checks;
 ///
 /// let bad = Tensor::<1, Int>::from_ints([1, 2, 10, 3], &device); // 10 is not in [0, 10)

@@ -37,7 +37,7 @@ use crate::vocab_parallel::shard::{VocabShard, exchanged_rows};
 /// ```rust
 /// # use burn::tensor::{Device, DeviceKind, Distribution, Int, Tensor};
 /// # let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
-/// use burn_fused_ce::{/// CrossEntropyOptions, ///};
+/// use burn_fused_ce::CrossEntropyOptions;
 /// use burn_fused_ce::vocab_parallel::{InProcessExchange, VocabShard, try_vocab_parallel_cross_entropy};
 ///
 /// let (shards, vocab) = (2, 1000); // two shards on one device, one thread each

@@ -5,7 +5,7 @@ use burn::backend::{Backend, TensorMetadata, tensor::FloatTensor};
 use burn::tensor::{DType, Shape};
 
 use super::inputs::{class_weights_f32, classify_targets, logits_f32, rows_and_vocab};
-use crate::loss::row_weights::entropy_incoming;
+use crate::loss::entropy_incoming::entropy_incoming;
 use crate::loss::types::TwoPassBackward;
 use crate::options::{CrossEntropyOptions, Reduction};
 use crate::primitive::FloatOf;
