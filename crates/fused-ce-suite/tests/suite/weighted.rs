@@ -17,7 +17,7 @@ use burn_fused_ce::{
 use rand::{Rng, rngs::SmallRng};
 
 use crate::common::*;
-use crate::linear::{bound, check_close, matmul_f64, transpose_f64};
+use crate::linear::{DrawnHead, bound, check_close};
 use crate::loss::contract::{REDUCTIONS, poisoned};
 
 /// How a case's loss weights are drawn.
@@ -343,25 +343,11 @@ fn check_linear_case(backend: TestBackend, case: &WeightedCase, seed: u64) {
     let plain = backend.device();
     let device = plain.clone().autodiff();
     let labels = case.draw(&mut rng);
-    let scale = 2.0 / (width as f32).sqrt();
-    let mut uniform = |n: usize, range: f32| -> Vec<f32> {
-        (0..n).map(|_| rng.random_range(-range..range)).collect()
-    };
-    let (hidden_values, weight_values, bias_values) = (
-        uniform(rows * width, 1.5),
-        uniform(width * vocab, 2.0 * scale),
-        uniform(vocab, 1.0),
-    );
-    let tensor = |values: Vec<f32>, dims: [usize; 2]| {
-        Tensor::<2>::from_data(TensorData::new(values, dims), &plain).cast(dtype)
-    };
-    let hidden = tensor(hidden_values, [rows, width]);
-    let weight = tensor(weight_values, [width, vocab]);
-    let bias = Tensor::<1>::from_data(TensorData::new(bias_values, [vocab]), &plain).cast(dtype);
-    let (h64, w64, b64) = (
-        to_f64(hidden.clone()),
-        to_f64(weight.clone()),
-        to_f64(bias.clone()),
+    let drawn = DrawnHead::draw(&mut rng, (rows, width, vocab), dtype, &plain);
+    let (hidden, weight, bias) = (
+        drawn.hidden.clone(),
+        drawn.weight.clone(),
+        drawn.bias.clone(),
     );
     let hidden = hidden.autodiff().require_grad();
     let weight = weight.autodiff().require_grad();
@@ -398,12 +384,7 @@ fn check_linear_case(backend: TestBackend, case: &WeightedCase, seed: u64) {
     let got_loss = to_f64(loss.clone());
     let grads = labels.objective(loss).backward();
 
-    let mut logits64 = matmul_f64(&h64, &w64, rows, width, vocab);
-    for row in 0..rows {
-        for c in 0..vocab {
-            logits64[row * vocab + c] += b64[c];
-        }
-    }
+    let logits64 = drawn.logits_f64(rows, width, vocab);
     let ref_options = RefOptions::new(&case.options, labels.class_weights.as_deref());
     let (w, c) = labels.reference_weights();
     let ref_rows = reference_rows(&logits64, vocab, &labels.targets, &ref_options);
@@ -418,23 +399,8 @@ fn check_linear_case(backend: TestBackend, case: &WeightedCase, seed: u64) {
     let g: Vec<f64> = labels.incoming.iter().map(|&g| g as f64).collect();
     let dlogits =
         reference_weighted_grad(&logits64, vocab, &labels.targets, &ref_options, &g, &w, &c);
-    let expected_hidden = matmul_f64(
-        &dlogits,
-        &transpose_f64(&w64, width, vocab),
-        rows,
-        vocab,
-        width,
-    );
-    let expected_weight = matmul_f64(
-        &transpose_f64(&h64, rows, width),
-        &dlogits,
-        width,
-        rows,
-        vocab,
-    );
-    let expected_bias: Vec<f64> = (0..vocab)
-        .map(|c| (0..rows).map(|r| dlogits[r * vocab + c]).sum())
-        .collect();
+    let [expected_hidden, expected_weight, expected_bias] =
+        drawn.gradients_f64(&dlogits, (rows, width, vocab));
     for (name, got, expected) in [
         ("hidden", hidden.grad(&grads), expected_hidden),
         ("weight", weight.grad(&grads), expected_weight),

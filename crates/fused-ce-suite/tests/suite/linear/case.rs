@@ -288,3 +288,87 @@ pub(crate) fn uniform(rng: &mut SmallRng, n: usize, scale: f32) -> Vec<f32> {
         .map(|_| rng.random_range(-1.0f32..1.0) * scale)
         .collect()
 }
+
+/// A head drawn for a gradient check: `hidden [rows, width]` in `[-1.5, 1.5)`, `weight
+/// [width, vocab]` scaled as a trained head's, `bias [vocab]` in `[-1, 1)`, all in `dtype`
+/// on `device`, and the same values as the kernels see them (f64).
+pub(crate) struct DrawnHead {
+    pub hidden: Tensor<2>,
+    pub weight: Tensor<2>,
+    pub bias: Tensor<1>,
+    pub h64: Vec<f64>,
+    pub w64: Vec<f64>,
+    pub b64: Vec<f64>,
+}
+
+impl DrawnHead {
+    pub(crate) fn draw(
+        rng: &mut SmallRng,
+        (rows, width, vocab): (usize, usize, usize),
+        dtype: DType,
+        device: &Device,
+    ) -> Self {
+        let scale = 2.0 / (width as f32).sqrt();
+        let mut uniform = |n: usize, range: f32| -> Vec<f32> {
+            (0..n).map(|_| rng.random_range(-range..range)).collect()
+        };
+        let (hidden_values, weight_values, bias_values) = (
+            uniform(rows * width, 1.5),
+            uniform(width * vocab, 2.0 * scale),
+            uniform(vocab, 1.0),
+        );
+        let tensor = |values: Vec<f32>, dims: [usize; 2]| {
+            Tensor::<2>::from_data(TensorData::new(values, dims), device).cast(dtype)
+        };
+        let hidden = tensor(hidden_values, [rows, width]);
+        let weight = tensor(weight_values, [width, vocab]);
+        let bias =
+            Tensor::<1>::from_data(TensorData::new(bias_values, [vocab]), device).cast(dtype);
+        Self {
+            h64: to_f64(hidden.clone()),
+            w64: to_f64(weight.clone()),
+            b64: to_f64(bias.clone()),
+            hidden,
+            weight,
+            bias,
+        }
+    }
+
+    /// `hidden @ weight + bias` in f64, `[rows, vocab]`.
+    pub(crate) fn logits_f64(&self, rows: usize, width: usize, vocab: usize) -> Vec<f64> {
+        let mut logits = matmul_f64(&self.h64, &self.w64, rows, width, vocab);
+        for row in 0..rows {
+            for c in 0..vocab {
+                logits[row * vocab + c] += self.b64[c];
+            }
+        }
+        logits
+    }
+
+    /// The gradients of the hidden states, the weight and the bias in f64 for the logits'
+    /// gradient `dlogits [rows, vocab]`.
+    pub(crate) fn gradients_f64(
+        &self,
+        dlogits: &[f64],
+        (rows, width, vocab): (usize, usize, usize),
+    ) -> [Vec<f64>; 3] {
+        let hidden = matmul_f64(
+            dlogits,
+            &transpose_f64(&self.w64, width, vocab),
+            rows,
+            vocab,
+            width,
+        );
+        let weight = matmul_f64(
+            &transpose_f64(&self.h64, rows, width),
+            dlogits,
+            width,
+            rows,
+            vocab,
+        );
+        let bias = (0..vocab)
+            .map(|c| (0..rows).map(|r| dlogits[r * vocab + c]).sum())
+            .collect();
+        [hidden, weight, bias]
+    }
+}

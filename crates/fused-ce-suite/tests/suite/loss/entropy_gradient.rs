@@ -6,7 +6,7 @@
 //! explicit one pass refusing a differentiable entropy at forward, and a metric entropy
 //! costing the one pass nothing.
 
-use burn::tensor::{DType, Distribution, Tensor, TensorData};
+use burn::tensor::{DType, Distribution, Tensor};
 use burn_fused_ce::test_hooks;
 use burn_fused_ce::{
     CrossEntropyError, CrossEntropyOptions, CrossEntropyOutput, EntropyOutput, ExtraOutputs,
@@ -18,7 +18,7 @@ use rand::{Rng, rngs::SmallRng};
 
 use super::contract::{REDUCTIONS, poisoned};
 use crate::common::*;
-use crate::linear::{bound, check_close, matmul_f64, transpose_f64};
+use crate::linear::{DrawnHead, bound, check_close};
 
 /// Which terms the objective has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,26 +268,8 @@ fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
     let plain = backend.device();
     let device = plain.clone().autodiff();
     let (targets, class_weights, incoming) = case.draw_labels(&mut rng);
-    let scale = 2.0 / (width as f32).sqrt();
-    let mut uniform = |n: usize, range: f32| -> Vec<f32> {
-        (0..n).map(|_| rng.random_range(-range..range)).collect()
-    };
-    let (hidden_values, weight_values, bias_values) = (
-        uniform(rows * width, 1.5),
-        uniform(width * vocab, 2.0 * scale),
-        uniform(vocab, 1.0),
-    );
-    let tensor = |values: Vec<f32>, dims: [usize; 2]| {
-        Tensor::<2>::from_data(TensorData::new(values, dims), &plain).cast(dtype)
-    };
-    let hidden = tensor(hidden_values, [rows, width]);
-    let weight = tensor(weight_values, [width, vocab]);
-    let bias = Tensor::<1>::from_data(TensorData::new(bias_values, [vocab]), &plain).cast(dtype);
-    let (h64, w64, b64) = (
-        to_f64(hidden.clone()),
-        to_f64(weight.clone()),
-        to_f64(bias.clone()),
-    );
+    let head = DrawnHead::draw(&mut rng, (rows, width, vocab), dtype, &plain);
+    let (hidden, weight, bias) = (head.hidden.clone(), head.weight.clone(), head.bias.clone());
     let hidden = hidden.autodiff().require_grad();
     let weight = weight.autodiff().require_grad();
     let bias = bias.autodiff().require_grad();
@@ -325,31 +307,11 @@ fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
     .unwrap_or_else(|e| panic!("{context}: {e}"));
     let grads = incoming.objective(loss, entropy, case.objective).backward();
 
-    let mut logits64 = matmul_f64(&h64, &w64, rows, width, vocab);
-    for row in 0..rows {
-        for c in 0..vocab {
-            logits64[row * vocab + c] += b64[c];
-        }
-    }
+    let logits64 = head.logits_f64(rows, width, vocab);
     let ref_options = RefOptions::new(&case.options, class_weights.as_deref());
     let dlogits = incoming.reference(&logits64, vocab, &targets, &ref_options, case.objective);
-    let expected_hidden = matmul_f64(
-        &dlogits,
-        &transpose_f64(&w64, width, vocab),
-        rows,
-        vocab,
-        width,
-    );
-    let expected_weight = matmul_f64(
-        &transpose_f64(&h64, rows, width),
-        &dlogits,
-        width,
-        rows,
-        vocab,
-    );
-    let expected_bias: Vec<f64> = (0..vocab)
-        .map(|c| (0..rows).map(|r| dlogits[r * vocab + c]).sum())
-        .collect();
+    let [expected_hidden, expected_weight, expected_bias] =
+        head.gradients_f64(&dlogits, (rows, width, vocab));
     let bound = 2.0 * bound(dtype);
     for (name, got, expected) in [
         ("hidden", hidden.grad(&grads), expected_hidden),
