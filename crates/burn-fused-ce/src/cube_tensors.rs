@@ -148,6 +148,12 @@ pub(crate) fn as_f32(tensor: CubeTensor) -> CubeTensor {
     }
 }
 
+/// The launch argument of an optional per-row f32 input (row weights, the entropy's
+/// incoming gradient), cast to f32 when given in another dtype.
+pub(crate) fn optional_f32_arg(tensor: Option<CubeTensor>) -> Option<TensorArg> {
+    tensor.map(|tensor| as_f32(tensor).into_tensor_arg())
+}
+
 /// The predictions `[rows]` (the targets' int type) when `tracked`, and the launch
 /// argument for them (a one-element buffer, never written, otherwise).
 pub(crate) fn predictions(

@@ -113,6 +113,19 @@ impl CrossEntropyError {
             found,
         })
     }
+
+    /// [`Self::DTypeMismatch`] unless `found` is a float dtype: weights of any float dtype
+    /// are cast to f32.
+    pub(crate) fn check_float(input: Input, found: DType) -> Result<(), Self> {
+        if found.is_float() {
+            return Ok(());
+        }
+        Err(Self::DTypeMismatch {
+            input,
+            expected: vec![DType::F64, DType::F32, DType::F16, DType::BF16],
+            found,
+        })
+    }
 }
 
 impl core::fmt::Display for CrossEntropyError {

@@ -347,6 +347,15 @@ impl<B: Backend> IntOf<B, 1> {
     }
 }
 
+impl<B: Backend> FloatOf<B, 1> {
+    /// A per-row value of any shape and float dtype (weights, an incoming gradient) as the
+    /// ops compute with it: f32 `[n]`, its elements in order.
+    pub fn flat_f32(primitive: FloatTensor<B>) -> Self {
+        let len = primitive.shape().num_elements();
+        Self(B::float_reshape(primitive, Shape::new([len]))).cast(DType::F32)
+    }
+}
+
 impl<B: Backend, const D: usize> BoolOf<B, D> {
     pub fn not(self) -> Self {
         Self(B::bool_not(self.0))

@@ -78,13 +78,7 @@ impl<const D: usize> Targets<D> {
                     &weights.dims(),
                 ));
             }
-            if !weights.dtype().is_float() {
-                return Err(CrossEntropyError::DTypeMismatch {
-                    input,
-                    expected: vec![DType::F64, DType::F32, DType::F16, DType::BF16],
-                    found: weights.dtype(),
-                });
-            }
+            CrossEntropyError::check_float(input, weights.dtype())?;
         }
         Ok(())
     }

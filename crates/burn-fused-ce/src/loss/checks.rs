@@ -117,14 +117,7 @@ pub(crate) fn check_class_weights(
             &weights.dims(),
         ));
     }
-    if !weights.dtype().is_float() {
-        return Err(CrossEntropyError::DTypeMismatch {
-            input: Input::ClassWeights,
-            expected: vec![DType::F64, DType::F32, DType::F16, DType::BF16],
-            found: weights.dtype(),
-        });
-    }
-    Ok(())
+    CrossEntropyError::check_float(Input::ClassWeights, weights.dtype())
 }
 
 /// Targets of an int dtype the kernels read (see [`TARGET_DTYPES`]).

@@ -10,8 +10,8 @@ use fused_ce_kernels::{
 };
 
 use crate::cube_tensors::{
-    as_f32, contiguous_buffer, elem, f32_buffer, gradient_buffer, poison, predictions, reshaped,
-    rows_view, vector_size, weight_args, with_leading_one,
+    contiguous_buffer, elem, f32_buffer, gradient_buffer, optional_f32_arg, poison, predictions,
+    reshaped, rows_view, vector_size, weight_args, with_leading_one,
 };
 use crate::loss::check_read::{TargetCheckRead, queued_cube_read};
 use crate::loss::entropy_incoming::entropy_incoming;
@@ -157,30 +157,23 @@ impl FusedCrossEntropyBackend for CubeBackend {
         let client = logits.client.clone();
         let weighted = class_weights.is_weighted();
         let weights = weight_args(class_weights.tensors(), &logits);
-        let per_row = options.reduction == Reduction::None;
-        let rows = stats.meta.shape()[1];
         let entropy = entropy_incoming::<Self>(
             entropy_grad_output.into_option(),
             row_weights.entropy.into_option(),
             &grad_output,
-            per_row,
             denominators.as_ref(),
-            rows,
         );
         let incoming = IncomingGradient {
             dtype: elem(grad_output.dtype),
-            per_row,
+            per_row: options.reduction == Reduction::None,
             mean: denominators.is_some(),
             // Without denominators the incoming gradient is bound in their place, unread.
             denominators: denominators
                 .unwrap_or_else(|| grad_output.clone())
                 .into_tensor_arg(),
             grad: grad_output.into_tensor_arg(),
-            entropy: entropy.map(|g| as_f32(g).into_tensor_arg()),
-            row_weights: row_weights
-                .loss
-                .into_option()
-                .map(|w| as_f32(w).into_tensor_arg()),
+            entropy: optional_f32_arg(entropy),
+            row_weights: optional_f32_arg(row_weights.loss.into_option()),
         };
         let (target, grad) = gradient_buffer(&logits);
         let shape = row_launch(
@@ -232,8 +225,6 @@ impl FusedCrossEntropyBackend for CubeBackend {
             &options,
         )
         .for_one_pass();
-        let weight_arg =
-            |w: OptionalFloat<Self>| w.into_option().map(|w| as_f32(w).into_tensor_arg());
         let plan = OnePassPlan::new(&client, &shape);
         let scratch = one_pass_scratch(&logits, plan.partials_len(shape.rows));
         let buffers = OnePassBuffers {
@@ -248,8 +239,8 @@ impl FusedCrossEntropyBackend for CubeBackend {
                 .into_option()
                 .filter(|_| mean)
                 .map(|given| given.into_tensor_arg()),
-            row_weights: weight_arg(row_weights.loss),
-            entropy_weights: weight_arg(row_weights.entropy),
+            row_weights: optional_f32_arg(row_weights.loss.into_option()),
+            entropy_weights: optional_f32_arg(row_weights.entropy.into_option()),
             scratch,
         };
         launch_one_pass(&client, shape, plan, buffers, mean);
@@ -343,8 +334,6 @@ impl FusedCrossEntropyBackend for CubeBackend {
             // denominators, tensor ops by given ones.
             return reduce_stats::<Self>(rows, row_weights, &options, dtype, keep_denominators);
         }
-        let weight_arg =
-            |w: OptionalFloat<Self>| w.into_option().map(|w| as_f32(w).into_tensor_arg());
         let stats = into_contiguous(rows.stats);
         let loss = poison(contiguous_buffer(&stats, Shape::new([1]), dtype));
         let z_loss = f32_buffer(&stats, Shape::new([1]));
@@ -354,8 +343,8 @@ impl FusedCrossEntropyBackend for CubeBackend {
         launch_reduce_stats(
             &stats.client.clone(),
             stats.clone().into_tensor_arg(),
-            weight_arg(row_weights.loss),
-            weight_arg(row_weights.entropy),
+            optional_f32_arg(row_weights.loss.into_option()),
+            optional_f32_arg(row_weights.entropy.into_option()),
             loss.clone().into_tensor_arg(),
             z_loss.clone().into_tensor_arg(),
             accuracy.clone().into_tensor_arg(),

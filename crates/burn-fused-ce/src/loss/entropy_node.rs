@@ -69,12 +69,9 @@ impl<B: Backend> Backward<B, 1> for EntropyBackward {
     ) {
         let grad = grads.consume::<B>(&ops.node);
         let state = ops.state;
-        let rows = grad.shape().num_elements();
-        state.gradient.put(
-            FloatOf::<B, 1>::new(B::float_reshape(grad, Shape::new([rows])))
-                .cast(DType::F32)
-                .into_primitive(),
-        );
+        state
+            .gradient
+            .put(FloatOf::<B, 1>::flat_f32(grad).into_primitive());
         let [loss_node] = ops.parents;
         if let Some(loss_node) = loss_node {
             let zeros = FloatOf::<B, 1>::zeros(

@@ -6,7 +6,7 @@ use burn::backend::{
     Backend,
     tensor::{FloatTensor, IntTensor},
 };
-use burn::tensor::{DType, Shape, TensorData};
+use burn::tensor::{DType, TensorData};
 
 use crate::loss::types::Reduced;
 use crate::mean_denominators::{LEAST_ROWS, LEAST_WEIGHT_TOTAL};
@@ -245,11 +245,8 @@ pub(crate) fn given_denominators<B: Backend>(
 
 /// A row weight as f32 `[N]`, 0 on rows that are not counted (`VALID` is 0 there).
 fn counted_weight<B: Backend>(weights: FloatTensor<B>, stats: &FloatOf<B, 2>) -> FloatOf<B, 1> {
-    let rows = stats.dims()[1];
-    let weights =
-        FloatOf::<B, 1>::new(B::float_reshape(weights, Shape::new([rows]))).cast(DType::F32);
     let ignored = stat_row(stats, row_stat::VALID).equal_elem(0.0);
-    weights.mask_fill(ignored, 0.0)
+    FloatOf::<B, 1>::flat_f32(weights).mask_fill(ignored, 0.0)
 }
 
 /// The rows' terms of the weighted objective, f32 `[N]` each: `w_r LOSS_r`, `w_r Z_r`

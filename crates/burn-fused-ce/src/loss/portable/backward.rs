@@ -2,12 +2,12 @@
 //! statistics, the entropy's part included.
 
 use burn::backend::{Backend, TensorMetadata, tensor::FloatTensor};
-use burn::tensor::{DType, Shape};
+use burn::tensor::DType;
 
 use super::inputs::{class_weights_f32, classify_targets, logits_f32, rows_and_vocab};
 use crate::loss::entropy_incoming::entropy_incoming;
 use crate::loss::types::TwoPassBackward;
-use crate::options::{CrossEntropyOptions, Reduction};
+use crate::options::CrossEntropyOptions;
 use crate::primitive::FloatOf;
 use crate::values::{CrossEntropyInputs, row_stat};
 
@@ -56,9 +56,7 @@ pub fn cross_entropy_backward<B: Backend>(
         entropy_grad_output.into_option(),
         row_weights.entropy.into_option(),
         &grad_output,
-        options.reduction == Reduction::None,
         denominators.as_ref(),
-        rows,
     );
     if rows == 0 || vocab == 0 {
         let zeros = FloatOf::<B, 1>::zeros([rows * vocab], &device, dtype);
@@ -77,8 +75,7 @@ pub fn cross_entropy_backward<B: Backend>(
 
     // The incoming gradient per row, f32 `[N, 1]`, 0 on rows without a gradient.
     let incoming_len = grad_output.shape().num_elements();
-    let incoming = FloatOf::<B, 1>::new(B::float_reshape(grad_output, Shape::new([incoming_len])))
-        .cast(DType::F32);
+    let incoming = FloatOf::<B, 1>::flat_f32(grad_output);
     let incoming = if incoming_len == rows {
         incoming.reshape([rows, 1])
     } else {
@@ -86,11 +83,7 @@ pub fn cross_entropy_backward<B: Backend>(
         FloatOf::<B, 2>::zeros([rows, 1], &device, DType::F32).add(incoming.reshape([1, 1]))
     };
     let incoming = match row_weights.loss.into_option() {
-        Some(weights) => incoming.mul(
-            FloatOf::<B, 1>::new(B::float_reshape(weights, Shape::new([rows])))
-                .cast(DType::F32)
-                .reshape([rows, 1]),
-        ),
+        Some(weights) => incoming.mul(FloatOf::<B, 1>::flat_f32(weights).reshape([rows, 1])),
         None => incoming,
     };
     // A mask, not a product: an ignored row's gradient is 0 whatever its weight.
