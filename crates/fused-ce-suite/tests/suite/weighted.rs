@@ -124,18 +124,31 @@ impl Labels {
             .map(|w| Tensor::<1>::from_floats(w.as_slice(), device))
     }
 
-    /// The weights as the reference takes them: `w` (1 without), `c` (0 without).
-    fn reference_weights(&self) -> (Vec<f64>, Vec<f64>) {
+    /// The f64 reference of the weighted objective on `logits [rows, vocab]` under
+    /// `options`: its value (the loss output) and its gradient for the incoming gradient.
+    fn reference(
+        &self,
+        options: &CrossEntropyOptions,
+        logits: &[f64],
+        vocab: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
         let rows = self.targets.len();
+        // The weights as the reference takes them: `w` (1 without), `c` (0 without).
         let as_f64 = |values: &Option<Vec<f32>>, default: f64| -> Vec<f64> {
             values.as_ref().map_or(vec![default; rows], |v| {
                 v.iter().map(|&x| x as f64).collect()
             })
         };
-        (
+        let (w, c) = (
             as_f64(&self.loss_weights, 1.0),
             as_f64(&self.entropy_weights, 0.0),
-        )
+        );
+        let ref_options = RefOptions::new(options, self.class_weights.as_deref());
+        let ref_rows = reference_rows(logits, vocab, &self.targets, &ref_options);
+        let loss = reference_weighted_loss(&ref_rows, options.reduction, &w, &c);
+        let g: Vec<f64> = self.incoming.iter().map(|&g| g as f64).collect();
+        let grad = reference_weighted_grad(logits, vocab, &self.targets, &ref_options, &g, &w, &c);
+        (loss, grad)
     }
 
     /// The objective whose gradient is taken: the loss times the incoming gradient.
@@ -270,10 +283,7 @@ fn check_loss_case(backend: TestBackend, case: &WeightedCase, via_module: bool, 
     let grads = labels.objective(loss).backward();
     let got_grad = to_f64(logits.grad(&grads).expect("logits gradient"));
 
-    let ref_options = RefOptions::new(&case.options, labels.class_weights.as_deref());
-    let (w, c) = labels.reference_weights();
-    let ref_rows = reference_rows(&seen, vocab, &labels.targets, &ref_options);
-    let expected_loss = reference_weighted_loss(&ref_rows, case.options.reduction, &w, &c);
+    let (expected_loss, expected_grad) = labels.reference(&case.options, &seen, vocab);
     let (loss_tol, _) = tolerance(dtype);
     check_close(
         &got_loss,
@@ -281,9 +291,6 @@ fn check_loss_case(backend: TestBackend, case: &WeightedCase, via_module: bool, 
         loss_tol,
         &format!("{context}: loss"),
     );
-    let g: Vec<f64> = labels.incoming.iter().map(|&g| g as f64).collect();
-    let expected_grad =
-        reference_weighted_grad(&seen, vocab, &labels.targets, &ref_options, &g, &w, &c);
     check_close(
         &got_grad,
         &expected_grad,
@@ -343,15 +350,9 @@ fn check_linear_case(backend: TestBackend, case: &WeightedCase, seed: u64) {
     let plain = backend.device();
     let device = plain.clone().autodiff();
     let labels = case.draw(&mut rng);
-    let drawn = DrawnHead::draw(&mut rng, (rows, width, vocab), dtype, &plain);
-    let (hidden, weight, bias) = (
-        drawn.hidden.clone(),
-        drawn.weight.clone(),
-        drawn.bias.clone(),
-    );
-    let hidden = hidden.autodiff().require_grad();
-    let weight = weight.autodiff().require_grad();
-    let bias = bias.autodiff().require_grad();
+    let dims = (rows, width, vocab);
+    let drawn = DrawnHead::draw(&mut rng, dims, dtype, &plain);
+    let (hidden, weight, bias) = drawn.tracked();
     let chunking = LinearChunking {
         logits_bytes: Some(4 * vocab * dtype.size()),
         ..LinearChunking::default()
@@ -384,11 +385,7 @@ fn check_linear_case(backend: TestBackend, case: &WeightedCase, seed: u64) {
     let got_loss = to_f64(loss.clone());
     let grads = labels.objective(loss).backward();
 
-    let logits64 = drawn.logits_f64(rows, width, vocab);
-    let ref_options = RefOptions::new(&case.options, labels.class_weights.as_deref());
-    let (w, c) = labels.reference_weights();
-    let ref_rows = reference_rows(&logits64, vocab, &labels.targets, &ref_options);
-    let expected_loss = reference_weighted_loss(&ref_rows, case.options.reduction, &w, &c);
+    let (expected_loss, dlogits) = labels.reference(&case.options, &drawn.logits_f64(dims), vocab);
     let bound = 2.0 * bound(dtype);
     check_close(
         &got_loss,
@@ -396,20 +393,13 @@ fn check_linear_case(backend: TestBackend, case: &WeightedCase, seed: u64) {
         bound,
         &format!("{context}: loss"),
     );
-    let g: Vec<f64> = labels.incoming.iter().map(|&g| g as f64).collect();
-    let dlogits =
-        reference_weighted_grad(&logits64, vocab, &labels.targets, &ref_options, &g, &w, &c);
-    let [expected_hidden, expected_weight, expected_bias] =
-        drawn.gradients_f64(&dlogits, (rows, width, vocab));
-    for (name, got, expected) in [
-        ("hidden", hidden.grad(&grads), expected_hidden),
-        ("weight", weight.grad(&grads), expected_weight),
-    ] {
-        let got = to_f64(got.unwrap_or_else(|| panic!("{context}: no {name} gradient")));
-        check_close(&got, &expected, bound, &format!("{context}: {name}"));
-    }
-    let got = to_f64(bias.grad(&grads).expect("bias gradient"));
-    check_close(&got, &expected_bias, bound, &format!("{context}: bias"));
+    drawn.check_gradients(
+        &context,
+        bound,
+        (hidden.grad(&grads), weight.grad(&grads), bias.grad(&grads)),
+        &dlogits,
+        dims,
+    );
 }
 
 #[test]

@@ -226,14 +226,8 @@ pub(crate) fn linear_reference(
         rows, width, vocab, ..
     } = *case;
     let reduction = case.options.reduction;
-    let mut logits64 = matmul_f64(h64, w64, rows, width, vocab);
-    if case.bias {
-        for row in 0..rows {
-            for c in 0..vocab {
-                logits64[row * vocab + c] += b64[c];
-            }
-        }
-    }
+    let dims = (rows, width, vocab);
+    let logits64 = head_logits_f64((h64, w64, case.bias.then_some(b64)), dims);
     let ref_options = RefOptions::new(&case.options, values.class_weights.as_deref());
     let ref_rows = reference_rows(&logits64, vocab, &values.targets, &ref_options);
     let loss = reference_loss(&ref_rows, reduction);
@@ -242,28 +236,87 @@ pub(crate) fn linear_reference(
         _ => vec![values.loss_scale as f64],
     };
     let dlogits = reference_grad(&logits64, vocab, &values.targets, &ref_options, &incoming);
-    let hidden = matmul_f64(
-        &dlogits,
-        &transpose_f64(w64, width, vocab),
-        rows,
-        vocab,
-        width,
-    );
-    let weight = matmul_f64(
-        &transpose_f64(h64, rows, width),
-        &dlogits,
-        width,
-        rows,
-        vocab,
-    );
-    let bias = (0..vocab)
-        .map(|c| (0..rows).map(|r| dlogits[r * vocab + c]).sum())
-        .collect();
+    let [hidden, weight, bias] = head_gradients_f64((h64, w64), &dlogits, dims);
     LinearReference {
         loss,
         hidden,
         weight,
         bias,
+    }
+}
+
+/// `hidden [rows, width] @ weight [width, vocab] + bias` in f64, `[rows, vocab]`.
+fn head_logits_f64(
+    (hidden, weight, bias): (&[f64], &[f64], Option<&[f64]>),
+    (rows, width, vocab): (usize, usize, usize),
+) -> Vec<f64> {
+    let mut logits = matmul_f64(hidden, weight, rows, width, vocab);
+    if let Some(bias) = bias {
+        for row in 0..rows {
+            for c in 0..vocab {
+                logits[row * vocab + c] += bias[c];
+            }
+        }
+    }
+    logits
+}
+
+/// The gradients of the hidden states, the weight and the bias in f64 for the logits'
+/// gradient `dlogits [rows, vocab]` of [`head_logits_f64`].
+fn head_gradients_f64(
+    (hidden, weight): (&[f64], &[f64]),
+    dlogits: &[f64],
+    (rows, width, vocab): (usize, usize, usize),
+) -> [Vec<f64>; 3] {
+    let grad_hidden = matmul_f64(
+        dlogits,
+        &transpose_f64(weight, width, vocab),
+        rows,
+        vocab,
+        width,
+    );
+    let grad_weight = matmul_f64(
+        &transpose_f64(hidden, rows, width),
+        dlogits,
+        width,
+        rows,
+        vocab,
+    );
+    let grad_bias = (0..vocab)
+        .map(|c| (0..rows).map(|r| dlogits[r * vocab + c]).sum())
+        .collect();
+    [grad_hidden, grad_weight, grad_bias]
+}
+
+/// The gradients a case got, `(hidden, weight, bias)`, within `bound` of the reference's;
+/// where the reference's is all 0 (no row counts), exactly 0.
+#[allow(clippy::type_complexity)]
+pub(crate) fn check_gradients(
+    context: &str,
+    bound: f64,
+    (hidden, weight, bias): (&[f64], &[f64], Option<&[f64]>),
+    (ref_hidden, ref_weight, ref_bias): (&[f64], &[f64], Option<&[f64]>),
+) {
+    let all_zero = |v: &[f64]| v.iter().all(|x| *x == 0.0);
+    for (name, got, expected) in [
+        ("hidden", hidden, ref_hidden),
+        ("weight", weight, ref_weight),
+    ] {
+        if all_zero(expected) {
+            assert!(all_zero(got), "{context}: the {name} gradient must be 0");
+        } else {
+            check_close(got, expected, bound, &format!("{context}: {name} gradient"));
+        }
+    }
+    match (bias, ref_bias) {
+        (Some(got), Some(expected)) if all_zero(expected) => {
+            assert!(all_zero(got), "{context}: the bias gradient must be 0")
+        }
+        (Some(got), Some(expected)) => {
+            check_close(got, expected, bound, &format!("{context}: bias gradient"))
+        }
+        (None, None) => {}
+        _ => panic!("{context}: a bias gradient exactly when there is a bias"),
     }
 }
 
@@ -334,41 +387,46 @@ impl DrawnHead {
         }
     }
 
-    /// `hidden @ weight + bias` in f64, `[rows, vocab]`.
-    pub(crate) fn logits_f64(&self, rows: usize, width: usize, vocab: usize) -> Vec<f64> {
-        let mut logits = matmul_f64(&self.h64, &self.w64, rows, width, vocab);
-        for row in 0..rows {
-            for c in 0..vocab {
-                logits[row * vocab + c] += self.b64[c];
-            }
-        }
-        logits
+    /// The hidden states, the weight and the bias as autodiff leaves that take gradients.
+    pub(crate) fn tracked(&self) -> (Tensor<2>, Tensor<2>, Tensor<1>) {
+        (
+            self.hidden.clone().autodiff().require_grad(),
+            self.weight.clone().autodiff().require_grad(),
+            self.bias.clone().autodiff().require_grad(),
+        )
     }
 
-    /// The gradients of the hidden states, the weight and the bias in f64 for the logits'
-    /// gradient `dlogits [rows, vocab]`.
-    pub(crate) fn gradients_f64(
+    /// `hidden @ weight + bias` in f64, `[rows, vocab]`.
+    pub(crate) fn logits_f64(&self, dims: (usize, usize, usize)) -> Vec<f64> {
+        head_logits_f64((&self.h64, &self.w64, Some(&self.b64)), dims)
+    }
+
+    /// Checks the gradients that the head's [`Self::tracked`] tensors got, `(hidden,
+    /// weight, bias)`, against the f64 ones for the logits' gradient `dlogits [rows,
+    /// vocab]`, within `bound`.
+    pub(crate) fn check_gradients(
         &self,
+        context: &str,
+        bound: f64,
+        (hidden, weight, bias): (Option<Tensor<2>>, Option<Tensor<2>>, Option<Tensor<1>>),
         dlogits: &[f64],
-        (rows, width, vocab): (usize, usize, usize),
-    ) -> [Vec<f64>; 3] {
-        let hidden = matmul_f64(
-            dlogits,
-            &transpose_f64(&self.w64, width, vocab),
-            rows,
-            vocab,
-            width,
+        dims: (usize, usize, usize),
+    ) {
+        let got = |grad: Option<Vec<f64>>, name: &str| {
+            grad.unwrap_or_else(|| panic!("{context}: no {name} gradient"))
+        };
+        let (hidden, weight, bias) = (
+            got(hidden.map(to_f64), "hidden"),
+            got(weight.map(to_f64), "weight"),
+            got(bias.map(to_f64), "bias"),
         );
-        let weight = matmul_f64(
-            &transpose_f64(&self.h64, rows, width),
-            dlogits,
-            width,
-            rows,
-            vocab,
+        let [ref_hidden, ref_weight, ref_bias] =
+            head_gradients_f64((&self.h64, &self.w64), dlogits, dims);
+        check_gradients(
+            context,
+            bound,
+            (&hidden, &weight, Some(&bias)),
+            (&ref_hidden, &ref_weight, Some(&ref_bias)),
         );
-        let bias = (0..vocab)
-            .map(|c| (0..rows).map(|r| dlogits[r * vocab + c]).sum())
-            .collect();
-        [hidden, weight, bias]
     }
 }

@@ -11,7 +11,8 @@ use burn_fused_ce::{
 };
 
 use super::{
-    LinearCase, LinearValues, bound, case_bound, check_close, loss_len, reference_as_seen,
+    LinearCase, LinearValues, bound, case_bound, check_close, check_gradients, loss_len,
+    reference_as_seen,
 };
 use crate::common::*;
 
@@ -197,35 +198,5 @@ pub(crate) fn objective_of(
             (loss * g).sum()
         }
         _ => loss * scale,
-    }
-}
-
-#[allow(clippy::type_complexity)]
-fn check_gradients(
-    context: &str,
-    bound: f64,
-    (hidden, weight, bias): (&[f64], &[f64], Option<&[f64]>),
-    (ref_hidden, ref_weight, ref_bias): (&[f64], &[f64], Option<&[f64]>),
-) {
-    let all_zero = |v: &[f64]| v.iter().all(|x| *x == 0.0);
-    for (name, got, expected) in [
-        ("hidden", hidden, ref_hidden),
-        ("weight", weight, ref_weight),
-    ] {
-        if all_zero(expected) {
-            assert!(all_zero(got), "{context}: the {name} gradient must be 0");
-        } else {
-            check_close(got, expected, bound, &format!("{context}: {name} gradient"));
-        }
-    }
-    match (bias, ref_bias) {
-        (Some(got), Some(expected)) if all_zero(expected) => {
-            assert!(all_zero(got), "{context}: the bias gradient must be 0")
-        }
-        (Some(got), Some(expected)) => {
-            check_close(got, expected, bound, &format!("{context}: bias gradient"))
-        }
-        (None, None) => {}
-        _ => panic!("{context}: a bias gradient exactly when there is a bias"),
     }
 }

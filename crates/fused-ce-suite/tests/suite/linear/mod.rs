@@ -31,7 +31,7 @@ mod products;
 mod saved_config;
 
 pub(crate) use case::{
-    DrawnHead, LinearCase, LinearValues, bound, case_bound, check_close, linear_reference,
-    loss_len, matmul_f64, reference_as_seen, transpose_f64, uniform,
+    DrawnHead, LinearCase, LinearValues, bound, case_bound, check_close, check_gradients,
+    linear_reference, loss_len, matmul_f64, reference_as_seen, transpose_f64, uniform,
 };
 pub(crate) use check::{check_linear_case, check_linear_case_seeded, module_config, objective_of};

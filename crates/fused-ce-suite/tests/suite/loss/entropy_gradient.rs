@@ -268,11 +268,9 @@ fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
     let plain = backend.device();
     let device = plain.clone().autodiff();
     let (targets, class_weights, incoming) = case.draw_labels(&mut rng);
-    let head = DrawnHead::draw(&mut rng, (rows, width, vocab), dtype, &plain);
-    let (hidden, weight, bias) = (head.hidden.clone(), head.weight.clone(), head.bias.clone());
-    let hidden = hidden.autodiff().require_grad();
-    let weight = weight.autodiff().require_grad();
-    let bias = bias.autodiff().require_grad();
+    let dims = (rows, width, vocab);
+    let head = DrawnHead::draw(&mut rng, dims, dtype, &plain);
+    let (hidden, weight, bias) = head.tracked();
     let chunking = LinearChunking {
         logits_bytes: Some(4 * vocab * dtype.size()),
         ..LinearChunking::default()
@@ -307,21 +305,16 @@ fn check_linear_case(backend: TestBackend, case: &EntropyCase, seed: u64) {
     .unwrap_or_else(|e| panic!("{context}: {e}"));
     let grads = incoming.objective(loss, entropy, case.objective).backward();
 
-    let logits64 = head.logits_f64(rows, width, vocab);
+    let logits64 = head.logits_f64(dims);
     let ref_options = RefOptions::new(&case.options, class_weights.as_deref());
     let dlogits = incoming.reference(&logits64, vocab, &targets, &ref_options, case.objective);
-    let [expected_hidden, expected_weight, expected_bias] =
-        head.gradients_f64(&dlogits, (rows, width, vocab));
-    let bound = 2.0 * bound(dtype);
-    for (name, got, expected) in [
-        ("hidden", hidden.grad(&grads), expected_hidden),
-        ("weight", weight.grad(&grads), expected_weight),
-    ] {
-        let got = to_f64(got.unwrap_or_else(|| panic!("{context}: no {name} gradient")));
-        check_close(&got, &expected, bound, &format!("{context}: {name}"));
-    }
-    let got = to_f64(bias.grad(&grads).expect("bias gradient"));
-    check_close(&got, &expected_bias, bound, &format!("{context}: bias"));
+    head.check_gradients(
+        &context,
+        2.0 * bound(dtype),
+        (hidden.grad(&grads), weight.grad(&grads), bias.grad(&grads)),
+        &dlogits,
+        dims,
+    );
 }
 
 #[test]
