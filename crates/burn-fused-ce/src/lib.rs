@@ -21,6 +21,7 @@
 //! let grads = loss.backward();
 //! let grad = logits.grad(&grads).expect("logits require grad"); // [8, 1000]
 //! assert_eq!(grad.dims(), [8, 1000]);
+//! # device.sync().unwrap(); // exiting with work in flight can crash lavapipe
 //! ```
 //!
 //! The three ops (the `try_` forms and methods return bad input as a

@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 ///     let loss = part_loss.forward(logits.clone(), targets);
 ///     let _grad = logits.grad(&loss.backward()).unwrap(); // this part's share of the whole
 /// }
+/// # device.sync().unwrap(); // exiting with work in flight can crash lavapipe
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MeanDenominators {

@@ -87,6 +87,7 @@ pub fn fused_linear_cross_entropy<const DH: usize, const DT: usize>(
 /// let grads = out.loss.backward();
 /// let (_grad_hidden, _grad_weight) = (hidden.grad(&grads).unwrap(), weight.grad(&grads).unwrap());
 /// assert_eq!(bias.grad(&grads).unwrap().dims(), [vocab]);
+/// # device.sync()?; // exiting with work in flight can crash lavapipe
 /// # Ok(())
 /// # }
 /// ```

@@ -48,6 +48,7 @@ use crate::targets::Targets;
 ///
 /// let grads = loss.backward(); // the whole batch's mean, and its gradients
 /// assert_eq!(hidden.grad(&grads).unwrap().dims(), [batch, seq, d_model]); // 0 on padding
+/// # device.sync()?; // exiting with work in flight can crash lavapipe
 /// # Ok(())
 /// # }
 /// ```

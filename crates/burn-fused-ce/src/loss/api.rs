@@ -59,6 +59,7 @@ pub fn fused_cross_entropy<const DL: usize, const DT: usize>(
 /// let options = options.with_outputs(ExtraOutputs::all());
 /// let out = try_fused_cross_entropy(logits, targets, Some(weights), &options)?;
 /// let _grads = out.loss.backward();
+/// # device.sync()?; // exiting with work in flight can crash lavapipe
 /// # Ok(())
 /// # }
 /// ```

@@ -137,6 +137,7 @@ pub(crate) fn defer(check: PendingTargetCheck) {
 ///     refused,
 ///     Err(CrossEntropyError::TargetOutOfRange { row: 2, earlier_call: false, .. })
 /// ));
+/// # device.sync().unwrap(); // exiting with work in flight can crash lavapipe
 /// ```
 pub fn wait_for_target_checks() -> Result<(), CrossEntropyError> {
     first_error(PENDING.with(|pending| pending.borrow_mut().drain(..).collect()))

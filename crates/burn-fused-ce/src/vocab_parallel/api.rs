@@ -67,6 +67,7 @@ use crate::vocab_parallel::shard::{VocabShard, exchanged_rows};
 ///     workers.into_iter().map(|worker| worker.join().unwrap()).collect()
 /// });
 /// assert_eq!(losses[0], losses[1]); // the same loss on every shard
+/// # device.sync().unwrap(); // exiting with work in flight can crash lavapipe
 /// ```
 pub fn try_vocab_parallel_cross_entropy<
     E: ShardExchange + ?Sized,
