@@ -58,6 +58,9 @@ enum Incoming {
     PerRowEntropyBonus,
     /// The same objective with its weights given at forward (`Targets`, `Sum`):
     /// `loss.backward()`, the gradient formed in the one pass.
+    WeightedEntropyBonus,
+    /// As `WeightedEntropyBonus` without the entropy's weights: what the loss's weights
+    /// alone cost, apart from the entropy's term.
     Weighted,
 }
 
@@ -166,7 +169,8 @@ impl Mode {
                     Incoming::Scaled => " g=0.25",
                     Incoming::PerRow => " none/row",
                     Incoming::PerRowEntropyBonus => " none/row -entropy",
-                    Incoming::Weighted => " weighted -entropy",
+                    Incoming::WeightedEntropyBonus => " weighted -entropy",
+                    Incoming::Weighted => " weighted",
                 };
                 if options {
                     label += " ls+z+cap";
@@ -293,6 +297,12 @@ impl Bench {
                     bf16,
                     Mode::default_with(Incoming::PerRowEntropyBonus),
                 ),
+                (
+                    8192,
+                    128256,
+                    bf16,
+                    Mode::default_with(Incoming::WeightedEntropyBonus),
+                ),
                 (8192, 128256, bf16, Mode::default_with(Incoming::Weighted)),
                 (8192, 128256, bf16, with_options),
                 (8192, 128256, bf16, with_outputs(Outputs::Accuracy)),
@@ -324,6 +334,7 @@ impl Bench {
                 Mode::default_with(Incoming::Scaled),
                 Mode::default_with(Incoming::PerRow),
                 Mode::default_with(Incoming::PerRowEntropyBonus),
+                Mode::default_with(Incoming::WeightedEntropyBonus),
                 Mode::default_with(Incoming::Weighted),
                 Mode::plan(Plan::OnePass),
                 Mode::plan(Plan::TwoPass),
@@ -525,7 +536,9 @@ impl Bench {
                 let loss = CrossEntropyLossConfig::new().init(&self.autodiff);
                 self.measure(autodiff, |(x, y)| (loss.forward(x, y) * 0.25).backward())
             }
-            Incoming::PerRowEntropyBonus | Incoming::Weighted => None,
+            Incoming::PerRowEntropyBonus | Incoming::WeightedEntropyBonus | Incoming::Weighted => {
+                None
+            }
             Incoming::PerRow => self.measure(autodiff, |(x, y)| {
                 let row_loss = log_softmax(x, 1)
                     .gather(1, y.reshape([rows, 1]))
@@ -577,7 +590,7 @@ impl Bench {
             .with_reduction(match incoming {
                 Incoming::PerRow | Incoming::PerRowEntropyBonus => Reduction::None,
                 Incoming::One | Incoming::Scaled => Reduction::Mean,
-                Incoming::Weighted => Reduction::Sum,
+                Incoming::WeightedEntropyBonus | Incoming::Weighted => Reduction::Sum,
             });
         match plan {
             Plan::Default => {}
@@ -619,9 +632,10 @@ impl Bench {
         let weighted_targets = || {
             let targets = Targets::new(targets_ad());
             match incoming {
-                Incoming::Weighted => targets
+                Incoming::WeightedEntropyBonus => targets
                     .with_weights(Some(scale.clone().autodiff()))
                     .with_entropy_weights(Some(scale.clone().mul_scalar(0.01).autodiff())),
+                Incoming::Weighted => targets.with_weights(Some(scale.clone().autodiff())),
                 _ => targets,
             }
         };
@@ -633,7 +647,7 @@ impl Bench {
             };
             let loss = output.loss;
             let objective = match incoming {
-                Incoming::One | Incoming::Weighted => loss,
+                Incoming::One | Incoming::WeightedEntropyBonus | Incoming::Weighted => loss,
                 Incoming::Scaled => loss * 0.25,
                 Incoming::PerRow => (loss * row_weights.clone()).sum(),
                 Incoming::PerRowEntropyBonus => {
