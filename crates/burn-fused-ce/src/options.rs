@@ -357,6 +357,7 @@ impl CrossEntropyOptions {
     /// The ignore index as the kernels compare it (targets are read as i32 there, a
     /// target outside i32 as `i32::MAX`, which no valid ignore index equals;
     /// [`Self::validate`] keeps the index in range).
+    #[cfg(feature = "cube")]
     pub(crate) fn kernel_ignore_index(&self) -> i32 {
         i32::try_from(self.ignore_index).unwrap_or(i32::MIN)
     }
@@ -532,6 +533,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "cube")]
     fn ignore_index_as_the_kernels_compare_it() {
         let options = CrossEntropyOptions::default();
         assert_eq!(options.kernel_ignore_index(), -100);

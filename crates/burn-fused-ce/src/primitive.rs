@@ -267,9 +267,6 @@ impl<B: Backend, const D: usize> IntOf<B, D> {
     pub fn reshape<const D2: usize>(self, shape: [usize; D2]) -> IntOf<B, D2> {
         IntOf(B::int_reshape(self.0, Shape::new(shape)))
     }
-    pub fn reshape_to<const D2: usize>(self, shape: Shape) -> IntOf<B, D2> {
-        IntOf(B::int_reshape(self.0, shape))
-    }
     pub fn cast(self, dtype: DType) -> Self {
         if self.dtype() == dtype {
             return self;

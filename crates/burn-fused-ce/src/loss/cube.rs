@@ -17,12 +17,18 @@ use crate::loss::check_read::{TargetCheckRead, queued_cube_read};
 use crate::loss::entropy_incoming::entropy_incoming;
 use crate::loss::extension::FusedCrossEntropyBackend;
 use crate::loss::incoming_guess::next_guess;
-use crate::loss::reduce::{reduce_stats, stat_row_of};
+use crate::loss::reduce::{reduce_stats, stat_row};
 use crate::loss::types::{OnePassOutput, OnePassScale, Reduced, TwoPassBackward};
 use crate::options::{CrossEntropyOptions, Reduction};
+use crate::primitive::FloatOf;
 use crate::values::{
     CrossEntropyInputs, LossParts, OptionalFloat, OptionalInt, RowStats, RowWeights,
 };
+
+/// Row `stat` of forward's statistics, f32 `[N]` (a view).
+fn stat_row_of(stats: CubeTensor, stat: usize) -> CubeTensor {
+    stat_row(&FloatOf::<CubeBackend, 2>::new(stats), stat).into_primitive()
+}
 
 /// The row kernels' launch for `[B, T, V]` logits and `[B, T]` targets (`weighted`: class
 /// weights given; `entropy_weighted`: the rows' entropy weights given).
@@ -368,13 +374,13 @@ impl FusedCrossEntropyBackend for CubeBackend {
                 lse: OptionalFloat::from_option(
                     wanted
                         .lse
-                        .then(|| stat_row_of::<Self>(stats.clone(), row_stat::LSE)),
+                        .then(|| stat_row_of(stats.clone(), row_stat::LSE)),
                 ),
                 entropy: OptionalFloat::from_option(
                     wanted
                         .entropy
                         .is_on()
-                        .then(|| stat_row_of::<Self>(stats, row_stat::ENTROPY)),
+                        .then(|| stat_row_of(stats, row_stat::ENTROPY)),
                 ),
             },
             denominators: OptionalFloat::from_option(

@@ -19,6 +19,8 @@ enum ReadState {
     Waiting(ReadFuture),
     /// A copy already queued on the device into host memory the future owns: waited for
     /// even when dropped, so the memory is never handed back while the copy may run.
+    /// Only the cube ops' reads start this way.
+    #[cfg_attr(not(feature = "cube"), allow(dead_code))]
     Queued(ReadFuture),
     Done(Option<Result<TensorData, ExecutionError>>),
 }
@@ -40,6 +42,7 @@ impl PendingRead {
 
     /// A read already queued on the device: `future` only waits for it, and is not
     /// polled before the host looks at the read.
+    #[cfg_attr(not(feature = "cube"), allow(dead_code))]
     pub(crate) fn queued(
         future: impl Future<Output = Result<TensorData, ExecutionError>> + Send + 'static,
     ) -> Self {

@@ -23,11 +23,6 @@ pub(crate) fn stat_row<B: Backend>(stats: &FloatOf<B, 2>, stat: usize) -> FloatO
         .reshape([rows])
 }
 
-/// Row `stat` of forward's statistics, f32 `[N]` (a view).
-pub(crate) fn stat_row_of<B: Backend>(stats: FloatTensor<B>, stat: usize) -> FloatTensor<B> {
-    stat_row(&FloatOf::<B, 2>::new(stats), stat).into_primitive()
-}
-
 /// Reduces the per-row statistics on the device, in f32; the loss is cast to `dtype`
 /// last. `Mean` divides the cross-entropy part by `max(D, MIN_POSITIVE)` and the z-loss
 /// part by `max(n, 1)` (the call's own, or those the options give): an all-ignored batch

@@ -3,6 +3,7 @@
 //! backward kernel's inputs, one small kernel each.
 
 use burn::backend::TensorMetadata;
+use burn::backend::ops::IntTensorOps;
 use burn::tensor::Shape;
 use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 use fused_ce_kernels::{
@@ -16,7 +17,6 @@ use crate::cube_tensors::{
 use crate::loss::extension::FusedCrossEntropyBackend;
 
 use crate::options::{CrossEntropyOptions, Reduction};
-use crate::primitive::IntOf;
 use crate::values::{
     ClassWeights, CrossEntropyInputs, OptionalFloat, OptionalInt, RowStats, RowWeights,
 };
@@ -77,11 +77,7 @@ impl VocabParallelBackend for CubeBackend {
             smoothing,
         );
         // The row kernel takes the targets in the logits' row shape.
-        let shaped = |local: CubeTensor| {
-            IntOf::<Self, 1>::new(local)
-                .reshape_to::<2>(targets_shape.clone())
-                .into_primitive()
-        };
+        let shaped = |local: CubeTensor| Self::int_reshape(local, targets_shape.clone());
         let own = <Self as FusedCrossEntropyBackend>::cross_entropy_rows(
             CrossEntropyInputs {
                 logits: inputs.logits.clone(),
