@@ -664,6 +664,11 @@ pub fn reference_entropy_grad(
 /// ||actual - expected|| / ||expected||, or the absolute norm when the expected is 0.
 /// NaN anywhere makes it infinite.
 pub fn relative_l2(actual: &[f64], expected: &[f64]) -> f64 {
+    relative_l2_to(actual, expected, expected)
+}
+
+/// [`relative_l2`], relative to `scale`'s norm instead of `expected`'s.
+pub fn relative_l2_to(actual: &[f64], expected: &[f64], scale: &[f64]) -> f64 {
     assert_eq!(actual.len(), expected.len(), "length mismatch");
     if actual.iter().any(|v| !v.is_finite()) {
         return f64::INFINITY;
@@ -674,7 +679,7 @@ pub fn relative_l2(actual: &[f64], expected: &[f64]) -> f64 {
         .map(|(a, e)| (a - e).powi(2))
         .sum::<f64>()
         .sqrt();
-    let norm: f64 = expected.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let norm: f64 = scale.iter().map(|e| e * e).sum::<f64>().sqrt();
     if norm == 0.0 { err } else { err / norm }
 }
 
