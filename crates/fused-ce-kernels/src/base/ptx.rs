@@ -1,5 +1,5 @@
 //! Inline PTX (`gpu_asm!`) for what cubecl has no operation for: the flush-to-zero fast
-//! exponential and the evict-first (`.cs`) loads and stores.
+//! exponential and logarithm, and the evict-first (`.cs`) loads and stores.
 //!
 //! Only the CUDA runtime's C++ backend (NVRTC) takes inline PTX: SPIR-V has no such thing,
 //! and cubecl-cuda 0.11's LLVM backend (its default) has no lowering for it and refuses
@@ -36,6 +36,31 @@ pub(crate) fn exp_flush_to_zero_lanes<N: Size>(values: Vector<f32, N>) -> Vector
         exps.insert(lane, exp_flush_to_zero(values.extract(lane)));
     }
     exps
+}
+
+/// `log2(x)` as `lg2.approx.ftz.f32`: one instruction, absolute error about 2^-22;
+/// inputs below 2^-126 give `-inf`, as [`exp_flush_to_zero()`] makes them 0.
+#[cube]
+pub(crate) fn log2_flush_to_zero(x: f32) -> f32 {
+    let y: f32;
+    gpu_asm!(
+        "lg2.approx.ftz.f32 {}, {};",
+        out(_) y,
+        in(_) x,
+        options(pure, nomem)
+    );
+    y
+}
+
+/// [`log2_flush_to_zero()`] of each lane.
+#[cube]
+pub(crate) fn log2_flush_to_zero_lanes<N: Size>(values: Vector<f32, N>) -> Vector<f32, N> {
+    let mut logs = values;
+    #[unroll]
+    for lane in 0..values.vector_size() {
+        logs.insert(lane, log2_flush_to_zero(values.extract(lane)));
+    }
+    logs
 }
 
 /// `tanh(x)` as `tanh.approx.f32` (one instruction, relative error about 2^-11), where

@@ -9,7 +9,9 @@
 
 use cubecl::prelude::*;
 
-use crate::base::ptx::{exp_flush_to_zero, exp_flush_to_zero_lanes, tanh_approx_lanes};
+use crate::base::ptx::{
+    exp_flush_to_zero, exp_flush_to_zero_lanes, log2_flush_to_zero_lanes, tanh_approx_lanes,
+};
 
 /// Start value of a running maximum. Finite on purpose: `exp(m_old - m_new)` with both at
 /// `-inf` would be NaN for a row whose logits are all `-inf` so far (masked vocabulary).
@@ -152,6 +154,21 @@ pub(crate) fn fast_exp<N: Size>(
         exp_flush_to_zero_lanes::<N>(shifted)
     } else {
         Vector::exp(shifted)
+    }
+}
+
+/// `log2(values)` per lane, for a kept exponential (in `[0, 1]`): with `flush_to_zero`
+/// as `lg2.approx.ftz.f32` (`ptx::log2_flush_to_zero`), where the accurate `log` is a
+/// long polynomial; else cubecl's `log`. A 0 gives `-inf`.
+#[cube]
+pub(crate) fn fast_log2<N: Size>(
+    values: Vector<f32, N>,
+    #[comptime] flush_to_zero: bool,
+) -> Vector<f32, N> {
+    if comptime!(flush_to_zero) {
+        log2_flush_to_zero_lanes::<N>(values)
+    } else {
+        Vector::ln(values) * Vector::new(core::f32::consts::LOG2_E)
     }
 }
 

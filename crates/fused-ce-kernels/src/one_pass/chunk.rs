@@ -4,12 +4,13 @@
 use cubecl::prelude::*;
 
 use crate::base::ptx::{load_vector, store_vector};
-use crate::base::row::{RowOptions, RowScalars, fast_exp_scalar, is_class, row_offset};
+use crate::base::row::{RowOptions, RowScalars, is_class, row_offset};
 use crate::one_pass::exchange::{merge_chunks, publish_and_gather};
 use crate::one_pass::options::OnePassOptions;
 use crate::one_pass::prologue::scale_slot;
 use crate::one_pass::staged_exps::{
-    gradient_from_staged_exps, reduce_chunk_staging_exps, write_staged_exps_gradient,
+    gradient_from_staged_exps, reduce_chunk_staging_exps, staged_exps_scale,
+    write_staged_exps_gradient,
 };
 use crate::rows::cube_merge::cube_merge;
 use crate::rows::forward::{RowForward, finish_row};
@@ -334,12 +335,9 @@ fn write_chunk_gradient<F: Float, N: Size>(
         let from_exps = holds_target && target_staged && comptime!(one_pass.staged_exps);
         if comptime!(one_pass.staged_exps) {
             if from_exps {
-                let coefficient =
-                    fast_exp_scalar(reference - row_grad.max, options.exp_flush_to_zero)
-                        * row_grad.prob_coef;
                 let value = gradient_from_staged_exps::<F, N>(
                     target_in_stage,
-                    coefficient,
+                    staged_exps_scale(reference, row_grad.clone(), options),
                     class_weights,
                     (first + target_at) * vector_size,
                     row_grad.clone(),
@@ -393,7 +391,7 @@ fn write_staged_gradient<F: Float, N: Size>(
             first,
             staged_len,
             staged,
-            reference,
+            staged_exps_scale(reference, row_grad.clone(), options),
             class_weights,
             row_grad.clone(),
             options,

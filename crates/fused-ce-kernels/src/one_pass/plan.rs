@@ -100,11 +100,10 @@ impl OnePassPlan {
                 },
             ),
             // The kept exponentials lose the logits that the softcap's and the
-            // temperature's derivatives and the entropy's gradient need.
+            // temperature's derivatives need (the entropy's gradient takes their logs).
             staged_exps: tuning.staged_exps
                 && shape.settings.softcap.is_none()
-                && shape.settings.temperature.is_none()
-                && !shape.settings.entropy_weighted,
+                && shape.settings.temperature.is_none(),
             cache_hints: if inline_ptx {
                 tuning.cache_hints.bits()
             } else {
@@ -191,7 +190,7 @@ mod tests {
     }
 
     #[test]
-    fn staged_exps_never_with_softcap_temperature_or_entropy_weights() {
+    fn staged_exps_never_with_softcap_or_temperature() {
         let mut launch = shape(8, 128_256, FloatKind::BF16, 8);
         let staged = |launch: &RowLaunch| {
             OnePassPlan::for_device(launch, true, true)
@@ -205,12 +204,12 @@ mod tests {
         launch.settings.temperature = Some(0.7);
         assert!(!staged(&launch));
         launch.settings.temperature = None;
-        // The entropy is summed as the staged vectors turn into exponentials.
+        // The entropy is summed as the staged vectors turn into exponentials, and its
+        // gradient is formed from their logarithms.
         launch.settings.entropy = true;
         assert!(staged(&launch));
-        // Its gradient needs the logits.
         launch.settings.entropy_weighted = true;
-        assert!(!staged(&launch));
+        assert!(staged(&launch));
     }
 
     #[test]

@@ -5,9 +5,11 @@
 use cubecl::prelude::*;
 
 use crate::base::ptx::{load_vector, store_vector};
+use core::f32::consts::LN_2;
+
 use crate::base::row::{
-    RUNNING_MAX_START, RowOptions, RowScalars, fast_exp, fast_exp_scalar, lane_max, lane_sum,
-    weights_vector,
+    RUNNING_MAX_START, RowOptions, RowScalars, fast_exp, fast_exp_scalar, fast_log2, lane_max,
+    lane_sum, weights_vector,
 };
 use crate::rows::gradient::{RowGradient, gradient_from_probs};
 use crate::rows::reduce_span::{absorb_held_target, target_share};
@@ -433,10 +435,51 @@ fn clamped_entropy_sum<F: Float, N: Size>(
     sum
 }
 
+/// What the gradient of a unit's kept exponentials `e_c = exp(x_c - reference)` needs,
+/// formed once per unit. With `r = exp(reference - max)`, the loss's part is `e_c * prob`
+/// (`prob = r * prob_coef`), and the entropy's part (`RowGradient::entropy_coef` and
+/// `entropy_offset` on `exp(x_c - max) = r e_c` and `x_c - max = ln e_c + (reference -
+/// max)`) is `entropy_log2 * e_c log2(e_c) + entropy_offset * e_c`: one logarithm per
+/// element where the logits' path takes one exponential.
+#[derive(CubeType, Clone, Copy)]
+#[expand(derive(Clone))]
+pub(crate) struct StagedExpsScale {
+    prob: f32,
+    entropy_log2: f32,
+    entropy_offset: f32,
+}
+
+/// The [`StagedExpsScale`] of a unit whose staged vectors were kept on `reference`.
+#[cube]
+pub(crate) fn staged_exps_scale(
+    reference: f32,
+    row_grad: RowGradient,
+    #[comptime] options: RowOptions,
+) -> StagedExpsScale {
+    let shift = reference - row_grad.max;
+    let rescale = fast_exp_scalar(shift, options.exp_flush_to_zero);
+    let mut entropy_log2 = f32::new(0.0);
+    let mut entropy_offset = f32::new(0.0);
+    if comptime!(options.entropy_gradient) {
+        entropy_log2 = rescale * row_grad.entropy_coef * f32::new(LN_2);
+        // A unit whose exponentials all vanish beside the row's maximum (`r` = 0) may have
+        // kept them on a reference near `f32::MIN`, where `entropy_coef * shift` overflows.
+        entropy_offset = select(
+            rescale > f32::new(0.0),
+            rescale * (row_grad.entropy_coef * shift + row_grad.entropy_offset),
+            f32::new(0.0),
+        );
+    }
+    StagedExpsScale {
+        prob: rescale * row_grad.prob_coef,
+        entropy_log2,
+        entropy_offset,
+    }
+}
+
 /// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
-/// from the exponentials [`reduce_chunk_staging_exps()`] kept, as if none held the target:
-/// one factor `exp(m - lse) * coefficient` per unit, then a multiply per element;
-/// `streaming`: see [`store_vector()`].
+/// from the exponentials [`reduce_chunk_staging_exps()`] kept, as if none held the target,
+/// with the unit's `scale`; `streaming`: see [`store_vector()`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_staged_exps_gradient<F: Float, N: Size>(
@@ -445,7 +488,7 @@ pub(crate) fn write_staged_exps_gradient<F: Float, N: Size>(
     first: usize,
     staged_len: usize,
     staged: &Shared<[Vector<F, N>]>,
-    reference: f32,
+    scale: StagedExpsScale,
     class_weights: &Tensor<f32>,
     row_grad: RowGradient,
     #[comptime] options: RowOptions,
@@ -453,13 +496,11 @@ pub(crate) fn write_staged_exps_gradient<F: Float, N: Size>(
 ) {
     let cube_size = options.cube_size;
     let vector_size = grad.vector_size();
-    let coefficient =
-        fast_exp_scalar(reference - row_grad.max, options.exp_flush_to_zero) * row_grad.prob_coef;
     let mut local = UNIT_POS as usize;
     while local < staged_len {
         let value = gradient_from_staged_exps::<F, N>(
             staged[local],
-            coefficient,
+            scale.clone(),
             class_weights,
             (first + local) * vector_size,
             row_grad.clone(),
@@ -471,13 +512,13 @@ pub(crate) fn write_staged_exps_gradient<F: Float, N: Size>(
     }
 }
 
-/// The gradient of one staged vector (columns `first_col..`) from its kept
-/// `exps = exp(x - m)` and `coefficient = exp(m - lse) * prob_coef`; with `with_target`
-/// the target's lane set.
+/// The gradient of one staged vector (columns `first_col..`) from its kept `exps` and
+/// the unit's `scale`; with `with_target` the target's lane set (to the loss's part:
+/// the entropy's is added to every lane, as in `gradient_vector`).
 #[cube]
 pub(crate) fn gradient_from_staged_exps<F: Float, N: Size>(
     exps: Vector<F, N>,
-    coefficient: f32,
+    scale: StagedExpsScale,
     class_weights: &Tensor<f32>,
     first_col: usize,
     row_grad: RowGradient,
@@ -488,13 +529,28 @@ pub(crate) fn gradient_from_staged_exps<F: Float, N: Size>(
     if comptime!(options.smoothing && options.weighted) {
         weights = weights_vector::<N>(class_weights, first_col);
     }
-    Vector::cast_from(gradient_from_probs::<N>(
-        Vector::<f32, N>::cast_from(exps),
-        coefficient,
+    let exps = Vector::<f32, N>::cast_from(exps);
+    let mut grad = gradient_from_probs::<N>(
+        exps,
+        scale.prob,
         weights,
         first_col,
         row_grad.clone(),
         options,
         with_target,
-    ))
+    );
+    if comptime!(options.entropy_gradient) {
+        let logs = fast_log2::<N>(exps, options.exp_flush_to_zero);
+        #[unroll]
+        for lane in 0..grad.vector_size() {
+            let exp = exps.extract(lane);
+            // `entropy_term`'s clamp: a 0 (whose log is -inf) adds 0.
+            let term = entropy_term(exp, logs.extract(lane));
+            grad.insert(
+                lane,
+                grad.extract(lane) + scale.entropy_log2 * term + scale.entropy_offset * exp,
+            );
+        }
+    }
+    Vector::cast_from(grad)
 }

@@ -41,6 +41,8 @@ struct WeightedCase {
     loss_weights: LossWeights,
     entropy_weights: bool,
     three_d: bool,
+    /// The first this many columns of every even row are `-inf` (the target's kept).
+    masked_columns: usize,
 }
 
 /// One case's labels and weights: targets (some ignored), class weights, the rows'
@@ -204,6 +206,7 @@ fn cases(dtypes: &[DType], rows: usize, vocab: usize) -> Vec<WeightedCase> {
                         loss_weights,
                         entropy_weights,
                         three_d: n % 2 == 0,
+                        masked_columns: 0,
                     });
                 }
             }
@@ -256,13 +259,16 @@ fn check_loss_case(backend: TestBackend, case: &WeightedCase, via_module: bool, 
     } = *case;
     let device = backend.device().autodiff();
     let labels = case.draw(&mut rng);
-    let (logits, seen) = logits_tensor(
-        random_logits(&mut rng, rows, vocab),
-        rows,
-        vocab,
-        dtype,
-        &device,
-    );
+    let mut values = random_logits(&mut rng, rows, vocab);
+    for row in (0..rows).step_by(2) {
+        let target = labels.targets[row];
+        for col in 0..case.masked_columns.min(vocab) {
+            if col as i64 != target {
+                values[row * vocab + col] = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let (logits, seen) = logits_tensor(values, rows, vocab, dtype, &device);
     let logits = logits.require_grad();
     let run = |logits: Tensor<2>| -> Result<Tensor<1>, CrossEntropyError> {
         let module = || {
@@ -342,6 +348,44 @@ fn weighted_loss_on_the_default_fusion_backend() {
     poisoned();
     for (i, case) in cases(&float_dtypes(), 14, 193).iter().enumerate() {
         check_loss_case(TestBackend::Fusion, case, i % 2 == 0, fresh_seed());
+    }
+}
+
+/// Rows longer than a one-pass cube's stage (on lavapipe and CUDA, every dtype): the
+/// gradient of a chunk's staged part is formed from its kept exponentials, the entropy's
+/// part from their logarithms, and the rest from the logits read again. Half the cases
+/// mask each even row's first 17000 columns, so that whole stages hold only `-inf`.
+#[test]
+fn weighted_loss_on_rows_longer_than_the_stage() {
+    poisoned();
+    let mut n = 0;
+    for dtype in float_dtypes() {
+        for reduction in REDUCTIONS {
+            for masked_columns in [0, 17_000] {
+                n += 1;
+                let mut options =
+                    CrossEntropyOptions::new(reduction).with_gradient_plan(GradientPlan::OnePass);
+                if n % 3 == 0 {
+                    options.z_loss_scale = 1e-3;
+                }
+                let case = WeightedCase {
+                    rows: 6,
+                    vocab: 20_011,
+                    dtype,
+                    options,
+                    class_weights: n % 2 == 0,
+                    loss_weights: if n % 4 == 1 {
+                        LossWeights::Absent
+                    } else {
+                        LossWeights::Signed
+                    },
+                    entropy_weights: true,
+                    three_d: n % 2 == 1,
+                    masked_columns,
+                };
+                check_loss_case(TestBackend::Fusion, &case, n % 3 == 1, fresh_seed());
+            }
+        }
     }
 }
 
