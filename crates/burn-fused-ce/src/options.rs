@@ -137,6 +137,8 @@ pub struct FastMath {
     /// The streaming loops' exponential as `ex2.approx.ftz.f32`: results below 2^-126
     /// (probabilities under 1.2e-38) become 0, as they would in bf16 storage anyway;
     /// every other result is the hardware's fast exponential either way (a few ulp).
+    /// Also the logarithm the entropy weights' gradient takes of kept exponentials, as
+    /// `lg2.approx.ftz.f32`.
     pub exp_flush_to_zero: bool,
     /// Softcap's `tanh` as the hardware's `tanh.approx.f32` for bf16 logits (relative
     /// error about 2^-11, below bf16's own rounding of 2^-8); f32 and f16 logits always

@@ -52,8 +52,9 @@ pub struct RowOptions {
     pub cube_size: usize,
     /// Vectors each unit loads before using any (bytes in flight per unit).
     pub loads_per_step: usize,
-    /// The fast exponential as `ex2.approx.ftz.f32` (`fast_exp`): inline PTX, so set only
-    /// where the CUDA runtime compiles through CUDA C++ (`Target`).
+    /// The fast exponential as `ex2.approx.ftz.f32` (`fast_exp`), and the logarithm as
+    /// `lg2.approx.ftz.f32` (`fast_log2`): inline PTX, so set only where the CUDA runtime
+    /// compiles through CUDA C++ (`Target`).
     pub exp_flush_to_zero: bool,
     /// Softcap's `tanh` as the hardware's approximation (`soft_cap`).
     pub approximate_tanh: bool,
