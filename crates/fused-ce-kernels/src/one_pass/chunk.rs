@@ -317,27 +317,27 @@ fn write_chunk_gradient<F: Float, N: Size>(
                 stream_stores,
             );
         }
-        write_staged_gradient::<F, N>(
-            grad,
-            out_start,
-            first,
-            staged_len,
-            staged,
-            reference,
-            class_weights,
-            row_grad.clone(),
-            scalars.clone(),
-            options,
-            one_pass,
-        );
-        // The target's vector: from its kept exponentials when staged as such, else from
-        // its logits.
+        // The staged part, as if none of it held the target; then the target's vector,
+        // from its kept exponentials when staged as such, else (below) from its logits.
         let from_exps = holds_target && target_staged && comptime!(one_pass.staged_exps);
         if comptime!(one_pass.staged_exps) {
+            let scale = staged_exps_scale(reference, row_grad.clone(), options);
+            write_staged_exps_gradient::<F, N>(
+                grad,
+                out_start,
+                first,
+                staged_len,
+                staged,
+                scale.clone(),
+                class_weights,
+                row_grad.clone(),
+                options,
+                stream_stores,
+            );
             if from_exps {
                 let value = gradient_from_staged_exps::<F, N>(
                     target_in_stage,
-                    staged_exps_scale(reference, row_grad.clone(), options),
+                    scale,
                     class_weights,
                     (first + target_at) * vector_size,
                     row_grad.clone(),
@@ -346,6 +346,19 @@ fn write_chunk_gradient<F: Float, N: Size>(
                 );
                 store_vector::<F, N>(grad, out_start + first + target_at, value, stream_stores);
             }
+        } else {
+            write_staged_logits_gradient::<F, N>(
+                grad,
+                out_start,
+                first,
+                staged_len,
+                staged,
+                class_weights,
+                row_grad.clone(),
+                scalars.clone(),
+                options,
+                stream_stores,
+            );
         }
         if holds_target && !from_exps {
             store_gradient_vector::<F, N>(
@@ -365,55 +378,37 @@ fn write_chunk_gradient<F: Float, N: Size>(
 }
 
 /// The gradient of a chunk's staged vectors `0..staged_len` (at `out_start + first + ..`)
-/// as if none held the target: from their kept exponentials with `staged_exps`, else from
-/// the staged logits.
+/// from the staged logits, as if none held the target; `streaming`: see
+/// `store_vector()`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn write_staged_gradient<F: Float, N: Size>(
+fn write_staged_logits_gradient<F: Float, N: Size>(
     grad: &mut Tensor<Vector<F, N>>,
     out_start: usize,
     first: usize,
     staged_len: usize,
     staged: &Shared<[Vector<F, N>]>,
-    reference: f32,
     class_weights: &Tensor<f32>,
     row_grad: RowGradient,
     scalars: RowScalars,
     #[comptime] options: RowOptions,
-    #[comptime] one_pass: OnePassOptions,
+    #[comptime] streaming: bool,
 ) {
-    let cube_size = options.cube_size;
-    let stream_stores = comptime!(one_pass.stream_stores());
-    if comptime!(one_pass.staged_exps) {
-        write_staged_exps_gradient::<F, N>(
+    let mut local = UNIT_POS as usize;
+    while local < staged_len {
+        // Each unit reads back only the vectors it staged itself.
+        store_gradient_vector::<F, N>(
             grad,
             out_start,
-            first,
-            staged_len,
-            staged,
-            staged_exps_scale(reference, row_grad.clone(), options),
+            first + local,
+            staged[local],
             class_weights,
             row_grad.clone(),
+            scalars.clone(),
             options,
-            stream_stores,
+            false,
+            streaming,
         );
-    } else {
-        let mut local = UNIT_POS as usize;
-        while local < staged_len {
-            // Each unit reads back only the vectors it staged itself.
-            store_gradient_vector::<F, N>(
-                grad,
-                out_start,
-                first + local,
-                staged[local],
-                class_weights,
-                row_grad.clone(),
-                scalars.clone(),
-                options,
-                false,
-                stream_stores,
-            );
-            local += cube_size;
-        }
+        local += options.cube_size;
     }
 }

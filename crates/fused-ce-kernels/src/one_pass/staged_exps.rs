@@ -2,16 +2,16 @@
 //! staged vectors kept in shared memory as exponentials, so that their gradient is a
 //! multiply per element instead of an exponential.
 
+use core::f32::consts::LN_2;
+
 use cubecl::prelude::*;
 
 use crate::base::ptx::{load_vector, store_vector};
-use core::f32::consts::LN_2;
-
 use crate::base::row::{
     RUNNING_MAX_START, RowOptions, RowScalars, fast_exp, fast_exp_scalar, fast_log2, lane_max,
     lane_sum, weights_vector,
 };
-use crate::rows::gradient::{RowGradient, gradient_from_probs};
+use crate::rows::gradient::{RowGradient, gradient_from_probs, with_entropy_term};
 use crate::rows::reduce_span::{absorb_held_target, target_share};
 use crate::rows::row_state::{
     RowState, entropy_term, first_col_of, fold_vector_max, rescaled_entropy_sum, smooth_reference,
@@ -540,17 +540,13 @@ pub(crate) fn gradient_from_staged_exps<F: Float, N: Size>(
         with_target,
     );
     if comptime!(options.entropy_gradient) {
-        let logs = fast_log2::<N>(exps, options.exp_flush_to_zero);
-        #[unroll]
-        for lane in 0..grad.vector_size() {
-            let exp = exps.extract(lane);
-            // `entropy_term`'s clamp: a 0 (whose log is -inf) adds 0.
-            let term = entropy_term(exp, logs.extract(lane));
-            grad.insert(
-                lane,
-                grad.extract(lane) + scale.entropy_log2 * term + scale.entropy_offset * exp,
-            );
-        }
+        grad = with_entropy_term::<N>(
+            grad,
+            exps,
+            fast_log2::<N>(exps, options.exp_flush_to_zero),
+            scale.entropy_log2,
+            scale.entropy_offset,
+        );
     }
     Vector::cast_from(grad)
 }

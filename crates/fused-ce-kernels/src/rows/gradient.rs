@@ -155,16 +155,13 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
         with_target,
     );
     if comptime!(options.entropy_gradient) {
-        // Every lane, the target's too: its value above holds the loss's part alone.
-        #[unroll]
-        for lane in 0..grad.vector_size() {
-            let exp = probs.extract(lane);
-            let term = entropy_term(exp, logits.extract(lane) - row.max);
-            grad.insert(
-                lane,
-                grad.extract(lane) + row.entropy_coef * term + row.entropy_offset * exp,
-            );
-        }
+        grad = with_entropy_term::<N>(
+            grad,
+            probs,
+            logits - Vector::new(row.max),
+            row.entropy_coef,
+            row.entropy_offset,
+        );
     }
     if comptime!(options.softcap) {
         // d/dx c tanh(x / c) = 1 - tanh^2 = 1 - (x' / c)^2
@@ -175,6 +172,27 @@ pub(crate) fn gradient_vector<F: Float, N: Size>(
         grad *= Vector::new(scalars.inv_temperature);
     }
     Vector::cast_from(grad)
+}
+
+/// `grad` plus the entropy's part `coef * exp * shifted + offset * exp` per lane, with
+/// [`entropy_term`]'s clamp (a 0 exponential whose `shifted` is -inf adds 0): every lane,
+/// the target's too, whose value in `grad` holds the loss's part alone.
+#[cube]
+pub(crate) fn with_entropy_term<N: Size>(
+    grad: Vector<f32, N>,
+    exps: Vector<f32, N>,
+    shifted: Vector<f32, N>,
+    coef: f32,
+    offset: f32,
+) -> Vector<f32, N> {
+    let mut grad = grad;
+    #[unroll]
+    for lane in 0..grad.vector_size() {
+        let exp = exps.extract(lane);
+        let term = entropy_term(exp, shifted.extract(lane));
+        grad.insert(lane, grad.extract(lane) + coef * term + offset * exp);
+    }
+    grad
 }
 
 /// The gradient of one vector (before softcap's derivative) from its `probs` scaled by
